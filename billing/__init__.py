@@ -1,0 +1,1 @@
+"""Money: metering of running work (rates, wallet and statements build on it)."""

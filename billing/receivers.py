@@ -1,0 +1,14 @@
+"""Billing follows the scheduler's lifecycle facts: running opens metering, leaving it closes."""
+from django.dispatch import receiver
+
+from billing.metering import meter_close, meter_open
+from scheduler.models import WorkloadStatus
+from scheduler.signals import workload_changed
+
+
+@receiver(workload_changed)
+def meter_on_lifecycle(sender, workload_id, from_status, to_status, reason, **kwargs):
+    if to_status == WorkloadStatus.RUNNING and from_status != WorkloadStatus.RUNNING:
+        meter_open(workload_id=workload_id)
+    elif from_status == WorkloadStatus.RUNNING and to_status != WorkloadStatus.RUNNING:
+        meter_close(workload_id=workload_id, reason=f"{to_status}: {reason}")

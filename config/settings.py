@@ -1,0 +1,165 @@
+"""Settings, all read from the environment with safe development defaults.
+
+Nonsense values fail loudly at start-up (django-environ raises on a bad int or
+bool); the GPU backend spec is checked by ``scheduler.gpus.parse_backend``.
+"""
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=True)
+SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-key" if DEBUG else environ.Env.NOTSET)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "channels",
+    "scheduler",
+    "portal",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, node agent) share the file in development.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "console-instances"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "static_root")
+
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU cloud API",
+    "DESCRIPTION": "Rent GPUs: catalog, instances, nodes.",
+    "VERSION": "1.0.0",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# Celery: Redis broker; results are not kept (tasks write their outcome to the DB).
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "scheduler"
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "scheduler-tick": {
+        "task": "scheduler.tasks.schedule_tick",
+        "schedule": timedelta(seconds=env.int("SCHEDULER_TICK_S", default=5)),
+    },
+    "cluster-reconcile": {
+        "task": "scheduler.tasks.cluster_reconcile",
+        "schedule": timedelta(seconds=env.int("RECONCILE_S", default=10)),
+    },
+}
+
+# GPU hosts. GPU_BACKEND is "nvml", "sim:<N>x<MODEL>,..." or "auto" (NVML, else simulated).
+GPU_BACKEND = env.str("GPU_BACKEND", default="auto")
+SIM_GPU_DEFAULT = env.str("SIM_GPU_DEFAULT", default="sim:4xRTX3090,4xA100-80GB")
+NODE_NAME = env.str("NODE_NAME", default="")
+NODE_CPUS = env.int("NODE_CPUS", default=0)  # 0: the host's own count
+NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memory
+NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
+NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=30)
+
+# Containers.
+DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.sock")
+INSTANCE_NETWORK_MODE = env.str("INSTANCE_NETWORK_MODE", default="none")
+INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
+INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
+INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
+# What an interactive instance runs when its image has no service of its own:
+# a shell that exits cleanly on SIGTERM so a stop is quick and graceful.
+INSTANCE_IDLE_COMMAND = env.list(
+    "INSTANCE_IDLE_COMMAND",
+    default=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

@@ -1,0 +1,1 @@
+"""What users see as products: catalog, instances, console pages and the REST API."""

@@ -1,0 +1,18 @@
+"""One place that shapes errors for the API.
+
+Service errors become 400 ``{"<field>": ["message"], "detail": "message"}``,
+404 ``{"detail": ...}`` or 409 ``{"detail": ...}``; DRF's own errors keep its shape.
+"""
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from scheduler.errors import ServiceError
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ServiceError):
+        body = {"detail": exc.message}
+        if exc.field:
+            body[exc.field] = [exc.message]
+        return Response(body, status=exc.status_code)
+    return drf_exception_handler(exc, context)

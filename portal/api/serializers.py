@@ -1,0 +1,37 @@
+"""Output shapes shared by several API views."""
+from rest_framework import serializers
+
+from portal.models import GpuType, Image, Instance
+
+
+class GpuTypeOutput(serializers.ModelSerializer):
+    capacity = serializers.DictField(read_only=True)
+
+    class Meta:
+        model = GpuType
+        fields = ["id", "name", "display_name", "memory_gb", "price_per_hour", "spot_price_per_hour", "currency", "capacity"]
+
+
+class ImageOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Image
+        fields = ["id", "name", "framework", "framework_version", "cuda_version", "python_version", "docker_ref", "visibility"]
+
+
+class InstanceOutput(serializers.ModelSerializer):
+    status = serializers.CharField(source="workload.status")
+    status_reason = serializers.CharField(source="workload.status_reason")
+    node = serializers.CharField(source="workload.node.name", default=None)
+    simulated_gpu = serializers.BooleanField(source="workload.node.simulated", default=None)
+    container_id = serializers.CharField(source="workload.container_id")
+    exit_code = serializers.IntegerField(source="workload.exit_code")
+    started_at = serializers.DateTimeField(source="workload.started_at")
+    image = ImageOutput()
+    gpu_type = serializers.CharField(source="gpu_type.name")
+
+    class Meta:
+        model = Instance
+        fields = [
+            "id", "name", "status", "status_reason", "image", "gpu_type", "gpus", "cpu_cores", "memory_gb", "disk_gb",
+            "billing_mode", "node", "simulated_gpu", "container_id", "exit_code", "created_at", "started_at",
+        ]

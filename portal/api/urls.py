@@ -1,0 +1,20 @@
+"""URLs of the REST API (mounted at /api/v1/)."""
+from django.urls import path
+
+from portal.api import views
+from portal.services import ACTIONS
+
+urlpatterns = [
+    path("gpu-types/", views.GpuTypeListApi.as_view(), name="api-gpu-types"),
+    path("images/", views.ImageListApi.as_view(), name="api-images"),
+    path("instances/", views.InstanceListApi.as_view(), name="api-instances"),
+    path("instances/<int:instance_id>/", views.InstanceDetailApi.as_view(), name="api-instance"),
+    path("nodes/", views.NodeListApi.as_view(), name="api-nodes"),
+] + [
+    path(
+        f"instances/<int:instance_id>/{action}/",
+        views.InstanceActionApi.as_view(action_name=action),
+        name=f"api-instance-{action}",
+    )
+    for action in ACTIONS
+]

@@ -1,0 +1,92 @@
+"""REST API: one view per operation, nested input serializers, services do the work."""
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal import selectors, services
+from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput
+from portal.models import BillingMode
+from scheduler.models import Gpu, Node
+
+
+class GpuTypeListApi(APIView):
+    @extend_schema(responses=GpuTypeOutput(many=True))
+    def get(self, request):
+        return Response(GpuTypeOutput(selectors.gpu_type_list(), many=True).data)
+
+
+class ImageListApi(APIView):
+    @extend_schema(responses=ImageOutput(many=True))
+    def get(self, request):
+        return Response(ImageOutput(selectors.image_list(user=request.user), many=True).data)
+
+
+class InstanceListApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=64, default="instance")
+        image = serializers.IntegerField()
+        gpu_type = serializers.IntegerField()
+        gpus = serializers.DecimalField(max_digits=4, decimal_places=2)
+        cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
+        memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
+        disk_gb = serializers.IntegerField(min_value=1, max_value=10240, default=50)
+        billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
+
+    @extend_schema(responses=InstanceOutput(many=True))
+    def get(self, request):
+        return Response(InstanceOutput(selectors.instance_list(user=request.user), many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={201: InstanceOutput})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        fields["image_id"], fields["gpu_type_id"] = fields.pop("image"), fields.pop("gpu_type")
+        instance = services.instance_create(owner=request.user, **fields)
+        return Response(InstanceOutput(instance).data, status=status.HTTP_201_CREATED)
+
+
+class InstanceDetailApi(APIView):
+    @extend_schema(responses=InstanceOutput)
+    def get(self, request, instance_id: int):
+        return Response(InstanceOutput(selectors.instance_get(user=request.user, instance_id=instance_id)).data)
+
+
+class InstanceActionApi(APIView):
+    """POST /instances/<id>/<action>/ for start, stop, restart, release."""
+
+    action_name = ""
+
+    @extend_schema(request=None, responses={202: InstanceOutput})
+    def post(self, request, instance_id: int):
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        services.instance_act(instance=instance, action=self.action_name)
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
+
+
+class NodeListApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    class OutputSerializer(serializers.ModelSerializer):
+        class GpuOutput(serializers.ModelSerializer):
+            class Meta:
+                model = Gpu
+                fields = ["index", "uuid", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"]
+
+        gpus = GpuOutput(many=True)
+
+        class Meta:
+            model = Node
+            fields = [
+                "name", "hostname", "status", "simulated", "nvidia_runtime", "cpu_cores", "allocated_cpu",
+                "memory_mb", "allocated_memory_mb", "docker_version", "last_heartbeat", "gpus",
+            ]
+
+    @extend_schema(responses=OutputSerializer(many=True))
+    def get(self, request):
+        nodes = Node.objects.prefetch_related(Prefetch("gpus", Gpu.objects.order_by("index")))
+        return Response(self.OutputSerializer(nodes, many=True).data)

@@ -1,0 +1,27 @@
+"""The console's create-instance form; the service does the real checks."""
+from decimal import Decimal
+
+from django import forms
+
+from portal.models import BillingMode
+
+
+class InstanceCreateForm(forms.Form):
+    name = forms.CharField(max_length=64, initial="my-instance")
+    gpu_type = forms.TypedChoiceField(coerce=int)
+    image = forms.TypedChoiceField(coerce=int)
+    gpus = forms.DecimalField(max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=Decimal("0.1"))
+    cpu_cores = forms.IntegerField(min_value=1, max_value=256, initial=2)
+    memory_gb = forms.IntegerField(min_value=1, max_value=4096, initial=8)
+    disk_gb = forms.IntegerField(min_value=1, max_value=10240, initial=50)
+    billing_mode = forms.ChoiceField(choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
+
+    def __init__(self, *args, gpu_types, images, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_type"].choices = [
+            (t.pk, f"{t.display_name} — {t.price_per_hour} {t.currency}/card-hour, "
+                   f"{t.capacity['free_cards']} of {t.capacity['cards']} cards free"
+                   f"{' (simulated)' if t.capacity['simulated'] else ''}")
+            for t in gpu_types
+        ]
+        self.fields["image"].choices = [(i.pk, f"{i.name} (CUDA {i.cuda_version})") for i in images]

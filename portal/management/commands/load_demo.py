@@ -1,0 +1,23 @@
+"""Load the demo catalog, a demo user and an admin (idempotent)."""
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from rest_framework.authtoken.models import Token
+
+from portal.demo import catalog_load
+
+DEMO_USERS = [("demo", "demo-pass-123", False), ("admin", "admin-pass-123", True)]
+
+
+class Command(BaseCommand):
+    help = "Load the demo catalog (GPU types, images), the user demo and the admin admin."
+
+    def handle(self, *args, **options):
+        catalog_load()
+        User = get_user_model()
+        for username, password, staff in DEMO_USERS:
+            user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff, "is_superuser": staff})
+            if created:
+                user.set_password(password)
+                user.save()
+            token, _ = Token.objects.get_or_create(user=user)
+            self.stdout.write(f"user {username} / {password}  API token {token.key}")

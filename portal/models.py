@@ -1,0 +1,91 @@
+"""Catalog (GPU types, images) and instances as users rent them."""
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from scheduler.models import Workload
+
+
+class GpuType(models.Model):
+    """A card model for rent; ``name`` matches the model key nodes report."""
+
+    name = models.CharField(max_length=64, unique=True, help_text="Model key as nodes report it, e.g. A100-80GB.")
+    display_name = models.CharField(max_length=128)
+    memory_gb = models.PositiveIntegerField()
+    price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, validators=[MinValueValidator(Decimal(0))])
+    spot_price_per_hour = models.DecimalField(
+        max_digits=10, decimal_places=4, validators=[MinValueValidator(Decimal(0))]
+    )
+    currency = models.CharField(max_length=3, default="CNY")
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["price_per_hour"]
+        constraints = [
+            models.CheckConstraint(condition=Q(spot_price_per_hour__lte=models.F("price_per_hour")), name="spot_not_dearer"),
+        ]
+
+    def __str__(self):
+        return self.display_name
+
+
+class ImageVisibility(models.TextChoices):
+    OFFICIAL = "official", "Official"
+    COMMUNITY = "community", "Community"
+    PRIVATE = "private", "Private"
+
+
+class Image(models.Model):
+    name = models.CharField(max_length=128)
+    framework = models.CharField(max_length=64)
+    framework_version = models.CharField(max_length=32)
+    cuda_version = models.CharField(max_length=16)
+    python_version = models.CharField(max_length=16, blank=True)
+    docker_ref = models.CharField(max_length=255, help_text="Image reference on the nodes' Docker engine.")
+    visibility = models.CharField(max_length=16, choices=ImageVisibility.choices, default=ImageVisibility.OFFICIAL)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+
+    class Meta:
+        ordering = ["framework", "-framework_version", "cuda_version"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(visibility="private") | Q(owner__isnull=False), name="private_image_has_owner"
+            ),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class BillingMode(models.TextChoices):
+    ON_DEMAND = "on_demand", "On-demand"
+    SPOT = "spot", "Spot (preemptible)"
+
+
+class Instance(models.Model):
+    """A rented container; its lifecycle is the scheduler workload it wraps."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances")
+    name = models.CharField(max_length=64)
+    image = models.ForeignKey(Image, on_delete=models.PROTECT)
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT)
+    gpus = models.DecimalField(max_digits=4, decimal_places=1, help_text="Whole cards, or a fraction 0.1 .. 0.9.")
+    cpu_cores = models.PositiveIntegerField()
+    memory_gb = models.PositiveIntegerField()
+    disk_gb = models.PositiveIntegerField()
+    billing_mode = models.CharField(max_length=16, choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
+    workload = models.OneToOneField(Workload, on_delete=models.PROTECT, related_name="instance")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def status(self) -> str:
+        return self.workload.status

@@ -1,0 +1,39 @@
+"""Reads for the portal, each limited to what the user may see."""
+from django.db.models import Q
+
+from portal.models import GpuType, Image, Instance
+from scheduler.errors import NotFound
+from scheduler.models import WorkloadStatus
+from scheduler.selectors import gpu_models_summary
+
+
+def image_list(*, user):
+    return Image.objects.filter(Q(visibility__in=["official", "community"]) | Q(owner=user))
+
+
+def gpu_type_list():
+    """Active GPU types, each with ``capacity`` (cards, free cards, free share, simulated) set."""
+    summary = gpu_models_summary()
+    types = list(GpuType.objects.filter(active=True))
+    for gpu_type in types:
+        gpu_type.capacity = summary.get(
+            gpu_type.name, {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0}
+        )
+    return types
+
+
+def instance_list(*, user, include_released: bool = False):
+    qs = Instance.objects.select_related("workload", "workload__node", "image", "gpu_type")
+    if not user.is_staff:
+        qs = qs.filter(owner=user)
+    if not include_released:
+        qs = qs.exclude(workload__status=WorkloadStatus.RELEASED)
+    return qs
+
+
+def instance_get(*, user, instance_id: int) -> Instance:
+    """The instance if the user may see it; NotFound otherwise (never 403: no leak of existence)."""
+    instance = instance_list(user=user, include_released=True).filter(pk=instance_id).first()
+    if instance is None:
+        raise NotFound("no such instance")
+    return instance

@@ -1,0 +1,68 @@
+"""Writes for instances: create (validated, queued in one transaction) and the actions."""
+from decimal import Decimal
+
+from django.db import transaction
+
+from portal.models import BillingMode, GpuType, Instance
+from portal.selectors import image_list
+from scheduler import services as scheduler
+from scheduler.errors import InvalidInput
+from scheduler.models import WorkloadKind
+
+# The scheduler names resources its own way; users see these field names.
+FIELD_NAMES = {"gpu_model": "gpu_type", "gpu_count": "gpus", "cpu_cores": "cpu_cores", "memory_mb": "memory_gb"}
+MAX_CARDS = 8
+
+
+def check_gpus(gpus: Decimal) -> tuple[int, int]:
+    """Whole cards (1..8) or a fraction 0.1 .. 0.9 in steps of 0.1 -> (cards, thousandths per card)."""
+    if gpus != gpus.quantize(Decimal("0.1")) or gpus <= 0:
+        raise InvalidInput("must be a whole number of cards or a fraction 0.1 .. 0.9 in steps of 0.1", field="gpus")
+    if gpus < 1:
+        return 1, int(gpus * 1000)
+    if gpus != gpus.to_integral_value():
+        raise InvalidInput(f"{gpus} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus")
+    if gpus > MAX_CARDS:
+        raise InvalidInput(f"at most {MAX_CARDS} cards per instance", field="gpus")
+    return int(gpus), 1000
+
+
+def instance_create(
+    *, owner, name: str, image_id: int, gpu_type_id: int, gpus: Decimal, cpu_cores: int, memory_gb: int,
+    disk_gb: int, billing_mode: str = BillingMode.ON_DEMAND,
+) -> Instance:
+    gpu_count, gpu_milli = check_gpus(gpus)
+    image = image_list(user=owner).filter(pk=image_id).first()
+    if image is None:
+        raise InvalidInput("unknown image", field="image")
+    gpu_type = GpuType.objects.filter(pk=gpu_type_id, active=True).first()
+    if gpu_type is None:
+        raise InvalidInput("unknown GPU type", field="gpu_type")
+    with transaction.atomic():
+        try:
+            workload = scheduler.workload_submit(
+                owner=owner, kind=WorkloadKind.INSTANCE, name=name, image_ref=image.docker_ref,
+                gpu_model=gpu_type.name, gpu_count=gpu_count, gpu_milli=gpu_milli, cpu_cores=cpu_cores,
+                memory_mb=memory_gb * 1024, disk_gb=disk_gb, preemptible=billing_mode == BillingMode.SPOT,
+            )
+        except InvalidInput as exc:
+            raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc
+        return Instance.objects.create(
+            owner=owner, name=name, image=image, gpu_type=gpu_type, gpus=gpus, cpu_cores=cpu_cores,
+            memory_gb=memory_gb, disk_gb=disk_gb, billing_mode=billing_mode, workload=workload,
+        )
+
+
+ACTIONS = {
+    "start": scheduler.workload_start,
+    "stop": scheduler.workload_stop,
+    "restart": scheduler.workload_restart,
+    "release": scheduler.workload_release,
+}
+
+
+def instance_act(*, instance: Instance, action: str) -> Instance:
+    """Run one of ACTIONS on an instance the caller has already been allowed to touch."""
+    with transaction.atomic():
+        ACTIONS[action](instance.workload)
+    return instance

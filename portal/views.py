@@ -1,0 +1,48 @@
+"""Console pages: instance list (live), create form, actions."""
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from portal import selectors, services
+from portal.forms import InstanceCreateForm
+from scheduler.errors import ServiceError
+
+
+@login_required
+def instance_list(request):
+    context = {"instances": selectors.instance_list(user=request.user)}
+    template = "portal/_instance_rows.html" if request.htmx else "portal/instance_list.html"
+    return render(request, template, context)
+
+
+@login_required
+def instance_create(request):
+    gpu_types = selectors.gpu_type_list()
+    images = selectors.image_list(user=request.user)
+    form = InstanceCreateForm(request.POST or None, gpu_types=gpu_types, images=images)
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        data["image_id"], data["gpu_type_id"] = data.pop("image"), data.pop("gpu_type")
+        try:
+            instance = services.instance_create(owner=request.user, **data)
+        except ServiceError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"Instance {instance.name} created; it starts as soon as a card is placed.")
+            return redirect("console-instances")
+    return render(request, "portal/instance_create.html", {"form": form, "gpu_types": gpu_types})
+
+
+@login_required
+@require_POST
+def instance_action(request, instance_id: int, action: str):
+    try:
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        if action not in services.ACTIONS:
+            raise ServiceError(f"unknown action {action}")
+        services.instance_act(instance=instance, action=action)
+        messages.info(request, f"{action.capitalize()} requested for {instance.name}.")
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect("console-instances")

@@ -1,0 +1,1 @@
+"""The cluster: nodes, cards, the queued and placed units of work, containers."""

@@ -1,0 +1,197 @@
+"""Containers on the node's Docker engine, through the docker SDK.
+
+``container_spec`` turns a placed workload into the arguments of
+``containers.create`` (a pure function); the rest talk to Docker. Nothing here
+may run inside a database transaction: callers in ``scheduler.agent`` commit
+first and call these after.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import docker
+from django.conf import settings
+
+LABEL = "gpucloud"
+SNAPSHOT_REPOSITORY = "gpucloud-snapshot"
+# What root in a rented container keeps: enough to install packages and run
+# services, nothing that reaches the host (no SYS_ADMIN, NET_ADMIN, SYS_PTRACE).
+KEPT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE"]
+
+
+@dataclass(frozen=True)
+class CardShare:
+    uuid: str
+    milli: int
+    memory_mb: int
+
+
+@functools.cache
+def docker_client() -> docker.DockerClient:
+    return docker.DockerClient(base_url=settings.DOCKER_BASE_URL, timeout=120)
+
+
+def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
+    """Arguments for ``containers.create`` for a placed workload."""
+    uuids = [s.uuid for s in shares]
+    environment = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+        "GPUCLOUD_WORKLOAD_ID": str(workload.pk),
+        "GPUCLOUD_GPU_SHARE": f"{workload.gpu_share:g}",
+        "GPUCLOUD_DATA_DIR": settings.INSTANCE_DATA_PATH,
+        **{str(k): str(v) for k, v in (workload.env or {}).items()},
+    }
+    if node.simulated:
+        environment["GPUCLOUD_GPU_SIMULATED"] = "1"
+    if workload.gpu_milli < 1000:
+        # A fraction: MPS caps the compute share and pins the memory of the one visible card.
+        environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
+        environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={shares[0].memory_mb}M"
+    host_cpus = os.cpu_count() or 1
+    spec = dict(
+        image=workload.image_ref,
+        command=workload.command or settings.INSTANCE_IDLE_COMMAND,
+        name=workload.container_name,
+        hostname=f"{workload.kind}-{workload.pk}",
+        labels={
+            f"{LABEL}.workload": str(workload.pk),
+            f"{LABEL}.kind": workload.kind,
+            f"{LABEL}.owner": str(workload.owner_id),
+            f"{LABEL}.node": node.name,
+            f"{LABEL}.gpus": ",".join(uuids),
+            f"{LABEL}.simulated": "1" if node.simulated else "0",
+        },
+        environment=environment,
+        # A node may advertise more cores than this host has (a simulated node):
+        # Docker refuses a quota above the host's count, so cap it there.
+        nano_cpus=int(min(workload.cpu_cores, host_cpus) * 1e9),
+        mem_limit=f"{workload.memory_mb}m",
+        pids_limit=settings.INSTANCE_PIDS_LIMIT,
+        security_opt=["no-new-privileges"],
+        cap_drop=["ALL"],
+        cap_add=KEPT_CAPABILITIES,
+        volumes={
+            workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"},
+            shared_volume_name(workload.owner_id): {"bind": "/root/shared", "mode": "rw"},
+        },
+        network_mode=settings.INSTANCE_NETWORK_MODE,
+    )
+    if node.nvidia_runtime and not node.simulated:
+        spec["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
+    return spec
+
+
+def shared_volume_name(owner_id: int) -> str:
+    return f"gpucloud-shared-{owner_id}"
+
+
+def _find(name: str):
+    try:
+        return docker_client().containers.get(name)
+    except docker.errors.NotFound:
+        return None
+
+
+def _ensure_volume(name: str, labels: dict) -> None:
+    client = docker_client()
+    try:
+        client.volumes.get(name)
+    except docker.errors.NotFound:
+        client.volumes.create(name=name, labels=labels)
+
+
+def container_launch(workload, spec: dict) -> str:
+    """Start the workload's container, reusing its disk if it has run before; returns its id.
+
+    A stopped container keeps its disk. If it now gets other cards than last
+    time, its disk is committed to a snapshot image and a new container with
+    the new cards is created from it, so the user's files stay.
+    """
+    client = docker_client()
+    existing = _find(spec["name"])
+    if existing is not None and existing.labels.get(f"{LABEL}.gpus") == spec["labels"][f"{LABEL}.gpus"]:
+        if existing.status != "running":
+            existing.start()
+        return existing.id
+    if existing is not None:
+        existing.stop(timeout=settings.INSTANCE_STOP_GRACE_S)
+        snapshot = existing.commit(repository=SNAPSHOT_REPOSITORY, tag=str(workload.pk))
+        existing.remove()
+        spec = {**spec, "image": snapshot.id}
+    volume_labels = {f"{LABEL}.workload": str(workload.pk), f"{LABEL}.disk_gb": str(workload.disk_gb)}
+    _ensure_volume(workload.volume_name, volume_labels)
+    _ensure_volume(shared_volume_name(workload.owner_id), {f"{LABEL}.owner": str(workload.owner_id)})
+    _ensure_image(spec["image"])
+    container = client.containers.create(**spec)
+    container.start()
+    return container.id
+
+
+def _ensure_image(ref: str) -> None:
+    client = docker_client()
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        client.images.pull(ref)
+
+
+def container_stop(name: str, *, grace_s: int) -> int | None:
+    """SIGTERM, then SIGKILL after ``grace_s``; returns the exit code, None if there is no container."""
+    container = _find(name)
+    if container is None:
+        return None
+    container.stop(timeout=grace_s)
+    container.reload()
+    return container.attrs["State"]["ExitCode"]
+
+
+def container_restart(name: str, *, grace_s: int) -> bool:
+    container = _find(name)
+    if container is None:
+        return False
+    container.restart(timeout=grace_s)
+    return True
+
+
+def container_remove(workload) -> None:
+    """Delete the container, its data volume and any disk snapshot (not the user's shared volume)."""
+    client = docker_client()
+    container = _find(workload.container_name)
+    if container is not None:
+        container.remove(force=True)
+    try:
+        client.volumes.get(workload.volume_name).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    try:
+        client.images.remove(f"{SNAPSHOT_REPOSITORY}:{workload.pk}", force=True)
+    except docker.errors.ImageNotFound:
+        pass
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    workload_id: int
+    name: str
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+
+
+def containers_on_node(node_name: str) -> dict[int, ContainerState]:
+    """Every platform container Docker has for this node, by workload id."""
+    found = {}
+    containers = docker_client().containers.list(all=True, filters={"label": f"{LABEL}.node={node_name}"})
+    for c in containers:
+        state = c.attrs.get("State", {})
+        workload_id = int(c.labels[f"{LABEL}.workload"])
+        found[workload_id] = ContainerState(
+            workload_id, c.name, c.status == "running", state.get("ExitCode"), bool(state.get("OOMKilled"))
+        )
+    return found
+
+
+def docker_version() -> str:
+    return docker_client().version().get("Version", "")

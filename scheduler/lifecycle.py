@@ -1,0 +1,62 @@
+"""Status transitions of a workload: compare-and-swap, event row, signal after commit.
+
+A workload holds allocations exactly while it is starting, running or
+stopping; a transition out of those states frees them in the same transaction,
+so no path can leave a share held by work that no longer runs.
+"""
+from django.db import transaction
+from django.db.models import F
+
+from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent, WorkloadStatus
+from scheduler.signals import workload_changed
+
+HOLDING = set(WorkloadStatus.holding_resources())
+
+
+def workload_transition(workload: Workload, *, to: str, allowed_from, reason: str = "", **fields) -> bool:
+    """Move ``workload`` to ``to`` if it is in one of ``allowed_from``.
+
+    Returns False (and changes nothing) when the row is in another state,
+    including when a concurrent writer moved it first. On success the
+    in-memory object is refreshed.
+    """
+    current = Workload.objects.filter(pk=workload.pk).values_list("status", flat=True).first()
+    if current not in set(allowed_from):
+        return False
+    with transaction.atomic():
+        updated = Workload.objects.filter(pk=workload.pk, status=current).update(
+            status=to, status_reason=reason[:255], **fields
+        )
+        if not updated:
+            return False
+        if current in HOLDING and to not in HOLDING:
+            allocations_free(workload.pk)
+        WorkloadEvent.objects.create(workload_id=workload.pk, from_status=current, to_status=to, reason=reason[:255])
+        payload = dict(
+            workload_id=workload.pk, owner_id=workload.owner_id, kind=workload.kind,
+            from_status=current, to_status=to, reason=reason,
+        )
+        transaction.on_commit(lambda: workload_changed.send(sender=Workload, **payload))
+    workload.refresh_from_db()
+    return True
+
+
+def allocations_free(workload_id: int) -> None:
+    """Give back every share the workload holds. Call inside a transaction."""
+    allocations = list(Allocation.objects.filter(workload_id=workload_id).select_related("gpu"))
+    if not allocations:
+        return
+    workload = Workload.objects.only("node_id", "cpu_cores", "memory_mb").get(pk=workload_id)
+    # Lock order everywhere: node row, then its card rows by id (see allocation.py).
+    list(Node.objects.select_for_update().filter(pk=workload.node_id))
+    list(Gpu.objects.select_for_update().filter(id__in=[a.gpu_id for a in allocations]).order_by("id"))
+    for a in allocations:
+        Gpu.objects.filter(id=a.gpu_id).update(
+            allocated_milli=F("allocated_milli") - a.milli,
+            allocated_memory_mb=F("allocated_memory_mb") - a.memory_mb,
+        )
+    Node.objects.filter(pk=workload.node_id).update(
+        allocated_cpu=F("allocated_cpu") - workload.cpu_cores,
+        allocated_memory_mb=F("allocated_memory_mb") - workload.memory_mb,
+    )
+    Allocation.objects.filter(workload_id=workload_id).delete()

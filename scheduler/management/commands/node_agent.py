@@ -1,0 +1,36 @@
+"""Run this host's node agent: register its cards, heartbeat, and serve queue node.<name>."""
+import socket
+import threading
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from config.celery import app
+from scheduler.agent import agent_register, heartbeat_forever
+from scheduler.errors import ServiceError
+
+
+class Command(BaseCommand):
+    help = "Run the node agent for this GPU host (a Celery worker on queue node.<name>)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--name", default=settings.NODE_NAME or socket.gethostname().split(".")[0])
+        parser.add_argument("--concurrency", type=int, default=2)
+
+    def handle(self, *args, name, concurrency, **options):
+        try:
+            node = agent_register(name)
+        except ServiceError as exc:
+            raise CommandError(exc.message) from exc
+        kind = "SIMULATED" if node.simulated else "NVML"
+        cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
+        self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
+        stop = threading.Event()
+        threading.Thread(target=heartbeat_forever, args=(node.name, stop), daemon=True).start()
+        try:
+            app.worker_main([
+                "worker", "-Q", node.queue, "-n", f"{node.name}@%h", "--pool", "threads",
+                "--concurrency", str(concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+            ])
+        finally:
+            stop.set()

@@ -1,0 +1,192 @@
+"""Cluster state: nodes and their cards, units of work, allocations, events.
+
+Shares of a card are integer thousandths ("milli"): 1000 is a whole card.
+The database itself refuses a card allocated beyond 1000 or beyond its memory,
+and a node beyond its CPU and host memory, whatever code path writes them.
+"""
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+WHOLE_CARD = 1000
+
+
+class NodeStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    LOST = "lost", "Lost"
+    DRAINED = "drained", "Drained"
+
+
+class Node(models.Model):
+    """A GPU host, served by one node agent consuming queue ``node.<name>``."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.ACTIVE)
+    simulated = models.BooleanField(default=False, help_text="GPUs are simulated (no NVML on this host).")
+    nvidia_runtime = models.BooleanField(default=False)
+    cpu_cores = models.PositiveIntegerField()
+    memory_mb = models.PositiveIntegerField()
+    allocated_cpu = models.PositiveIntegerField(default=0)
+    allocated_memory_mb = models.PositiveIntegerField(default=0)
+    docker_version = models.CharField(max_length=64, blank=True)
+    registered_at = models.DateTimeField(auto_now_add=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(allocated_cpu__lte=F("cpu_cores")), name="node_cpu_not_overcommitted"),
+            models.CheckConstraint(
+                condition=Q(allocated_memory_mb__lte=F("memory_mb")), name="node_memory_not_overcommitted"
+            ),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        return f"node.{self.name}"
+
+
+class Gpu(models.Model):
+    """One card on a node."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=64, db_index=True, help_text="Matches a catalog GPU type name.")
+    memory_mb = models.PositiveIntegerField()
+    allocated_milli = models.PositiveIntegerField(default=0)
+    allocated_memory_mb = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+            models.CheckConstraint(condition=Q(allocated_milli__lte=WHOLE_CARD), name="gpu_share_at_most_one_card"),
+            models.CheckConstraint(
+                condition=Q(allocated_memory_mb__lte=F("memory_mb")), name="gpu_memory_not_overcommitted"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.node.name}/gpu{self.index} ({self.model})"
+
+
+class WorkloadStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    STOPPING = "stopping", "Stopping"
+    STOPPED = "stopped", "Stopped"
+    RELEASING = "releasing", "Releasing"
+    RELEASED = "released", "Released"
+    FAILED = "failed", "Failed"
+
+    @classmethod
+    def holding_resources(cls):
+        """States in which the work holds allocations on a node."""
+        return [cls.STARTING, cls.RUNNING, cls.STOPPING]
+
+    @classmethod
+    def terminal(cls):
+        return [cls.RELEASED]
+
+
+class WorkloadKind(models.TextChoices):
+    INSTANCE = "instance", "Interactive instance"
+    JOB = "job", "Batch job"
+
+
+class Workload(models.Model):
+    """A unit of work the scheduler queues, places and runs as one container."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="workloads")
+    kind = models.CharField(max_length=16, choices=WorkloadKind.choices)
+    name = models.CharField(max_length=128)
+    image_ref = models.CharField(max_length=255)
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    gpu_model = models.CharField(max_length=64)
+    gpu_count = models.PositiveSmallIntegerField(help_text="Cards; 1 when a fraction is asked for.")
+    gpu_milli = models.PositiveIntegerField(help_text="Share of each card in thousandths (1000 = whole card).")
+    cpu_cores = models.PositiveIntegerField()
+    memory_mb = models.PositiveIntegerField()
+    disk_gb = models.PositiveIntegerField()
+    preemptible = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=WorkloadStatus.choices, default=WorkloadStatus.QUEUED)
+    status_reason = models.CharField(max_length=255, blank=True)
+    pinned_node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="Node the work must return to (its container disk lives there).",
+    )
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads")
+    container_id = models.CharField(max_length=80, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "queued_at"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpu_milli__gte=1, gpu_milli__lte=WHOLE_CARD), name="workload_share_range"),
+            models.CheckConstraint(
+                condition=Q(gpu_milli=WHOLE_CARD) | Q(gpu_count=1), name="workload_fraction_is_single_card"
+            ),
+            models.CheckConstraint(condition=Q(gpu_count__gte=1), name="workload_at_least_one_card"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.name} ({self.status})"
+
+    @property
+    def gpu_share(self) -> float:
+        return self.gpu_count * self.gpu_milli / WHOLE_CARD
+
+    @property
+    def volume_name(self) -> str:
+        return f"gpucloud-data-{self.pk}"
+
+    @property
+    def container_name(self) -> str:
+        return f"gpucloud-{self.kind}-{self.pk}"
+
+
+class Allocation(models.Model):
+    """A share of one card held by one workload while it is placed."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    milli = models.PositiveIntegerField()
+    memory_mb = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workload", "gpu"], name="allocation_once_per_card"),
+            models.CheckConstraint(condition=Q(milli__gte=1, milli__lte=WHOLE_CARD), name="allocation_share_range"),
+        ]
+
+    def __str__(self):
+        return f"{self.workload_id} on {self.gpu} ({self.milli}/1000)"
+
+
+class WorkloadEvent(models.Model):
+    """One status change of a workload (append-only)."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="events")
+    from_status = models.CharField(max_length=16, choices=WorkloadStatus.choices, blank=True)
+    to_status = models.CharField(max_length=16, choices=WorkloadStatus.choices)
+    reason = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self):
+        return f"{self.workload_id}: {self.from_status} -> {self.to_status}"

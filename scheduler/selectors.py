@@ -1,0 +1,58 @@
+"""Reads of cluster state: free capacity as policy objects, and what exists at all."""
+from django.db.models import Count, Max
+
+from scheduler.models import Gpu, Node, NodeStatus
+from scheduler.policy import Card, NodeCapacity
+
+
+def cluster_capacity() -> list[NodeCapacity]:
+    """Free capacity of every active node, as plain objects for the policy."""
+    nodes = {
+        n.pk: NodeCapacity(n.pk, n.cpu_cores - n.allocated_cpu, n.memory_mb - n.allocated_memory_mb)
+        for n in Node.objects.filter(status=NodeStatus.ACTIVE)
+    }
+    for g in Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index"):
+        nodes[g.node_id].cards.append(
+            Card(g.pk, g.model, g.memory_mb, 1000 - g.allocated_milli, g.memory_mb - g.allocated_memory_mb)
+        )
+    return list(nodes.values())
+
+
+def gpu_models_summary() -> dict[str, dict]:
+    """Per GPU model on active nodes: total cards, free whole cards, free share, largest node."""
+    summary: dict[str, dict] = {}
+    for g in Gpu.objects.filter(node__status=NodeStatus.ACTIVE).values("model", "allocated_milli"):
+        row = summary.setdefault(g["model"], {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False})
+        row["cards"] += 1
+        row["free_cards"] += g["allocated_milli"] == 0
+        row["free_share"] += (1000 - g["allocated_milli"]) / 1000
+    largest = (
+        Gpu.objects.filter(node__status=NodeStatus.ACTIVE)
+        .values("model", "node")
+        .annotate(n=Count("id"))
+        .values("model")
+        .annotate(most=Max("n"))
+    )
+    for row in largest:
+        summary[row["model"]]["max_cards_per_node"] = row["most"]
+    for row in Gpu.objects.filter(node__status=NodeStatus.ACTIVE, node__simulated=True).values("model").distinct():
+        summary[row["model"]]["simulated"] = True
+    return summary
+
+
+def fit_problem(*, gpu_model: str, gpu_count: int, cpu_cores: int, memory_mb: int) -> tuple[str, str] | None:
+    """Why a request could never run on the registered active nodes, as (field, message); None if it could."""
+    nodes = Node.objects.filter(status=NodeStatus.ACTIVE, gpus__model=gpu_model).annotate(cards=Count("gpus"))
+    if not nodes:
+        return "gpu_model", f"no node in the cluster has {gpu_model} cards"
+    with_cards = [n for n in nodes if n.cards >= gpu_count]
+    if not with_cards:
+        most = max(n.cards for n in nodes)
+        return "gpu_count", f"no node has {gpu_count} {gpu_model} cards (at most {most} on one node)"
+    if not any(n.cpu_cores >= cpu_cores for n in with_cards):
+        most = max(n.cpu_cores for n in with_cards)
+        return "cpu_cores", f"no {gpu_model} node has {cpu_cores} CPU cores (at most {most})"
+    if not any(n.cpu_cores >= cpu_cores and n.memory_mb >= memory_mb for n in with_cards):
+        most = max(n.memory_mb for n in with_cards) // 1024
+        return "memory_mb", f"no {gpu_model} node has that much memory (at most {most} GB)"
+    return None

@@ -1,0 +1,136 @@
+"""Writes on workloads: submit, start, stop, restart, release, and the scheduling tick.
+
+Docker work is never done here: these commit state, then send a task to the
+node's queue (``transaction.on_commit``), where the node agent does it.
+"""
+import logging
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from scheduler import policy
+from scheduler.allocation import allocation_create
+from scheduler.errors import Conflict, InvalidInput
+from scheduler.lifecycle import workload_transition
+from scheduler.models import Workload, WorkloadEvent, WorkloadStatus
+from scheduler.selectors import cluster_capacity, fit_problem
+
+log = logging.getLogger(__name__)
+S = WorkloadStatus
+TICK_LOCK_KEY = 0x67707563  # "gpuc": one advisory lock id for the whole cluster
+
+
+def workload_submit(
+    *, owner, kind: str, name: str, image_ref: str, gpu_model: str, gpu_count: int, gpu_milli: int,
+    cpu_cores: int, memory_mb: int, disk_gb: int, preemptible: bool = False,
+    command: list | None = None, env: dict | None = None,
+) -> Workload:
+    """Queue new work. Refuses work that no registered node could ever run."""
+    problem = fit_problem(gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb)
+    if problem:
+        raise InvalidInput(problem[1], field=problem[0])
+    with transaction.atomic():
+        workload = Workload.objects.create(
+            owner=owner, kind=kind, name=name, image_ref=image_ref, gpu_model=gpu_model, gpu_count=gpu_count,
+            gpu_milli=gpu_milli, cpu_cores=cpu_cores, memory_mb=memory_mb, disk_gb=disk_gb,
+            preemptible=preemptible, command=command or [], env=env or {},
+            status=S.QUEUED, queued_at=timezone.now(),
+        )
+        WorkloadEvent.objects.create(workload=workload, from_status="", to_status=S.QUEUED, reason="submitted")
+        transaction.on_commit(tick_soon)
+    return workload
+
+
+def workload_start(workload: Workload) -> Workload:
+    """Queue stopped or failed work again, on the node that keeps its disk."""
+    pinned = workload.node or workload.pinned_node
+    if not workload_transition(
+        workload, to=S.QUEUED, allowed_from=[S.STOPPED, S.FAILED], reason="start requested",
+        pinned_node=pinned, queued_at=timezone.now(), exit_code=None,
+    ):
+        raise Conflict(f"cannot start: the {workload.kind} is {workload.status}")
+    transaction.on_commit(tick_soon)
+    return workload
+
+
+def workload_stop(workload: Workload) -> Workload:
+    """Stop running work (its disk and data volume stay); queued work simply leaves the queue."""
+    if workload_transition(workload, to=S.STOPPED, allowed_from=[S.QUEUED], reason="stopped while queued"):
+        return workload
+    if not workload_transition(workload, to=S.STOPPING, allowed_from=[S.RUNNING, S.STARTING], reason="stop requested"):
+        raise Conflict(f"cannot stop: the {workload.kind} is {workload.status}")
+    _to_node(workload, "scheduler.tasks.workload_stop")
+    return workload
+
+
+def workload_restart(workload: Workload) -> Workload:
+    """Restart the container of running work in place (same cards, same disk)."""
+    if workload.status != S.RUNNING:
+        raise Conflict(f"cannot restart: the {workload.kind} is {workload.status}")
+    WorkloadEvent.objects.create(workload=workload, from_status=S.RUNNING, to_status=S.RUNNING, reason="restart requested")
+    _to_node(workload, "scheduler.tasks.workload_restart")
+    return workload
+
+
+def workload_release(workload: Workload) -> Workload:
+    """Delete the work for good: its container, data volume and disk snapshot."""
+    node = workload.node or workload.pinned_node
+    releasable = [S.STOPPED, S.FAILED, S.QUEUED]
+    if node is None:
+        if workload_transition(workload, to=S.RELEASED, allowed_from=releasable, reason="released", finished_at=timezone.now()):
+            return workload
+    elif workload_transition(workload, to=S.RELEASING, allowed_from=releasable, reason="release requested"):
+        _to_node(workload, "scheduler.tasks.workload_release", node=node)
+        return workload
+    if workload.status in (S.RUNNING, S.STARTING, S.STOPPING):
+        raise Conflict(f"cannot release: the {workload.kind} is {workload.status}; stop it first")
+    raise Conflict(f"cannot release: the {workload.kind} is {workload.status}")
+
+
+def _to_node(workload: Workload, task_name: str, *, node=None) -> None:
+    from config.celery import app
+
+    queue = (node or workload.node).queue
+    transaction.on_commit(lambda: app.send_task(task_name, args=[workload.pk], queue=queue))
+
+
+def tick_soon() -> None:
+    from config.celery import app
+
+    app.send_task("scheduler.tasks.schedule_tick")
+
+
+def _tick_lock() -> bool:
+    """Only one tick decides at a time (PostgreSQL advisory lock, released at commit)."""
+    if connection.vendor != "postgresql":
+        return True  # SQLite: BEGIN IMMEDIATE already serialises writers
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
+        return cursor.fetchone()[0]
+
+
+def schedule_tick() -> list[int]:
+    """Place what queued work fits now; returns the ids of the work placed."""
+    placed = []
+    with transaction.atomic():
+        if not _tick_lock():
+            return placed
+        queued = list(Workload.objects.filter(status=S.QUEUED).order_by("queued_at", "id"))
+        if not queued:
+            return placed
+        by_id = {w.pk: w for w in queued}
+        requests = [
+            policy.Request(
+                id=w.pk, gpu_model=w.gpu_model, gpu_count=w.gpu_count, gpu_milli=w.gpu_milli,
+                cpu=w.cpu_cores, memory_mb=w.memory_mb, pinned_node=w.pinned_node_id,
+            )
+            for w in queued
+        ]
+        for placement in policy.place(requests, cluster_capacity()):
+            workload = by_id[placement.request_id]
+            if allocation_create(workload=workload, placement=placement):
+                placed.append(workload.pk)
+                _to_node(workload, "scheduler.tasks.workload_launch")
+    if placed:
+        log.info("tick placed %s", placed)
+    return placed

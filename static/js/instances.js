@@ -1,0 +1,17 @@
+// Instance list: refresh the rows whenever the server pushes a status change.
+(function () {
+  const state = document.getElementById("live-state");
+  let delay = 1000;
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(`${scheme}://${location.host}/ws/instances/`);
+    socket.onopen = () => { state.textContent = "Live updates: on"; delay = 1000; };
+    socket.onmessage = () => document.body.dispatchEvent(new Event("instances-changed"));
+    socket.onclose = () => {
+      state.textContent = "Live updates: reconnecting…";
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 30000);
+    };
+  }
+  connect();
+})();
