@@ -21,7 +21,7 @@ def check_gpus(gpus: Decimal) -> tuple[int, int]:
     if gpus < 1:
         return 1, int(gpus * 1000)
     if gpus != gpus.to_integral_value():
-        raise InvalidInput(f"{gpus} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus")
+        raise InvalidInput(f"{gpus.normalize()} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus")
     if gpus > MAX_CARDS:
         raise InvalidInput(f"at most {MAX_CARDS} cards per instance", field="gpus")
     return int(gpus), 1000

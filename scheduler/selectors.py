@@ -1,5 +1,7 @@
 """Reads of cluster state: free capacity as policy objects, and what exists at all."""
-from django.db.models import Count, Max
+from collections import Counter
+
+from django.db.models import Count
 
 from scheduler.models import Gpu, Node, NodeStatus
 from scheduler.policy import Card, NodeCapacity
@@ -19,24 +21,20 @@ def cluster_capacity() -> list[NodeCapacity]:
 
 
 def gpu_models_summary() -> dict[str, dict]:
-    """Per GPU model on active nodes: total cards, free whole cards, free share, largest node."""
+    """Per GPU model on active nodes: cards, free whole cards, free share, most cards on one node."""
     summary: dict[str, dict] = {}
-    for g in Gpu.objects.filter(node__status=NodeStatus.ACTIVE).values("model", "allocated_milli"):
-        row = summary.setdefault(g["model"], {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False})
+    per_node: Counter = Counter()
+    cards = Gpu.objects.filter(node__status=NodeStatus.ACTIVE).values("model", "node_id", "allocated_milli", "node__simulated")
+    for g in cards:
+        row = summary.setdefault(
+            g["model"], {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0}
+        )
         row["cards"] += 1
         row["free_cards"] += g["allocated_milli"] == 0
-        row["free_share"] += (1000 - g["allocated_milli"]) / 1000
-    largest = (
-        Gpu.objects.filter(node__status=NodeStatus.ACTIVE)
-        .values("model", "node")
-        .annotate(n=Count("id"))
-        .values("model")
-        .annotate(most=Max("n"))
-    )
-    for row in largest:
-        summary[row["model"]]["max_cards_per_node"] = row["most"]
-    for row in Gpu.objects.filter(node__status=NodeStatus.ACTIVE, node__simulated=True).values("model").distinct():
-        summary[row["model"]]["simulated"] = True
+        row["free_share"] = round(row["free_share"] + (1000 - g["allocated_milli"]) / 1000, 3)
+        row["simulated"] |= g["node__simulated"]
+        per_node[g["model"], g["node_id"]] += 1
+        row["max_cards_per_node"] = max(row["max_cards_per_node"], per_node[g["model"], g["node_id"]])
     return summary
 
 
