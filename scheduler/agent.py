@@ -92,7 +92,7 @@ def agent_reconcile(node_name: str) -> list[int]:
     containers = launcher.containers_on_node(node_name)
     changed = []
     for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING):
-        state = containers.get(workload.pk)
+        state = containers.get(workload.uid)
         if state is not None and state.running:
             continue
         if state is None:
@@ -108,10 +108,10 @@ def agent_reconcile(node_name: str) -> list[int]:
             changed.append(workload.pk)
     # Containers of work that was released (or never known here) are removed.
     known = set(
-        Workload.objects.filter(pk__in=containers).exclude(status=S.RELEASED).values_list("pk", flat=True)
+        Workload.objects.filter(uid__in=containers).exclude(status=S.RELEASED).values_list("uid", flat=True)
     )
-    for workload_id, state in containers.items():
-        if workload_id not in known:
+    for uid, state in containers.items():
+        if uid not in known:
             log.warning("removing orphan container %s", state.name)
             launcher.docker_client().containers.get(state.name).remove(force=True)
     return changed

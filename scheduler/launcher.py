@@ -57,6 +57,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         hostname=f"{workload.kind}-{workload.pk}",
         labels={
             f"{LABEL}.workload": str(workload.pk),
+            f"{LABEL}.uid": workload.uid,
             f"{LABEL}.kind": workload.kind,
             f"{LABEL}.owner": str(workload.owner_id),
             f"{LABEL}.node": node.name,
@@ -117,10 +118,13 @@ def container_launch(workload, spec: dict) -> str:
         return existing.id
     if existing is not None:
         existing.stop(timeout=settings.INSTANCE_STOP_GRACE_S)
-        snapshot = existing.commit(repository=SNAPSHOT_REPOSITORY, tag=str(workload.pk))
+        snapshot = existing.commit(repository=SNAPSHOT_REPOSITORY, tag=workload.uid)
         existing.remove()
         spec = {**spec, "image": snapshot.id}
-    volume_labels = {f"{LABEL}.workload": str(workload.pk), f"{LABEL}.disk_gb": str(workload.disk_gb)}
+    volume_labels = {
+        f"{LABEL}.uid": workload.uid, f"{LABEL}.node": spec["labels"][f"{LABEL}.node"],
+        f"{LABEL}.disk_gb": str(workload.disk_gb),
+    }
     _ensure_volume(workload.volume_name, volume_labels)
     _ensure_volume(shared_volume_name(workload.owner_id), {f"{LABEL}.owner": str(workload.owner_id)})
     _ensure_image(spec["image"])
@@ -166,29 +170,29 @@ def container_remove(workload) -> None:
     except docker.errors.NotFound:
         pass
     try:
-        client.images.remove(f"{SNAPSHOT_REPOSITORY}:{workload.pk}", force=True)
+        client.images.remove(f"{SNAPSHOT_REPOSITORY}:{workload.uid}", force=True)
     except docker.errors.ImageNotFound:
         pass
 
 
 @dataclass(frozen=True)
 class ContainerState:
-    workload_id: int
+    uid: str
     name: str
     running: bool
     exit_code: int | None
     oom_killed: bool
 
 
-def containers_on_node(node_name: str) -> dict[int, ContainerState]:
-    """Every platform container Docker has for this node, by workload id."""
+def containers_on_node(node_name: str) -> dict[str, ContainerState]:
+    """Every platform container Docker has for this node, by workload uid."""
     found = {}
     containers = docker_client().containers.list(all=True, filters={"label": f"{LABEL}.node={node_name}"})
     for c in containers:
         state = c.attrs.get("State", {})
-        workload_id = int(c.labels[f"{LABEL}.workload"])
-        found[workload_id] = ContainerState(
-            workload_id, c.name, c.status == "running", state.get("ExitCode"), bool(state.get("OOMKilled"))
+        uid = c.labels.get(f"{LABEL}.uid", "")
+        found[uid] = ContainerState(
+            uid, c.name, c.status == "running", state.get("ExitCode"), bool(state.get("OOMKilled"))
         )
     return found
 

@@ -4,11 +4,18 @@ Shares of a card are integer thousandths ("milli"): 1000 is a whole card.
 The database itself refuses a card allocated beyond 1000 or beyond its memory,
 and a node beyond its CPU and host memory, whatever code path writes them.
 """
+import secrets
+
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
 WHOLE_CARD = 1000
+
+
+def new_uid() -> str:
+    """Names the work's container and volume; unique across databases sharing one Docker engine."""
+    return secrets.token_hex(6)
 
 
 class NodeStatus(models.TextChoices):
@@ -103,6 +110,7 @@ class WorkloadKind(models.TextChoices):
 class Workload(models.Model):
     """A unit of work the scheduler queues, places and runs as one container."""
 
+    uid = models.CharField(max_length=16, unique=True, default=new_uid, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="workloads")
     kind = models.CharField(max_length=16, choices=WorkloadKind.choices)
     name = models.CharField(max_length=128)
@@ -150,11 +158,11 @@ class Workload(models.Model):
 
     @property
     def volume_name(self) -> str:
-        return f"gpucloud-data-{self.pk}"
+        return f"gpucloud-data-{self.uid}"
 
     @property
     def container_name(self) -> str:
-        return f"gpucloud-{self.kind}-{self.pk}"
+        return f"gpucloud-{self.kind}-{self.uid}"
 
 
 class Allocation(models.Model):

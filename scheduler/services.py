@@ -5,6 +5,7 @@ node's queue (``transaction.on_commit``), where the node agent does it.
 """
 import logging
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -97,7 +98,7 @@ def _to_node(workload: Workload, task_name: str, *, node=None) -> None:
 def tick_soon() -> None:
     from config.celery import app
 
-    app.send_task("scheduler.tasks.schedule_tick")
+    app.send_task("scheduler.tasks.schedule_tick", queue=settings.SCHEDULER_QUEUE)
 
 
 def _tick_lock() -> bool:

@@ -1,0 +1,30 @@
+# The two commands a newcomer types: `make run` and `make test`.
+VENV := .venv
+PY := $(VENV)/bin/python
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpucloud
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: run test services lint bench
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@command -v python3 >/dev/null || { echo "ERROR: python3 is missing: install Python 3.11 (apt-get install python3 python3-venv)."; exit 1; }
+	@test -d $(VENV) || python3 -m venv $(VENV) || { echo "ERROR: could not create a virtualenv: apt-get install python3-venv"; exit 1; }
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	touch $@
+
+services:
+	@bash config/dev/services.sh
+
+run: $(VENV)/.installed services
+	@bash config/dev/run.sh
+
+test: $(VENV)/.installed
+	@DATABASE_URL=$(TEST_DATABASE_URL) bash config/dev/services.sh
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	$(PY) bench/scheduler_throughput.py

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Start the whole platform on this machine: web (daphne, HTTP + WebSocket),
+# the scheduler worker with beat, and one node agent with simulated GPUs.
+# Ctrl-C stops them all.
+set -euo pipefail
+PY=.venv/bin/python
+PORT=${PORT:-8000}
+export NODE_CPUS=${NODE_CPUS:-32} NODE_MEMORY_MB=${NODE_MEMORY_MB:-131072}
+export GPU_BACKEND=${GPU_BACKEND:-auto}
+mkdir -p var/log
+
+$PY manage.py migrate --no-input -v0
+$PY manage.py load_demo >var/log/demo-users.txt
+$PY manage.py build_images
+$PY manage.py collectstatic --no-input -v0
+
+pids=()
+cleanup() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; echo "stopped"; }
+trap cleanup INT TERM EXIT
+
+$PY manage.py node_agent --name "${NODE_NAME:-local-node}" >var/log/node-agent.log 2>&1 & pids+=($!)
+.venv/bin/celery -A config worker -B -Q scheduler -n "scheduler@%h" --pool threads --concurrency 2 \
+  -s var/celerybeat-schedule >var/log/worker.log 2>&1 & pids+=($!)
+.venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application >var/log/web.log 2>&1 & pids+=($!)
+
+for _ in $(seq 60); do curl -fs -o /dev/null "http://127.0.0.1:$PORT/login/" && break; sleep 0.5; done
+sleep 2
+grep -h "GPUs" var/log/node-agent.log || true
+cat <<MSG
+
+  GPU cloud is running:  http://127.0.0.1:$PORT/
+  sign in as  demo / demo-pass-123   (admin: admin / admin-pass-123, at /admin/)
+  API docs:   http://127.0.0.1:$PORT/api/docs/   (tokens in var/log/demo-users.txt)
+  logs:       var/log/{web,worker,node-agent}.log      Ctrl-C stops everything.
+
+MSG
+wait -n "${pids[@]}"
+echo "a process exited; see var/log/ for why" >&2

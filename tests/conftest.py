@@ -1,0 +1,149 @@
+"""Fixtures on real services: PostgreSQL (in CI), Redis, a Celery worker, Docker.
+
+A missing service ends the run with an error; nothing is skipped for it.
+"""
+import os
+import time
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+from rest_framework.test import APIClient
+
+from portal.demo import BASE_IMAGE, catalog_load
+from portal.models import GpuType, Image
+from scheduler.gpus import simulated_inventory
+from scheduler.images import base_image_build, image_exists, image_tag
+from scheduler.launcher import LABEL, docker_client
+from scheduler.nodes import node_register
+
+TEST_IMAGE = "gpucloud/pytorch:2.5.1-cuda12.4"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def real_services(django_db_setup, django_db_blocker):
+    """Redis and Docker must answer (and PostgreSQL in CI): a missing one fails the run."""
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=3).ping()
+    except redis.RedisError as exc:
+        pytest.exit(f"Redis is not reachable at {settings.REDIS_URL} ({exc}): run `make test`, which starts it", 3)
+    try:
+        docker_client().ping()
+    except Exception as exc:
+        pytest.exit(f"the Docker engine is not reachable ({exc}): run `make test`, which starts it", 3)
+    if os.environ.get("CI") and connection.vendor != "postgresql":
+        pytest.exit("CI must run the suite on PostgreSQL: set DATABASE_URL", 3)
+    settings.SCHEDULER_QUEUE = f"scheduler-test-{uuid.uuid4().hex[:8]}"
+    yield
+    redis.Redis.from_url(settings.REDIS_URL).delete(settings.SCHEDULER_QUEUE)
+
+
+@pytest.fixture(scope="session")
+def base_image():
+    if not image_exists(BASE_IMAGE):
+        base_image_build(BASE_IMAGE)
+    if not image_exists(TEST_IMAGE):
+        image_tag(BASE_IMAGE, TEST_IMAGE)
+    return TEST_IMAGE
+
+
+@pytest.fixture
+def catalog(db):
+    catalog_load()
+    return {
+        "rtx3090": GpuType.objects.get(name="RTX3090"),
+        "a100": GpuType.objects.get(name="A100-80GB"),
+        "h100": GpuType.objects.get(name="H100"),
+        "image": Image.objects.get(docker_ref=TEST_IMAGE),
+    }
+
+
+def make_node(spec: str = "sim:2xRTX3090,1xA100-80GB", *, cpu_cores: int = 8, memory_mb: int = 16384):
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    return node_register(
+        name=name, hostname="testhost", cpu_cores=cpu_cores, memory_mb=memory_mb,
+        gpus=simulated_inventory(spec, name), simulated=True, nvidia_runtime=False,
+    )
+
+
+def remove_node_containers(node_name: str) -> None:
+    client = docker_client()
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}.node={node_name}"}):
+        container.remove(force=True)
+    for volume in client.volumes.list(filters={"label": f"{LABEL}.node={node_name}"}):
+        volume.remove(force=True)
+
+
+@pytest.fixture
+def sim_node(db):
+    node = make_node()
+    yield node
+    remove_node_containers(node.name)
+
+
+@pytest.fixture
+def node_worker(transactional_db, sim_node, base_image):
+    """A real Celery worker on Redis serving the scheduler queue and the node's queue."""
+    from celery.contrib.testing.worker import start_worker
+    from celery.signals import task_postrun
+
+    from config.celery import app
+
+    def close_connection(**kwargs):
+        connection.close()
+
+    task_postrun.connect(close_connection, weak=False)
+    with start_worker(
+        app, pool="threads", concurrency=2, queues=[settings.SCHEDULER_QUEUE, sim_node.queue],
+        perform_ping_check=False, shutdown_timeout=20,
+    ):
+        yield sim_node
+    task_postrun.disconnect(close_connection)
+
+
+def wait_for(predicate, *, timeout: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_status(workload, status: str, timeout: float = 30):
+    def reached():
+        workload.refresh_from_db()
+        return workload.status == status
+
+    try:
+        wait_for(reached, timeout=timeout, what=f"status {status}")
+    except AssertionError:
+        raise AssertionError(f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}")
+    return workload
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("alice", password="alice-pass-123")
+
+
+@pytest.fixture
+def outsider(django_user_model):
+    return django_user_model.objects.create_user("mallory", password="mallory-pass-123")
+
+
+@pytest.fixture
+def api(user):
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def outsider_api(outsider):
+    client = APIClient()
+    client.force_authenticate(outsider)
+    return client

@@ -1,0 +1,137 @@
+"""Allocations under row locks: the card and node limits hold, whoever races."""
+import threading
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from scheduler.allocation import allocation_create
+from scheduler.lifecycle import workload_transition
+from scheduler.models import Allocation, Gpu, Node, WorkloadEvent, WorkloadStatus
+from scheduler.policy import CardShare, Placement
+from scheduler.services import schedule_tick
+from tests.conftest import make_node, remove_node_containers
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node():
+    node = make_node("sim:1xRTX3090")
+    yield node
+    remove_node_containers(node.name)
+
+
+def half(card, w):
+    return Placement(w.pk, card.node_id, [CardShare(card.pk, 500, card.memory_mb // 2)])
+
+
+def test_a_placement_takes_share_memory_cpu_and_moves_work_to_starting(user, node):
+    card = node.gpus.get()
+    w = workload(user, gpu_milli=500, cpu=2, memory_mb=2048)
+    assert allocation_create(workload=w, placement=half(card, w))
+    card.refresh_from_db()
+    node.refresh_from_db()
+    assert (card.allocated_milli, card.allocated_memory_mb) == (500, card.memory_mb // 2)
+    assert (node.allocated_cpu, node.allocated_memory_mb) == (2, 2048)
+    assert w.status == WorkloadStatus.STARTING and w.node == node
+    assert WorkloadEvent.objects.filter(workload=w, to_status="starting").exists()
+
+
+def test_leaving_the_holding_states_frees_everything(user, node):
+    card = node.gpus.get()
+    w = workload(user, gpu_milli=500, cpu=2, memory_mb=2048)
+    allocation_create(workload=w, placement=half(card, w))
+    assert workload_transition(w, to=WorkloadStatus.FAILED, allowed_from=[WorkloadStatus.STARTING], reason="x")
+    card.refresh_from_db()
+    node.refresh_from_db()
+    assert (card.allocated_milli, card.allocated_memory_mb, node.allocated_cpu, node.allocated_memory_mb) == (0, 0, 0, 0)
+    assert not Allocation.objects.filter(workload=w).exists()
+
+
+def test_a_stale_placement_is_refused_under_the_lock(user, node):
+    card = node.gpus.get()
+    first, second, third = (workload(user, gpu_milli=500) for _ in range(3))
+    assert allocation_create(workload=first, placement=half(card, first))
+    assert allocation_create(workload=second, placement=half(card, second))
+    assert not allocation_create(workload=third, placement=half(card, third))
+    third.refresh_from_db()
+    assert third.status == WorkloadStatus.QUEUED
+    card.refresh_from_db()
+    assert card.allocated_milli == 1000
+
+
+def test_the_database_itself_refuses_a_card_beyond_one(node):
+    card = node.gpus.get()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Gpu.objects.filter(pk=card.pk).update(allocated_milli=1001)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(allocated_cpu=node.cpu_cores + 1)
+
+
+def test_the_tick_places_what_fits_and_leaves_the_rest_queued(user, node):
+    fits = [workload(user, gpu_milli=400), workload(user, gpu_milli=600)]
+    waits = workload(user, gpu_milli=100)
+    assert sorted(schedule_tick()) == sorted(w.pk for w in fits)
+    waits.refresh_from_db()
+    assert waits.status == WorkloadStatus.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_placements_on_the_last_free_share_exactly_one_wins(user):
+    if connection.vendor != "postgresql":
+        pytest.fail("this race is only meaningful on PostgreSQL: run with DATABASE_URL set (make test does)")
+    node = make_node("sim:1xRTX3090")
+    card = node.gpus.get()
+    taken = workload(user, gpu_milli=500)
+    assert allocation_create(workload=taken, placement=half(card, taken))
+    contenders = [workload(user, gpu_milli=500) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def place(w):
+        try:
+            barrier.wait()
+            results[w.pk] = allocation_create(workload=w, placement=half(card, w))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=place, args=(w,)) for w in contenders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results.values()) == [False, True]
+    card.refresh_from_db()
+    assert card.allocated_milli == 1000
+    assert Allocation.objects.filter(gpu=card).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_many_concurrent_ticks_never_over_allocate(user):
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    node = make_node("sim:2xRTX3090", cpu_cores=64, memory_mb=65536)
+    for milli in [300, 300, 300, 500, 500, 700, 200, 100, 1000, 400]:
+        workload(user, gpu_milli=milli)
+    errors = []
+
+    def tick():
+        try:
+            for _ in range(3):
+                schedule_tick()
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=tick) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for card in node.gpus.all():
+        held = sum(a.milli for a in card.allocations.all())
+        assert held == card.allocated_milli <= 1000
+    assert Allocation.objects.values("workload").distinct().count() == Allocation.objects.count()
