@@ -1,4 +1,5 @@
 """Admin for billing."""
+
 from django.contrib import admin
 
 from billing.models import MeterSegment

@@ -1,4 +1,5 @@
 """App config for billing."""
+
 from django.apps import AppConfig
 
 

@@ -1,4 +1,5 @@
 """Open and close meter segments; both are idempotent (safe to repeat after a crash)."""
+
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 

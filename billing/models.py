@@ -1,4 +1,5 @@
 """Metering: one segment per stretch of time a workload really ran."""
+
 from django.db import models
 from django.db.models import Q
 
@@ -17,8 +18,10 @@ class MeterSegment(models.Model):
         ordering = ["started_at"]
         constraints = [
             models.UniqueConstraint(fields=["workload"], condition=Q(ended_at__isnull=True), name="one_open_segment"),
-            models.CheckConstraint(condition=Q(ended_at__isnull=True) | Q(ended_at__gte=models.F("started_at")),
-                                   name="segment_ends_after_start"),
+            models.CheckConstraint(
+                condition=Q(ended_at__isnull=True) | Q(ended_at__gte=models.F("started_at")),
+                name="segment_ends_after_start",
+            ),
         ]
 
     def __str__(self):

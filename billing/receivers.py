@@ -1,4 +1,5 @@
 """Billing follows the scheduler's lifecycle facts: running opens metering, leaving it closes."""
+
 from django.dispatch import receiver
 
 from billing.metering import meter_close, meter_open

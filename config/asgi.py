@@ -1,4 +1,5 @@
 """ASGI entry point: HTTP through Django, WebSocket through Channels (session-authenticated)."""
+
 import os
 
 from django.core.asgi import get_asgi_application

@@ -1,4 +1,5 @@
 """The Celery app shared by the scheduler worker, beat and node agents."""
+
 import os
 
 from celery import Celery

@@ -3,6 +3,7 @@
 Nonsense values fail loudly at start-up (django-environ raises on a bad int or
 bool); the GPU backend spec is checked by ``scheduler.gpus.parse_backend``.
 """
+
 from datetime import timedelta
 from pathlib import Path
 
@@ -71,6 +72,8 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, node agent) share the file in development.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    # A file, not memory, so a test's web-server subprocess can open the test database too.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -1,4 +1,5 @@
 """Top-level URLs: console, API, API docs, admin, login."""
+
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path

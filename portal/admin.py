@@ -1,4 +1,5 @@
 """Admin for the catalog and instances."""
+
 from django.contrib import admin
 
 from portal.models import GpuType, Image, Instance

@@ -1,4 +1,5 @@
 """App config for the portal."""
+
 from django.apps import AppConfig
 
 

@@ -1,4 +1,5 @@
 """WebSocket: a signed-in user's live instance status changes."""
+
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from portal.receivers import user_group

@@ -1,4 +1,5 @@
 """The demo catalog: GPU types and framework images modelled on what GPU clouds offer."""
+
 from decimal import Decimal
 
 GPU_TYPES = [
@@ -29,12 +30,23 @@ def catalog_load() -> None:
     for name, display, memory, price, spot in GPU_TYPES:
         GpuType.objects.update_or_create(
             name=name,
-            defaults=dict(display_name=display, memory_gb=memory, price_per_hour=Decimal(price),
-                          spot_price_per_hour=Decimal(spot), currency="CNY"),
+            defaults=dict(
+                display_name=display,
+                memory_gb=memory,
+                price_per_hour=Decimal(price),
+                spot_price_per_hour=Decimal(spot),
+                currency="CNY",
+            ),
         )
     for name, framework, version, cuda, python, ref in IMAGES:
         Image.objects.update_or_create(
             docker_ref=ref,
-            defaults=dict(name=name, framework=framework, framework_version=version, cuda_version=cuda,
-                          python_version=python, visibility="official"),
+            defaults=dict(
+                name=name,
+                framework=framework,
+                framework_version=version,
+                cuda_version=cuda,
+                python_version=python,
+                visibility="official",
+            ),
         )

@@ -1,4 +1,5 @@
 """The console's create-instance form; the service does the real checks."""
+
 from decimal import Decimal
 
 from django import forms
@@ -19,9 +20,12 @@ class InstanceCreateForm(forms.Form):
     def __init__(self, *args, gpu_types, images, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["gpu_type"].choices = [
-            (t.pk, f"{t.display_name} — {t.price_per_hour} {t.currency}/card-hour, "
-                   f"{t.capacity['free_cards']} of {t.capacity['cards']} cards free"
-                   f"{' (simulated)' if t.capacity['simulated'] else ''}")
+            (
+                t.pk,
+                f"{t.display_name} — {t.price_per_hour} {t.currency}/card-hour, "
+                f"{t.capacity['free_cards']} of {t.capacity['cards']} cards free"
+                f"{' (simulated)' if t.capacity['simulated'] else ''}",
+            )
             for t in gpu_types
         ]
         self.fields["image"].choices = [(i.pk, f"{i.name} (CUDA {i.cuda_version})") for i in images]

@@ -1,4 +1,5 @@
 """Catalog (GPU types, images) and instances as users rent them."""
+
 from decimal import Decimal
 
 from django.conf import settings
@@ -25,7 +26,9 @@ class GpuType(models.Model):
     class Meta:
         ordering = ["price_per_hour"]
         constraints = [
-            models.CheckConstraint(condition=Q(spot_price_per_hour__lte=models.F("price_per_hour")), name="spot_not_dearer"),
+            models.CheckConstraint(
+                condition=Q(spot_price_per_hour__lte=models.F("price_per_hour")), name="spot_not_dearer"
+            ),
         ]
 
     def __str__(self):

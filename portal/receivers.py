@@ -1,4 +1,5 @@
 """Push each instance status change to its owner's browsers over Channels."""
+
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.dispatch import receiver

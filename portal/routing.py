@@ -1,4 +1,5 @@
 """WebSocket routes."""
+
 from django.urls import path
 
 from portal.consumers import InstanceEventsConsumer

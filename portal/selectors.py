@@ -1,4 +1,5 @@
 """Reads for the portal, each limited to what the user may see."""
+
 from django.db.models import Q
 
 from portal.models import GpuType, Image, Instance

@@ -1,4 +1,5 @@
 """Writes for instances: create (validated, queued in one transaction) and the actions."""
+
 from decimal import Decimal
 
 from django.db import transaction
@@ -21,15 +22,25 @@ def check_gpus(gpus: Decimal) -> tuple[int, int]:
     if gpus < 1:
         return 1, int(gpus * 1000)
     if gpus != gpus.to_integral_value():
-        raise InvalidInput(f"{gpus.normalize()} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus")
+        raise InvalidInput(
+            f"{gpus.normalize()} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus"
+        )
     if gpus > MAX_CARDS:
         raise InvalidInput(f"at most {MAX_CARDS} cards per instance", field="gpus")
     return int(gpus), 1000
 
 
 def instance_create(
-    *, owner, name: str, image_id: int, gpu_type_id: int, gpus: Decimal, cpu_cores: int, memory_gb: int,
-    disk_gb: int, billing_mode: str = BillingMode.ON_DEMAND,
+    *,
+    owner,
+    name: str,
+    image_id: int,
+    gpu_type_id: int,
+    gpus: Decimal,
+    cpu_cores: int,
+    memory_gb: int,
+    disk_gb: int,
+    billing_mode: str = BillingMode.ON_DEMAND,
 ) -> Instance:
     gpu_count, gpu_milli = check_gpus(gpus)
     image = image_list(user=owner).filter(pk=image_id).first()
@@ -41,15 +52,31 @@ def instance_create(
     with transaction.atomic():
         try:
             workload = scheduler.workload_submit(
-                owner=owner, kind=WorkloadKind.INSTANCE, name=name, image_ref=image.docker_ref,
-                gpu_model=gpu_type.name, gpu_count=gpu_count, gpu_milli=gpu_milli, cpu_cores=cpu_cores,
-                memory_mb=memory_gb * 1024, disk_gb=disk_gb, preemptible=billing_mode == BillingMode.SPOT,
+                owner=owner,
+                kind=WorkloadKind.INSTANCE,
+                name=name,
+                image_ref=image.docker_ref,
+                gpu_model=gpu_type.name,
+                gpu_count=gpu_count,
+                gpu_milli=gpu_milli,
+                cpu_cores=cpu_cores,
+                memory_mb=memory_gb * 1024,
+                disk_gb=disk_gb,
+                preemptible=billing_mode == BillingMode.SPOT,
             )
         except InvalidInput as exc:
             raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc
         return Instance.objects.create(
-            owner=owner, name=name, image=image, gpu_type=gpu_type, gpus=gpus, cpu_cores=cpu_cores,
-            memory_gb=memory_gb, disk_gb=disk_gb, billing_mode=billing_mode, workload=workload,
+            owner=owner,
+            name=name,
+            image=image,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            cpu_cores=cpu_cores,
+            memory_gb=memory_gb,
+            disk_gb=disk_gb,
+            billing_mode=billing_mode,
+            workload=workload,
         )
 
 

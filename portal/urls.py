@@ -1,4 +1,5 @@
 """Console URLs."""
+
 from django.urls import path
 
 from portal import views

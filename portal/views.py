@@ -1,4 +1,5 @@
 """Console pages: instance list (live), create form, actions."""
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render

@@ -1,4 +1,5 @@
 """Admin for the cluster: nodes, cards, workloads, allocations, events (mostly read-only)."""
+
 from django.contrib import admin
 
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent

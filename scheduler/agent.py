@@ -4,6 +4,7 @@ Each function takes ids, reloads, returns early when the work is already done
 (so a redelivered task is harmless), talks to Docker outside any transaction,
 then records the outcome with a compare-and-swap transition.
 """
+
 import logging
 import os
 import socket
@@ -39,13 +40,20 @@ def agent_launch(workload_id: int) -> None:
     except docker.errors.DockerException as exc:
         log.warning("launch of workload %s failed: %s", workload_id, exc)
         workload_transition(
-            workload, to=S.FAILED, allowed_from=[S.STARTING], reason=f"failed to start: {_short(exc)}",
+            workload,
+            to=S.FAILED,
+            allowed_from=[S.STARTING],
+            reason=f"failed to start: {_short(exc)}",
             finished_at=timezone.now(),
         )
         return
     if not workload_transition(
-        workload, to=S.RUNNING, allowed_from=[S.STARTING], reason="container running",
-        container_id=container_id, started_at=timezone.now(),
+        workload,
+        to=S.RUNNING,
+        allowed_from=[S.STARTING],
+        reason="container running",
+        container_id=container_id,
+        started_at=timezone.now(),
     ):
         # Stopped, released or lost while it launched: do not leave its container running.
         log.info("workload %s left starting while it launched; stopping its container", workload_id)
@@ -60,12 +68,19 @@ def agent_stop(workload_id: int) -> None:
         exit_code = launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
     except docker.errors.DockerException as exc:
         workload_transition(
-            workload, to=S.FAILED, allowed_from=[S.STOPPING], reason=f"failed to stop: {_short(exc)}",
+            workload,
+            to=S.FAILED,
+            allowed_from=[S.STOPPING],
+            reason=f"failed to stop: {_short(exc)}",
             finished_at=timezone.now(),
         )
         return
     workload_transition(
-        workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason="stopped", exit_code=exit_code,
+        workload,
+        to=S.STOPPED,
+        allowed_from=[S.STOPPING],
+        reason="stopped",
+        exit_code=exit_code,
         finished_at=timezone.now(),
     )
 
@@ -107,9 +122,7 @@ def agent_reconcile(node_name: str) -> list[int]:
         ):
             changed.append(workload.pk)
     # Containers of work that was released (or never known here) are removed.
-    known = set(
-        Workload.objects.filter(uid__in=containers).exclude(status=S.RELEASED).values_list("uid", flat=True)
-    )
+    known = set(Workload.objects.filter(uid__in=containers).exclude(status=S.RELEASED).values_list("uid", flat=True))
     for uid, state in containers.items():
         if uid not in known:
             log.warning("removing orphan container %s", state.name)

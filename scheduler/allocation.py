@@ -5,6 +5,7 @@ free capacity is re-checked under those locks, so a stale snapshot (from the
 policy, or from a racing worker) can never over-allocate; the database's check
 constraints are the last line behind that.
 """
+
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
@@ -29,10 +30,7 @@ def allocation_create(*, workload: Workload, placement: Placement) -> bool:
             if node.memory_mb - node.allocated_memory_mb < workload.memory_mb:
                 return False
             card_ids = sorted(share.card_id for share in placement.shares)
-            cards = {
-                c.id: c
-                for c in Gpu.objects.select_for_update().filter(id__in=card_ids, node=node).order_by("id")
-            }
+            cards = {c.id: c for c in Gpu.objects.select_for_update().filter(id__in=card_ids, node=node).order_by("id")}
             if len(cards) != len(card_ids):
                 return False
             for share in placement.shares:
@@ -44,8 +42,13 @@ def allocation_create(*, workload: Workload, placement: Placement) -> bool:
                 if card.allocated_memory_mb + share.memory_mb > card.memory_mb:
                     return False
             if not workload_transition(
-                workload, to=WorkloadStatus.STARTING, allowed_from=[WorkloadStatus.QUEUED],
-                reason=f"placed on {node.name}", node=node, started_at=None, finished_at=None,
+                workload,
+                to=WorkloadStatus.STARTING,
+                allowed_from=[WorkloadStatus.QUEUED],
+                reason=f"placed on {node.name}",
+                node=node,
+                started_at=None,
+                finished_at=None,
             ):
                 return False
             for share in placement.shares:

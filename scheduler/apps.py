@@ -1,4 +1,5 @@
 """App config for the scheduler."""
+
 from django.apps import AppConfig
 
 

@@ -4,6 +4,7 @@
 when no NVIDIA driver is present) or a simulated spec such as
 ``sim:4xRTX3090,4xA100-80GB``. Simulated cards are marked as such everywhere.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,9 +15,20 @@ from scheduler.errors import InvalidInput
 
 # Card memory for simulated models that do not carry it in their name.
 KNOWN_MEMORY_MB = {
-    "RTX3090": 24576, "RTX4090": 24576, "RTXA5000": 24576, "A5000": 24576, "RTXA6000": 49152,
-    "V100": 32768, "P100": 16384, "T4": 15360, "L4": 23034, "L40S": 46068, "A10": 23028,
-    "H100": 81559, "H200": 143771, "A100": 40960,
+    "RTX3090": 24576,
+    "RTX4090": 24576,
+    "RTXA5000": 24576,
+    "A5000": 24576,
+    "RTXA6000": 49152,
+    "V100": 32768,
+    "P100": 16384,
+    "T4": 15360,
+    "L4": 23034,
+    "L40S": 46068,
+    "A10": 23028,
+    "H100": 81559,
+    "H200": 143771,
+    "A100": 40960,
 }
 SIM_ITEM = re.compile(r"^(\d+)x([A-Za-z0-9][A-Za-z0-9_.-]*)$")
 MEMORY_SUFFIX = re.compile(r"-(\d+)GB$", re.IGNORECASE)
@@ -48,7 +60,9 @@ def parse_sim_spec(spec: str) -> list[tuple[int, str, int]]:
         suffix = MEMORY_SUFFIX.search(model)
         memory = int(suffix[1]) * 1024 if suffix else KNOWN_MEMORY_MB.get(model)
         if memory is None:
-            raise InvalidInput(f"unknown memory for simulated {model!r}: write it as {model}-<N>GB", field="gpu_backend")
+            raise InvalidInput(
+                f"unknown memory for simulated {model!r}: write it as {model}-<N>GB", field="gpu_backend"
+            )
         items.append((count, model, memory))
     if not items:
         raise InvalidInput(f"{spec!r} lists no GPUs", field="gpu_backend")

@@ -4,6 +4,7 @@ The root filesystem is a static busybox with its applets, a root user and the
 usual empty directories, imported with ``docker import``: a few MB, starting in
 well under a second. Real deployments point catalog images at their registry.
 """
+
 import io
 import shutil
 import subprocess
@@ -13,8 +14,18 @@ from scheduler.errors import InvalidInput
 from scheduler.launcher import docker_client
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
-DIRECTORIES = {"bin": 0o755, "etc": 0o755, "root": 0o700, "tmp": 0o1777, "proc": 0o555, "sys": 0o555,
-               "dev": 0o755, "var": 0o755, "usr": 0o755, "home": 0o755}
+DIRECTORIES = {
+    "bin": 0o755,
+    "etc": 0o755,
+    "root": 0o700,
+    "tmp": 0o1777,
+    "proc": 0o555,
+    "sys": 0o555,
+    "dev": 0o755,
+    "var": 0o755,
+    "usr": 0o755,
+    "home": 0o755,
+}
 FILES = {
     "etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
     "etc/group": "root:x:0:\nnogroup:x:65534:\n",
@@ -65,7 +76,9 @@ def base_image_build(ref: str) -> None:
     """Build the busybox base image and tag it ``ref`` (repository:tag)."""
     repository, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
     docker_client().api.import_image_from_data(
-        rootfs_tar(find_busybox()), repository=repository, tag=tag,
+        rootfs_tar(find_busybox()),
+        repository=repository,
+        tag=tag,
         changes=["ENV PATH=/bin", "WORKDIR /root", 'CMD ["sh"]'],
     )
 

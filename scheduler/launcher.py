@@ -5,6 +5,7 @@
 may run inside a database transaction: callers in ``scheduler.agent`` commit
 first and call these after.
 """
+
 from __future__ import annotations
 
 import functools
@@ -122,7 +123,8 @@ def container_launch(workload, spec: dict) -> str:
         existing.remove()
         spec = {**spec, "image": snapshot.id}
     volume_labels = {
-        f"{LABEL}.uid": workload.uid, f"{LABEL}.node": spec["labels"][f"{LABEL}.node"],
+        f"{LABEL}.uid": workload.uid,
+        f"{LABEL}.node": spec["labels"][f"{LABEL}.node"],
         f"{LABEL}.disk_gb": str(workload.disk_gb),
     }
     _ensure_volume(workload.volume_name, volume_labels)

@@ -4,6 +4,7 @@ A workload holds allocations exactly while it is starting, running or
 stopping; a transition out of those states frees them in the same transaction,
 so no path can leave a share held by work that no longer runs.
 """
+
 from django.db import transaction
 from django.db.models import F
 
@@ -33,8 +34,12 @@ def workload_transition(workload: Workload, *, to: str, allowed_from, reason: st
             allocations_free(workload.pk)
         WorkloadEvent.objects.create(workload_id=workload.pk, from_status=current, to_status=to, reason=reason[:255])
         payload = dict(
-            workload_id=workload.pk, owner_id=workload.owner_id, kind=workload.kind,
-            from_status=current, to_status=to, reason=reason,
+            workload_id=workload.pk,
+            owner_id=workload.owner_id,
+            kind=workload.kind,
+            from_status=current,
+            to_status=to,
+            reason=reason,
         )
         transaction.on_commit(lambda: workload_changed.send(sender=Workload, **payload))
     workload.refresh_from_db()

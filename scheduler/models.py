@@ -4,6 +4,7 @@ Shares of a card are integer thousandths ("milli"): 1000 is a whole card.
 The database itself refuses a card allocated beyond 1000 or beyond its memory,
 and a node beyond its CPU and host memory, whatever code path writes them.
 """
+
 import secrets
 
 from django.conf import settings
@@ -127,7 +128,11 @@ class Workload(models.Model):
     status = models.CharField(max_length=16, choices=WorkloadStatus.choices, default=WorkloadStatus.QUEUED)
     status_reason = models.CharField(max_length=255, blank=True)
     pinned_node = models.ForeignKey(
-        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
         help_text="Node the work must return to (its container disk lives there).",
     )
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads")
@@ -142,7 +147,9 @@ class Workload(models.Model):
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["status", "queued_at"])]
         constraints = [
-            models.CheckConstraint(condition=Q(gpu_milli__gte=1, gpu_milli__lte=WHOLE_CARD), name="workload_share_range"),
+            models.CheckConstraint(
+                condition=Q(gpu_milli__gte=1, gpu_milli__lte=WHOLE_CARD), name="workload_share_range"
+            ),
             models.CheckConstraint(
                 condition=Q(gpu_milli=WHOLE_CARD) | Q(gpu_count=1), name="workload_fraction_is_single_card"
             ),

@@ -1,4 +1,5 @@
 """Node registration, heartbeats, and marking silent nodes lost."""
+
 from datetime import timedelta
 
 from django.db import transaction
@@ -10,17 +11,29 @@ from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadStatus
 
 
 def node_register(
-    *, name: str, hostname: str, cpu_cores: int, memory_mb: int, gpus: list[GpuInfo],
-    simulated: bool, nvidia_runtime: bool, docker_version: str = "",
+    *,
+    name: str,
+    hostname: str,
+    cpu_cores: int,
+    memory_mb: int,
+    gpus: list[GpuInfo],
+    simulated: bool,
+    nvidia_runtime: bool,
+    docker_version: str = "",
 ) -> Node:
     """Create or refresh a node and its cards; the node is active from now on."""
     with transaction.atomic():
         node, _ = Node.objects.select_for_update().update_or_create(
             name=name,
             defaults=dict(
-                hostname=hostname, cpu_cores=cpu_cores, memory_mb=memory_mb, simulated=simulated,
-                nvidia_runtime=nvidia_runtime, docker_version=docker_version,
-                status=NodeStatus.ACTIVE, last_heartbeat=timezone.now(),
+                hostname=hostname,
+                cpu_cores=cpu_cores,
+                memory_mb=memory_mb,
+                simulated=simulated,
+                nvidia_runtime=nvidia_runtime,
+                docker_version=docker_version,
+                status=NodeStatus.ACTIVE,
+                last_heartbeat=timezone.now(),
             ),
         )
         seen = []
@@ -37,8 +50,10 @@ def node_register(
 def node_heartbeat(*, name: str) -> bool:
     """Record that the node's agent is alive; a lost node that speaks again is active."""
     now = timezone.now()
-    updated = Node.objects.filter(name=name).exclude(status=NodeStatus.DRAINED).update(
-        last_heartbeat=now, status=NodeStatus.ACTIVE
+    updated = (
+        Node.objects.filter(name=name)
+        .exclude(status=NodeStatus.DRAINED)
+        .update(last_heartbeat=now, status=NodeStatus.ACTIVE)
     )
     return bool(updated)
 
@@ -53,7 +68,10 @@ def nodes_mark_lost(*, silent_for: timedelta, now=None) -> list[str]:
         lost.append(node.name)
         for workload in Workload.objects.filter(node=node, status__in=WorkloadStatus.holding_resources()):
             workload_transition(
-                workload, to=WorkloadStatus.FAILED, allowed_from=WorkloadStatus.holding_resources(),
-                reason=f"lost: node {node.name} stopped sending heartbeats", finished_at=now,
+                workload,
+                to=WorkloadStatus.FAILED,
+                allowed_from=WorkloadStatus.holding_resources(),
+                reason=f"lost: node {node.name} stopped sending heartbeats",
+                finished_at=now,
             )
     return lost

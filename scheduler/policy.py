@@ -12,6 +12,7 @@ Rules:
   (best fit at node level), so large free nodes stay free for gang work;
 - GPU share, GPU memory, CPU and host memory are checked together.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """The scheduler's own reaction to lifecycle facts: capacity freed -> tick again."""
+
 from django.dispatch import receiver
 
 from scheduler.lifecycle import HOLDING

@@ -1,4 +1,5 @@
 """Reads of cluster state: free capacity as policy objects, and what exists at all."""
+
 from collections import Counter
 
 from django.db.models import Count
@@ -24,7 +25,9 @@ def gpu_models_summary() -> dict[str, dict]:
     """Per GPU model on active nodes: cards, free whole cards, free share, most cards on one node."""
     summary: dict[str, dict] = {}
     per_node: Counter = Counter()
-    cards = Gpu.objects.filter(node__status=NodeStatus.ACTIVE).values("model", "node_id", "allocated_milli", "node__simulated")
+    cards = Gpu.objects.filter(node__status=NodeStatus.ACTIVE).values(
+        "model", "node_id", "allocated_milli", "node__simulated"
+    )
     for g in cards:
         row = summary.setdefault(
             g["model"], {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0}

@@ -3,6 +3,7 @@
 Docker work is never done here: these commit state, then send a task to the
 node's queue (``transaction.on_commit``), where the node agent does it.
 """
+
 import logging
 
 from django.conf import settings
@@ -22,9 +23,20 @@ TICK_LOCK_KEY = 0x67707563  # "gpuc": one advisory lock id for the whole cluster
 
 
 def workload_submit(
-    *, owner, kind: str, name: str, image_ref: str, gpu_model: str, gpu_count: int, gpu_milli: int,
-    cpu_cores: int, memory_mb: int, disk_gb: int, preemptible: bool = False,
-    command: list | None = None, env: dict | None = None,
+    *,
+    owner,
+    kind: str,
+    name: str,
+    image_ref: str,
+    gpu_model: str,
+    gpu_count: int,
+    gpu_milli: int,
+    cpu_cores: int,
+    memory_mb: int,
+    disk_gb: int,
+    preemptible: bool = False,
+    command: list | None = None,
+    env: dict | None = None,
 ) -> Workload:
     """Queue new work. Refuses work that no registered node could ever run."""
     problem = fit_problem(gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb)
@@ -32,10 +44,21 @@ def workload_submit(
         raise InvalidInput(problem[1], field=problem[0])
     with transaction.atomic():
         workload = Workload.objects.create(
-            owner=owner, kind=kind, name=name, image_ref=image_ref, gpu_model=gpu_model, gpu_count=gpu_count,
-            gpu_milli=gpu_milli, cpu_cores=cpu_cores, memory_mb=memory_mb, disk_gb=disk_gb,
-            preemptible=preemptible, command=command or [], env=env or {},
-            status=S.QUEUED, queued_at=timezone.now(),
+            owner=owner,
+            kind=kind,
+            name=name,
+            image_ref=image_ref,
+            gpu_model=gpu_model,
+            gpu_count=gpu_count,
+            gpu_milli=gpu_milli,
+            cpu_cores=cpu_cores,
+            memory_mb=memory_mb,
+            disk_gb=disk_gb,
+            preemptible=preemptible,
+            command=command or [],
+            env=env or {},
+            status=S.QUEUED,
+            queued_at=timezone.now(),
         )
         WorkloadEvent.objects.create(workload=workload, from_status="", to_status=S.QUEUED, reason="submitted")
         transaction.on_commit(tick_soon)
@@ -46,8 +69,13 @@ def workload_start(workload: Workload) -> Workload:
     """Queue stopped or failed work again, on the node that keeps its disk."""
     pinned = workload.node or workload.pinned_node
     if not workload_transition(
-        workload, to=S.QUEUED, allowed_from=[S.STOPPED, S.FAILED], reason="start requested",
-        pinned_node=pinned, queued_at=timezone.now(), exit_code=None,
+        workload,
+        to=S.QUEUED,
+        allowed_from=[S.STOPPED, S.FAILED],
+        reason="start requested",
+        pinned_node=pinned,
+        queued_at=timezone.now(),
+        exit_code=None,
     ):
         raise Conflict(f"cannot start: the {workload.kind} is {workload.status}")
     transaction.on_commit(tick_soon)
@@ -68,7 +96,9 @@ def workload_restart(workload: Workload) -> Workload:
     """Restart the container of running work in place (same cards, same disk)."""
     if workload.status != S.RUNNING:
         raise Conflict(f"cannot restart: the {workload.kind} is {workload.status}")
-    WorkloadEvent.objects.create(workload=workload, from_status=S.RUNNING, to_status=S.RUNNING, reason="restart requested")
+    WorkloadEvent.objects.create(
+        workload=workload, from_status=S.RUNNING, to_status=S.RUNNING, reason="restart requested"
+    )
     _to_node(workload, "scheduler.tasks.workload_restart")
     return workload
 
@@ -78,7 +108,9 @@ def workload_release(workload: Workload) -> Workload:
     node = workload.node or workload.pinned_node
     releasable = [S.STOPPED, S.FAILED, S.QUEUED]
     if node is None:
-        if workload_transition(workload, to=S.RELEASED, allowed_from=releasable, reason="released", finished_at=timezone.now()):
+        if workload_transition(
+            workload, to=S.RELEASED, allowed_from=releasable, reason="released", finished_at=timezone.now()
+        ):
             return workload
     elif workload_transition(workload, to=S.RELEASING, allowed_from=releasable, reason="release requested"):
         _to_node(workload, "scheduler.tasks.workload_release", node=node)
@@ -122,8 +154,13 @@ def schedule_tick() -> list[int]:
         by_id = {w.pk: w for w in queued}
         requests = [
             policy.Request(
-                id=w.pk, gpu_model=w.gpu_model, gpu_count=w.gpu_count, gpu_milli=w.gpu_milli,
-                cpu=w.cpu_cores, memory_mb=w.memory_mb, pinned_node=w.pinned_node_id,
+                id=w.pk,
+                gpu_model=w.gpu_model,
+                gpu_count=w.gpu_count,
+                gpu_milli=w.gpu_milli,
+                cpu=w.cpu_cores,
+                memory_mb=w.memory_mb,
+                pinned_node=w.pinned_node_id,
             )
             for w in queued
         ]

@@ -4,6 +4,7 @@
 committed, with keyword arguments ``workload_id``, ``owner_id``, ``kind``,
 ``from_status``, ``to_status`` and ``reason``.
 """
+
 from django.dispatch import Signal
 
 workload_changed = Signal()

@@ -3,9 +3,11 @@
 Scheduler tasks run on the ``scheduler`` queue; workload tasks are sent to the
 queue of the node that holds the work (``node.<name>``).
 """
+
+from datetime import timedelta
+
 from celery import shared_task
 from django.conf import settings
-from datetime import timedelta
 
 from scheduler import agent, services
 from scheduler.models import Node, NodeStatus

@@ -2,6 +2,7 @@
 
 A missing service ends the run with an error; nothing is skipped for it.
 """
+
 import os
 import time
 import uuid
@@ -63,8 +64,13 @@ def catalog(db):
 def make_node(spec: str = "sim:2xRTX3090,1xA100-80GB", *, cpu_cores: int = 8, memory_mb: int = 16384):
     name = f"test-{uuid.uuid4().hex[:8]}"
     return node_register(
-        name=name, hostname="testhost", cpu_cores=cpu_cores, memory_mb=memory_mb,
-        gpus=simulated_inventory(spec, name), simulated=True, nvidia_runtime=False,
+        name=name,
+        hostname="testhost",
+        cpu_cores=cpu_cores,
+        memory_mb=memory_mb,
+        gpus=simulated_inventory(spec, name),
+        simulated=True,
+        nvidia_runtime=False,
     )
 
 
@@ -96,8 +102,12 @@ def node_worker(transactional_db, sim_node, base_image):
 
     task_postrun.connect(close_connection, weak=False)
     with start_worker(
-        app, pool="threads", concurrency=2, queues=[settings.SCHEDULER_QUEUE, sim_node.queue],
-        perform_ping_check=False, shutdown_timeout=20,
+        app,
+        pool="threads",
+        concurrency=2,
+        queues=[settings.SCHEDULER_QUEUE, sim_node.queue],
+        perform_ping_check=False,
+        shutdown_timeout=20,
     ):
         yield sim_node
     task_postrun.disconnect(close_connection)
@@ -121,7 +131,7 @@ def wait_status(workload, status: str, timeout: float = 30):
     try:
         wait_for(reached, timeout=timeout, what=f"status {status}")
     except AssertionError:
-        raise AssertionError(f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}")
+        raise AssertionError(f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}") from None
     return workload
 
 

@@ -3,6 +3,7 @@
 Service errors become 400 ``{"<field>": ["message"], "detail": "message"}``,
 404 ``{"detail": ...}`` or 409 ``{"detail": ...}``; DRF's own errors keep its shape.
 """
+
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 

@@ -1,4 +1,5 @@
 """Output shapes shared by several API views."""
+
 from rest_framework import serializers
 
 from portal.models import GpuType, Image, Instance
@@ -9,13 +10,31 @@ class GpuTypeOutput(serializers.ModelSerializer):
 
     class Meta:
         model = GpuType
-        fields = ["id", "name", "display_name", "memory_gb", "price_per_hour", "spot_price_per_hour", "currency", "capacity"]
+        fields = [
+            "id",
+            "name",
+            "display_name",
+            "memory_gb",
+            "price_per_hour",
+            "spot_price_per_hour",
+            "currency",
+            "capacity",
+        ]
 
 
 class ImageOutput(serializers.ModelSerializer):
     class Meta:
         model = Image
-        fields = ["id", "name", "framework", "framework_version", "cuda_version", "python_version", "docker_ref", "visibility"]
+        fields = [
+            "id",
+            "name",
+            "framework",
+            "framework_version",
+            "cuda_version",
+            "python_version",
+            "docker_ref",
+            "visibility",
+        ]
 
 
 class InstanceOutput(serializers.ModelSerializer):
@@ -32,6 +51,21 @@ class InstanceOutput(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "name", "status", "status_reason", "image", "gpu_type", "gpus", "cpu_cores", "memory_gb", "disk_gb",
-            "billing_mode", "node", "simulated_gpu", "container_id", "exit_code", "created_at", "started_at",
+            "id",
+            "name",
+            "status",
+            "status_reason",
+            "image",
+            "gpu_type",
+            "gpus",
+            "cpu_cores",
+            "memory_gb",
+            "disk_gb",
+            "billing_mode",
+            "node",
+            "simulated_gpu",
+            "container_id",
+            "exit_code",
+            "created_at",
+            "started_at",
         ]

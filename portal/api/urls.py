@@ -1,4 +1,5 @@
 """URLs of the REST API (mounted at /api/v1/)."""
+
 from django.urls import path
 
 from portal.api import views

@@ -1,4 +1,5 @@
 """REST API: one view per operation, nested input serializers, services do the work."""
+
 from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -82,8 +83,18 @@ class NodeListApi(APIView):
         class Meta:
             model = Node
             fields = [
-                "name", "hostname", "status", "simulated", "nvidia_runtime", "cpu_cores", "allocated_cpu",
-                "memory_mb", "allocated_memory_mb", "docker_version", "last_heartbeat", "gpus",
+                "name",
+                "hostname",
+                "status",
+                "simulated",
+                "nvidia_runtime",
+                "cpu_cores",
+                "allocated_cpu",
+                "memory_mb",
+                "allocated_memory_mb",
+                "docker_version",
+                "last_heartbeat",
+                "gpus",
             ]
 
     @extend_schema(responses=OutputSerializer(many=True))

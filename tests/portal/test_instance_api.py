@@ -1,4 +1,5 @@
 """Instances through the REST API, on a real worker, Redis and Docker."""
+
 import os
 from decimal import Decimal
 
@@ -10,12 +11,19 @@ from rest_framework.test import APIClient
 from portal.models import Instance
 from scheduler.launcher import docker_client
 from scheduler.models import Workload
-from tests.conftest import wait_for, wait_status
+from tests.conftest import wait_status
 
 
 def create(api, catalog, **overrides):
-    body = {"name": "train", "image": catalog["image"].pk, "gpu_type": catalog["rtx3090"].pk, "gpus": "0.5",
-            "cpu_cores": 2, "memory_gb": 1, "disk_gb": 20}
+    body = {
+        "name": "train",
+        "image": catalog["image"].pk,
+        "gpu_type": catalog["rtx3090"].pk,
+        "gpus": "0.5",
+        "cpu_cores": 2,
+        "memory_gb": 1,
+        "disk_gb": 20,
+    }
     body.update(overrides)
     return api.post("/api/v1/instances/", body, format="json")
 

@@ -1,11 +1,20 @@
 """Small builders for scheduler rows."""
+
 from scheduler.models import Workload, WorkloadStatus
 
 
 def workload(owner, *, gpu_model="RTX3090", gpu_count=1, gpu_milli=1000, cpu=1, memory_mb=1024, **fields):
     return Workload.objects.create(
-        owner=owner, kind=fields.pop("kind", "instance"), name=fields.pop("name", "w"),
-        image_ref=fields.pop("image_ref", "gpucloud/base:latest"), gpu_model=gpu_model, gpu_count=gpu_count,
-        gpu_milli=gpu_milli, cpu_cores=cpu, memory_mb=memory_mb, disk_gb=10,
-        status=fields.pop("status", WorkloadStatus.QUEUED), **fields,
+        owner=owner,
+        kind=fields.pop("kind", "instance"),
+        name=fields.pop("name", "w"),
+        image_ref=fields.pop("image_ref", "gpucloud/base:latest"),
+        gpu_model=gpu_model,
+        gpu_count=gpu_count,
+        gpu_milli=gpu_milli,
+        cpu_cores=cpu,
+        memory_mb=memory_mb,
+        disk_gb=10,
+        status=fields.pop("status", WorkloadStatus.QUEUED),
+        **fields,
     )

@@ -1,4 +1,5 @@
 """Allocations under row locks: the card and node limits hold, whoever races."""
+
 import threading
 
 import pytest
@@ -45,7 +46,12 @@ def test_leaving_the_holding_states_frees_everything(user, node):
     assert workload_transition(w, to=WorkloadStatus.FAILED, allowed_from=[WorkloadStatus.STARTING], reason="x")
     card.refresh_from_db()
     node.refresh_from_db()
-    assert (card.allocated_milli, card.allocated_memory_mb, node.allocated_cpu, node.allocated_memory_mb) == (0, 0, 0, 0)
+    assert (card.allocated_milli, card.allocated_memory_mb, node.allocated_cpu, node.allocated_memory_mb) == (
+        0,
+        0,
+        0,
+        0,
+    )
     assert not Allocation.objects.filter(workload=w).exists()
 
 

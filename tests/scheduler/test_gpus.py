@@ -1,4 +1,5 @@
 """GPU inventory: simulated specs, NVML names, and the fallback when NVML is absent."""
+
 import pytest
 
 from scheduler.errors import InvalidInput

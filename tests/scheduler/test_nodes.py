@@ -1,4 +1,5 @@
 """Nodes: registration, heartbeats, and losing a silent node."""
+
 from datetime import timedelta
 
 import pytest
@@ -18,8 +19,13 @@ pytestmark = pytest.mark.django_db
 def test_registering_again_updates_the_node_without_duplicating_cards():
     node = make_node("sim:2xRTX3090")
     again = node_register(
-        name=node.name, hostname="h2", cpu_cores=16, memory_mb=1024, gpus=simulated_inventory("sim:2xRTX3090", node.name),
-        simulated=True, nvidia_runtime=False,
+        name=node.name,
+        hostname="h2",
+        cpu_cores=16,
+        memory_mb=1024,
+        gpus=simulated_inventory("sim:2xRTX3090", node.name),
+        simulated=True,
+        nvidia_runtime=False,
     )
     assert again.pk == node.pk and again.cpu_cores == 16
     assert Gpu.objects.filter(node=node).count() == 2

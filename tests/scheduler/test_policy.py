@@ -1,4 +1,5 @@
 """The placement policy, straight on plain objects (no database)."""
+
 from scheduler.policy import Card, NodeCapacity, Request, place
 
 

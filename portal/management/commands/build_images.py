@@ -4,6 +4,7 @@ No registry is reachable on development machines: the catalog's framework
 images are stand-ins built from the busybox base. A real deployment points
 ``Image.docker_ref`` at its registry and never runs this.
 """
+
 from django.core.management.base import BaseCommand
 
 from portal.demo import BASE_IMAGE

@@ -1,4 +1,5 @@
 """Load the demo catalog, a demo user and an admin (idempotent)."""
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
@@ -15,7 +16,9 @@ class Command(BaseCommand):
         catalog_load()
         User = get_user_model()
         for username, password, staff in DEMO_USERS:
-            user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff, "is_superuser": staff})
+            user, created = User.objects.get_or_create(
+                username=username, defaults={"is_staff": staff, "is_superuser": staff}
+            )
             if created:
                 user.set_password(password)
                 user.save()

@@ -1,4 +1,5 @@
 """Run this host's node agent: register its cards, heartbeat, and serve queue node.<name>."""
+
 import socket
 import threading
 
@@ -28,9 +29,22 @@ class Command(BaseCommand):
         stop = threading.Event()
         threading.Thread(target=heartbeat_forever, args=(node.name, stop), daemon=True).start()
         try:
-            app.worker_main([
-                "worker", "-Q", node.queue, "-n", f"{node.name}@%h", "--pool", "threads",
-                "--concurrency", str(concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-            ])
+            app.worker_main(
+                [
+                    "worker",
+                    "-Q",
+                    node.queue,
+                    "-n",
+                    f"{node.name}@%h",
+                    "--pool",
+                    "threads",
+                    "--concurrency",
+                    str(concurrency),
+                    "--loglevel",
+                    "INFO",
+                    "--without-gossip",
+                    "--without-mingle",
+                ]
+            )
         finally:
             stop.set()

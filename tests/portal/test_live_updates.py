@@ -1,0 +1,106 @@
+"""Instance status changes reach the owner's browser over a real WebSocket (daphne + Redis)."""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import websockets
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+
+from scheduler.lifecycle import workload_transition
+from tests.conftest import wait_for
+from tests.portal.test_instance_api import create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def web_server(transactional_db):
+    """daphne serving config.asgi on a free loopback port, on the test database."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def listening():
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, timeout=30, what="daphne to listen")
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+def test_the_owner_gets_a_status_change_live_and_an_outsider_does_not(
+    api, user, outsider, catalog, sim_node, web_server
+):
+    instance_id = create(api, catalog).data["id"]
+    workload = user.workloads.get()
+    url = f"{web_server}/ws/instances/"
+    mine_headers = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
+    theirs_headers = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(outsider)}
+
+    async def scenario():
+        async with (
+            websockets.connect(url, additional_headers=mine_headers) as mine,
+            websockets.connect(url, additional_headers=theirs_headers) as theirs,
+        ):
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            await asyncio.to_thread(change_status)
+            message = json.loads(await asyncio.wait_for(mine.recv(), 10))
+            latency = time.monotonic() - started
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(theirs.recv(), 1)
+            return message, latency
+
+    def change_status():
+        try:
+            workload_transition(workload, to="stopped", allowed_from=["queued"], reason="stopped while queued")
+        finally:
+            connection.close()
+
+    message, latency = asyncio.run(scenario())
+    assert message == {"instance": instance_id, "status": "stopped", "reason": "stopped while queued"}
+    assert latency < 10
+
+
+def test_an_anonymous_websocket_is_refused(web_server):
+    async def connect():
+        async with websockets.connect(
+            f"{web_server}/ws/instances/", additional_headers={"Origin": "http://127.0.0.1"}
+        ) as ws:
+            await ws.recv()
+
+    with pytest.raises((websockets.exceptions.InvalidStatus, websockets.exceptions.ConnectionClosed)):
+        asyncio.run(connect())
