@@ -9,12 +9,14 @@ from portal.models import BillingMode
 
 class InstanceCreateForm(forms.Form):
     name = forms.CharField(max_length=64, initial="my-instance")
-    gpu_type = forms.TypedChoiceField(coerce=int)
+    gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
     image = forms.TypedChoiceField(coerce=int)
-    gpus = forms.DecimalField(max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=Decimal("0.1"))
-    cpu_cores = forms.IntegerField(min_value=1, max_value=256, initial=2)
-    memory_gb = forms.IntegerField(min_value=1, max_value=4096, initial=8)
-    disk_gb = forms.IntegerField(min_value=1, max_value=10240, initial=50)
+    gpus = forms.DecimalField(
+        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=Decimal("0.1")
+    )
+    cpu_cores = forms.IntegerField(label="CPU cores", min_value=1, max_value=256, initial=2)
+    memory_gb = forms.IntegerField(label="Memory (GB)", min_value=1, max_value=4096, initial=8)
+    disk_gb = forms.IntegerField(label="Data disk (GB)", min_value=1, max_value=10240, initial=50)
     billing_mode = forms.ChoiceField(choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
 
     def __init__(self, *args, gpu_types, images, **kwargs):

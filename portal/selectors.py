@@ -20,7 +20,8 @@ def gpu_type_list():
         gpu_type.capacity = summary.get(
             gpu_type.name, {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0}
         )
-    return types
+    # Types that have cards in the cluster come first, cheapest first.
+    return sorted(types, key=lambda t: (t.capacity["cards"] == 0, t.price_per_hour))
 
 
 def instance_list(*, user, include_released: bool = False):
