@@ -151,12 +151,30 @@ NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memor
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
 NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=30)
 
+# Scheduler policy (see scheduler/policy/mlfq.py for what each knob does).
+SCHEDULER_THRESHOLDS_GPU_S = [float(x) for x in env.list("SCHEDULER_THRESHOLDS_GPU_S", default=["3600", "28800"])]
+SCHEDULER_IDLE_UTIL = env.float("SCHEDULER_IDLE_UTIL", default=0.30)
+SCHEDULER_IDLE_WEIGHT = env.float("SCHEDULER_IDLE_WEIGHT", default=0.25)
+SCHEDULER_STARVATION_S = env.float("SCHEDULER_STARVATION_S", default=24 * 3600)
+SCHEDULER_PREEMPTION = env.bool("SCHEDULER_PREEMPTION", default=True)
+SCHEDULER_PLACEMENT = env.str("SCHEDULER_PLACEMENT", default="fgd")
+USER_MAX_CARDS = env.float("USER_MAX_CARDS", default=None)
+PREEMPTION_GRACE_S = env.int("PREEMPTION_GRACE_S", default=30)
+if SCHEDULER_PLACEMENT not in ("fgd", "bestfit", "firstfit", "random"):
+    raise environ.ImproperlyConfigured(
+        f"SCHEDULER_PLACEMENT must be fgd, bestfit, firstfit or random, not {SCHEDULER_PLACEMENT!r}"
+    )
+if SCHEDULER_THRESHOLDS_GPU_S != sorted(SCHEDULER_THRESHOLDS_GPU_S):
+    raise environ.ImproperlyConfigured("SCHEDULER_THRESHOLDS_GPU_S must be increasing")
+
 # Containers.
 DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.sock")
 INSTANCE_NETWORK_MODE = env.str("INSTANCE_NETWORK_MODE", default="none")
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
+JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
+JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
 # What an interactive instance runs when its image has no service of its own:
 # a shell that exits cleanly on SIGTERM so a stop is quick and graceful.
 INSTANCE_IDLE_COMMAND = env.list(

@@ -18,7 +18,7 @@ from django.utils import timezone
 from scheduler import launcher
 from scheduler.gpus import discover
 from scheduler.lifecycle import workload_transition
-from scheduler.models import Allocation, Node, Workload, WorkloadStatus
+from scheduler.models import Allocation, Node, Workload, WorkloadKind, WorkloadStatus
 from scheduler.nodes import node_heartbeat, node_register
 
 log = logging.getLogger(__name__)
@@ -61,11 +61,14 @@ def agent_launch(workload_id: int) -> None:
 
 
 def agent_stop(workload_id: int) -> None:
+    """Stop the container (SIGTERM, then SIGKILL after the grace period) and record why."""
     workload = Workload.objects.filter(pk=workload_id).first()
     if workload is None or workload.status != S.STOPPING:
         return
+    preempted = workload.preempt_requested
+    grace = settings.PREEMPTION_GRACE_S if preempted else settings.INSTANCE_STOP_GRACE_S
     try:
-        exit_code = launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+        exit_code = launcher.container_stop(workload.container_name, grace_s=grace)
     except docker.errors.DockerException as exc:
         workload_transition(
             workload,
@@ -75,14 +78,36 @@ def agent_stop(workload_id: int) -> None:
             finished_at=timezone.now(),
         )
         return
-    workload_transition(
-        workload,
-        to=S.STOPPED,
-        allowed_from=[S.STOPPING],
-        reason="stopped",
-        exit_code=exit_code,
-        finished_at=timezone.now(),
-    )
+    now = timezone.now()
+    common = dict(exit_code=exit_code, preempt_requested=False, preemptions=workload.preemptions + int(preempted))
+    if preempted and workload.kind == WorkloadKind.JOB:
+        # Back to the queue, on this node: its checkpoint volume lives here.
+        workload_transition(
+            workload,
+            to=S.QUEUED,
+            allowed_from=[S.STOPPING],
+            reason="preempted; queued to resume from its checkpoint",
+            queued_at=now,
+            pinned_node=workload.node,
+            **common,
+        )
+    elif preempted:
+        workload_transition(
+            workload,
+            to=S.STOPPED,
+            allowed_from=[S.STOPPING],
+            finished_at=now,
+            reason="preempted: spot capacity was needed by on-demand work; start it again later",
+            **common,
+        )
+    else:
+        if workload.kind == WorkloadKind.JOB:
+            common["log_tail"] = launcher.container_logs_tail(
+                workload.container_name, max_bytes=settings.JOB_LOG_TAIL_BYTES
+            )
+        workload_transition(
+            workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason="stopped", finished_at=now, **common
+        )
 
 
 def agent_restart(workload_id: int) -> None:
@@ -106,28 +131,62 @@ def agent_reconcile(node_name: str) -> list[int]:
     """Converge the database with what Docker has on this node; returns the workloads changed."""
     containers = launcher.containers_on_node(node_name)
     changed = []
+    now = timezone.now()
     for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING):
         state = containers.get(workload.uid)
         if state is not None and state.running:
+            if _over_runtime(workload, now):
+                _end_over_runtime(workload)
+                changed.append(workload.pk)
             continue
-        if state is None:
-            to, reason, code = S.FAILED, "container disappeared from the node", None
-        elif state.exit_code == 0:
-            to, reason, code = S.STOPPED, "container exited (code 0)", 0
-        else:
-            why = "out of memory" if state.oom_killed else "killed or crashed"
-            to, reason, code = S.FAILED, f"container exited with code {state.exit_code} ({why})", state.exit_code
-        if workload_transition(
-            workload, to=to, allowed_from=[S.RUNNING], reason=reason, exit_code=code, finished_at=timezone.now()
-        ):
+        to, reason, code = _outcome(workload, state)
+        fields = dict(exit_code=code, finished_at=now)
+        if workload.kind == WorkloadKind.JOB and state is not None:
+            fields["log_tail"] = launcher.container_logs_tail(state.name, max_bytes=settings.JOB_LOG_TAIL_BYTES)
+        if workload_transition(workload, to=to, allowed_from=[S.RUNNING], reason=reason, **fields):
             changed.append(workload.pk)
+            if workload.kind == WorkloadKind.JOB and state is not None:
+                launcher.container_delete(state.name)  # logs are kept; the checkpoint volume stays
     # Containers of work that was released (or never known here) are removed.
     known = set(Workload.objects.filter(uid__in=containers).exclude(status=S.RELEASED).values_list("uid", flat=True))
     for uid, state in containers.items():
         if uid not in known:
             log.warning("removing orphan container %s", state.name)
-            launcher.docker_client().containers.get(state.name).remove(force=True)
+            launcher.container_delete(state.name)
     return changed
+
+
+def _outcome(workload: Workload, state) -> tuple[str, str, int | None]:
+    if state is None:
+        return S.FAILED, "container disappeared from the node", None
+    if state.exit_code == 0:
+        if workload.kind == WorkloadKind.JOB:
+            return S.SUCCEEDED, "finished (exit code 0)", 0
+        return S.STOPPED, "container exited (code 0)", 0
+    why = "out of memory" if state.oom_killed else "killed or crashed"
+    return S.FAILED, f"container exited with code {state.exit_code} ({why})", state.exit_code
+
+
+def _over_runtime(workload: Workload, now) -> bool:
+    return bool(
+        workload.max_runtime_s
+        and workload.started_at
+        and (now - workload.started_at).total_seconds() > workload.max_runtime_s
+    )
+
+
+def _end_over_runtime(workload: Workload) -> None:
+    launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+    log_tail = launcher.container_logs_tail(workload.container_name, max_bytes=settings.JOB_LOG_TAIL_BYTES)
+    workload_transition(
+        workload,
+        to=S.FAILED,
+        allowed_from=[S.RUNNING],
+        finished_at=timezone.now(),
+        log_tail=log_tail,
+        reason=f"stopped: exceeded its maximum runtime of {workload.max_runtime_s} s",
+    )
+    launcher.container_delete(workload.container_name)
 
 
 def _short(exc: Exception) -> str:

@@ -6,35 +6,43 @@ policy, or from a racing worker) can never over-allocate; the database's check
 constraints are the last line behind that.
 """
 
+from dataclasses import dataclass
+
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from scheduler.lifecycle import workload_transition
 from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
-from scheduler.policy import Placement
 
 
-def allocation_create(*, workload: Workload, placement: Placement) -> bool:
-    """Write ``placement`` for ``workload`` and move it from queued to starting.
+@dataclass(frozen=True)
+class Share:
+    gpu_id: int
+    milli: int
+    memory_mb: int
+
+
+def allocation_create(*, workload: Workload, node_id: int, shares: list[Share]) -> bool:
+    """Take ``shares`` on node ``node_id`` for ``workload`` and move it from queued to starting.
 
     Returns False, writing nothing, when the capacity is no longer there or
     the workload is no longer queued.
     """
     try:
         with transaction.atomic():
-            node = Node.objects.select_for_update().filter(pk=placement.node_id, status=NodeStatus.ACTIVE).first()
+            node = Node.objects.select_for_update().filter(pk=node_id, status=NodeStatus.ACTIVE).first()
             if node is None:
                 return False
             if node.cpu_cores - node.allocated_cpu < workload.cpu_cores:
                 return False
             if node.memory_mb - node.allocated_memory_mb < workload.memory_mb:
                 return False
-            card_ids = sorted(share.card_id for share in placement.shares)
+            card_ids = sorted(share.gpu_id for share in shares)
             cards = {c.id: c for c in Gpu.objects.select_for_update().filter(id__in=card_ids, node=node).order_by("id")}
             if len(cards) != len(card_ids):
                 return False
-            for share in placement.shares:
-                card = cards[share.card_id]
+            for share in shares:
+                card = cards[share.gpu_id]
                 if card.model != workload.gpu_model:
                     return False
                 if card.allocated_milli + share.milli > 1000:
@@ -51,13 +59,13 @@ def allocation_create(*, workload: Workload, placement: Placement) -> bool:
                 finished_at=None,
             ):
                 return False
-            for share in placement.shares:
-                Gpu.objects.filter(id=share.card_id).update(
+            for share in shares:
+                Gpu.objects.filter(id=share.gpu_id).update(
                     allocated_milli=F("allocated_milli") + share.milli,
                     allocated_memory_mb=F("allocated_memory_mb") + share.memory_mb,
                 )
                 Allocation.objects.create(
-                    workload=workload, gpu_id=share.card_id, milli=share.milli, memory_mb=share.memory_mb
+                    workload=workload, gpu_id=share.gpu_id, milli=share.milli, memory_mb=share.memory_mb
                 )
             Node.objects.filter(pk=node.pk).update(
                 allocated_cpu=F("allocated_cpu") + workload.cpu_cores,

@@ -46,6 +46,26 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
     }
     if node.simulated:
         environment["GPUCLOUD_GPU_SIMULATED"] = "1"
+    volumes = {
+        workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"},
+        shared_volume_name(workload.owner_id): {"bind": "/root/shared", "mode": "rw"},
+    }
+    if workload.kind == "job":
+        # The job's own volume holds its checkpoints; it survives preemption and is reused on resume.
+        volumes[workload.volume_name] = {"bind": settings.JOB_CHECKPOINT_PATH, "mode": "rw"}
+        environment.update(
+            {
+                "GPUCLOUD_CHECKPOINT_DIR": settings.JOB_CHECKPOINT_PATH,
+                "GPUCLOUD_RESUME_COUNT": str(workload.preemptions),
+                # torch.distributed / Lightning DDP on one node: rendezvous on loopback.
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500",
+                "WORLD_SIZE": str(workload.gpu_count),
+                "NNODES": "1",
+                "NODE_RANK": "0",
+                "NPROC_PER_NODE": str(workload.gpu_count),
+            }
+        )
     if workload.gpu_milli < 1000:
         # A fraction: MPS caps the compute share and pins the memory of the one visible card.
         environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
@@ -74,10 +94,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         security_opt=["no-new-privileges"],
         cap_drop=["ALL"],
         cap_add=KEPT_CAPABILITIES,
-        volumes={
-            workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"},
-            shared_volume_name(workload.owner_id): {"bind": "/root/shared", "mode": "rw"},
-        },
+        volumes=volumes,
         network_mode=settings.INSTANCE_NETWORK_MODE,
     )
     if node.nvidia_runtime and not node.simulated:
@@ -113,6 +130,11 @@ def container_launch(workload, spec: dict) -> str:
     """
     client = docker_client()
     existing = _find(spec["name"])
+    if existing is not None and workload.kind == "job":
+        # A job starts afresh each time (its state is in the checkpoint volume, and its
+        # environment says how often it was resumed).
+        existing.remove(force=True)
+        existing = None
     if existing is not None and existing.labels.get(f"{LABEL}.gpus") == spec["labels"][f"{LABEL}.gpus"]:
         if existing.status != "running":
             existing.start()
@@ -151,6 +173,20 @@ def container_stop(name: str, *, grace_s: int) -> int | None:
     container.stop(timeout=grace_s)
     container.reload()
     return container.attrs["State"]["ExitCode"]
+
+
+def container_logs_tail(name: str, *, max_bytes: int) -> str:
+    container = _find(name)
+    if container is None:
+        return ""
+    return container.logs(tail=2000)[-max_bytes:].decode(errors="replace")
+
+
+def container_delete(name: str) -> None:
+    """Remove the container only (its volumes stay)."""
+    container = _find(name)
+    if container is not None:
+        container.remove(force=True)
 
 
 def container_restart(name: str, *, grace_s: int) -> bool:

@@ -92,6 +92,7 @@ class WorkloadStatus(models.TextChoices):
     RELEASING = "releasing", "Releasing"
     RELEASED = "released", "Released"
     FAILED = "failed", "Failed"
+    SUCCEEDED = "succeeded", "Succeeded"
 
     @classmethod
     def holding_resources(cls):
@@ -101,6 +102,12 @@ class WorkloadStatus(models.TextChoices):
     @classmethod
     def terminal(cls):
         return [cls.RELEASED]
+
+
+class Priority(models.IntegerChoices):
+    HIGH = 0, "High"
+    NORMAL = 1, "Normal"
+    LOW = 2, "Low"
 
 
 class WorkloadKind(models.TextChoices):
@@ -124,7 +131,20 @@ class Workload(models.Model):
     cpu_cores = models.PositiveIntegerField()
     memory_mb = models.PositiveIntegerField()
     disk_gb = models.PositiveIntegerField()
-    preemptible = models.BooleanField(default=False)
+    preemptible = models.BooleanField(default=False, help_text="Batch jobs and spot instances.")
+    spot = models.BooleanField(default=False, help_text="Spot capacity: any on-demand work may evict it.")
+    team = models.CharField(max_length=64, blank=True)
+    priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    # Scheduler state: MLFQ service and queue, shown to the user while waiting.
+    attained_service = models.FloatField(default=0.0, help_text="Weighted GPU-seconds of service so far.")
+    accrued_at = models.DateTimeField(null=True, blank=True)
+    queue_level = models.PositiveSmallIntegerField(default=0)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    gpu_utilization = models.FloatField(null=True, blank=True, help_text="Recent mean GPU utilization, 0..1.")
+    preempt_requested = models.BooleanField(default=False)
+    preemptions = models.PositiveIntegerField(default=0)
+    log_tail = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=WorkloadStatus.choices, default=WorkloadStatus.QUEUED)
     status_reason = models.CharField(max_length=255, blank=True)
     pinned_node = models.ForeignKey(
@@ -205,3 +225,24 @@ class WorkloadEvent(models.Model):
 
     def __str__(self):
         return f"{self.workload_id}: {self.from_status} -> {self.to_status}"
+
+
+class Quota(models.Model):
+    """Most cards a user, or a team, may hold at once (queued work waits beyond it)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    team = models.CharField(max_length=64, blank=True)
+    max_cards = models.DecimalField(max_digits=6, decimal_places=1)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(user__isnull=False) & Q(team="")) | (Q(user__isnull=True) & ~Q(team="")),
+                name="quota_for_a_user_or_a_team",
+            ),
+            models.UniqueConstraint(fields=["team"], condition=~Q(team=""), name="one_quota_per_team"),
+            models.CheckConstraint(condition=Q(max_cards__gte=0), name="quota_not_negative"),
+        ]
+
+    def __str__(self):
+        return f"{self.user or 'team ' + self.team}: {self.max_cards} cards"

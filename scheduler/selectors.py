@@ -5,18 +5,18 @@ from collections import Counter
 from django.db.models import Count
 
 from scheduler.models import Gpu, Node, NodeStatus
-from scheduler.policy import Card, NodeCapacity
+from scheduler.policy import CardSpec, NodeSpec
 
 
-def cluster_capacity() -> list[NodeCapacity]:
-    """Free capacity of every active node, as plain objects for the policy."""
+def cluster_capacity() -> list[NodeSpec]:
+    """Free capacity of every active node, as plain objects for the policy (ids are primary keys)."""
     nodes = {
-        n.pk: NodeCapacity(n.pk, n.cpu_cores - n.allocated_cpu, n.memory_mb - n.allocated_memory_mb)
+        n.pk: NodeSpec(n.pk, n.cpu_cores - n.allocated_cpu, n.memory_mb - n.allocated_memory_mb)
         for n in Node.objects.filter(status=NodeStatus.ACTIVE)
     }
     for g in Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index"):
         nodes[g.node_id].cards.append(
-            Card(g.pk, g.model, g.memory_mb, 1000 - g.allocated_milli, g.memory_mb - g.allocated_memory_mb)
+            CardSpec(g.pk, g.model, g.memory_mb, 1000 - g.allocated_milli, g.memory_mb - g.allocated_memory_mb)
         )
     return list(nodes.values())
 

@@ -1,4 +1,4 @@
-"""Writes on workloads: submit, start, stop, restart, release, and the scheduling tick.
+"""Writes on workloads: submit, start, stop, restart, release, preempt.
 
 Docker work is never done here: these commit state, then send a task to the
 node's queue (``transaction.on_commit``), where the node agent does it.
@@ -7,19 +7,16 @@ node's queue (``transaction.on_commit``), where the node agent does it.
 import logging
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from scheduler import policy
-from scheduler.allocation import allocation_create
 from scheduler.errors import Conflict, InvalidInput
 from scheduler.lifecycle import workload_transition
 from scheduler.models import Workload, WorkloadEvent, WorkloadStatus
-from scheduler.selectors import cluster_capacity, fit_problem
+from scheduler.selectors import fit_problem
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
-TICK_LOCK_KEY = 0x67707563  # "gpuc": one advisory lock id for the whole cluster
 
 
 def workload_submit(
@@ -133,42 +130,11 @@ def tick_soon() -> None:
     app.send_task("scheduler.tasks.schedule_tick", queue=settings.SCHEDULER_QUEUE)
 
 
-def _tick_lock() -> bool:
-    """Only one tick decides at a time (PostgreSQL advisory lock, released at commit)."""
-    if connection.vendor != "postgresql":
-        return True  # SQLite: BEGIN IMMEDIATE already serialises writers
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
-        return cursor.fetchone()[0]
-
-
-def schedule_tick() -> list[int]:
-    """Place what queued work fits now; returns the ids of the work placed."""
-    placed = []
-    with transaction.atomic():
-        if not _tick_lock():
-            return placed
-        queued = list(Workload.objects.filter(status=S.QUEUED).order_by("queued_at", "id"))
-        if not queued:
-            return placed
-        by_id = {w.pk: w for w in queued}
-        requests = [
-            policy.Request(
-                id=w.pk,
-                gpu_model=w.gpu_model,
-                gpu_count=w.gpu_count,
-                gpu_milli=w.gpu_milli,
-                cpu=w.cpu_cores,
-                memory_mb=w.memory_mb,
-                pinned_node=w.pinned_node_id,
-            )
-            for w in queued
-        ]
-        for placement in policy.place(requests, cluster_capacity()):
-            workload = by_id[placement.request_id]
-            if allocation_create(workload=workload, placement=placement):
-                placed.append(workload.pk)
-                _to_node(workload, "scheduler.tasks.workload_launch")
-    if placed:
-        log.info("tick placed %s", placed)
-    return placed
+def workload_preempt(workload: Workload, *, reason: str) -> bool:
+    """Evict running work: SIGTERM, PREEMPTION_GRACE_S to checkpoint, then stop. Call after the tick decided."""
+    if not workload_transition(
+        workload, to=S.STOPPING, allowed_from=[S.RUNNING], reason=f"preempted: {reason}", preempt_requested=True
+    ):
+        return False
+    _to_node(workload, "scheduler.tasks.workload_stop")
+    return True

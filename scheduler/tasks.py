@@ -9,7 +9,7 @@ from datetime import timedelta
 from celery import shared_task
 from django.conf import settings
 
-from scheduler import agent, services
+from scheduler import agent, tick
 from scheduler.models import Node, NodeStatus
 from scheduler.nodes import nodes_mark_lost
 
@@ -18,7 +18,7 @@ NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
 
 @shared_task(ignore_result=True)
 def schedule_tick():
-    return services.schedule_tick()
+    tick.schedule_tick()
 
 
 @shared_task(ignore_result=True)

@@ -5,11 +5,10 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from scheduler.allocation import allocation_create
+from scheduler.allocation import Share, allocation_create
 from scheduler.lifecycle import workload_transition
 from scheduler.models import Allocation, Gpu, Node, WorkloadEvent, WorkloadStatus
-from scheduler.policy import CardShare, Placement
-from scheduler.services import schedule_tick
+from scheduler.tick import schedule_tick
 from tests.conftest import make_node, remove_node_containers
 from tests.scheduler.factories import workload
 
@@ -23,14 +22,14 @@ def node():
     remove_node_containers(node.name)
 
 
-def half(card, w):
-    return Placement(w.pk, card.node_id, [CardShare(card.pk, 500, card.memory_mb // 2)])
+def half(card):
+    return dict(node_id=card.node_id, shares=[Share(card.pk, 500, card.memory_mb // 2)])
 
 
 def test_a_placement_takes_share_memory_cpu_and_moves_work_to_starting(user, node):
     card = node.gpus.get()
     w = workload(user, gpu_milli=500, cpu=2, memory_mb=2048)
-    assert allocation_create(workload=w, placement=half(card, w))
+    assert allocation_create(workload=w, **half(card))
     card.refresh_from_db()
     node.refresh_from_db()
     assert (card.allocated_milli, card.allocated_memory_mb) == (500, card.memory_mb // 2)
@@ -42,7 +41,7 @@ def test_a_placement_takes_share_memory_cpu_and_moves_work_to_starting(user, nod
 def test_leaving_the_holding_states_frees_everything(user, node):
     card = node.gpus.get()
     w = workload(user, gpu_milli=500, cpu=2, memory_mb=2048)
-    allocation_create(workload=w, placement=half(card, w))
+    allocation_create(workload=w, **half(card))
     assert workload_transition(w, to=WorkloadStatus.FAILED, allowed_from=[WorkloadStatus.STARTING], reason="x")
     card.refresh_from_db()
     node.refresh_from_db()
@@ -58,9 +57,9 @@ def test_leaving_the_holding_states_frees_everything(user, node):
 def test_a_stale_placement_is_refused_under_the_lock(user, node):
     card = node.gpus.get()
     first, second, third = (workload(user, gpu_milli=500) for _ in range(3))
-    assert allocation_create(workload=first, placement=half(card, first))
-    assert allocation_create(workload=second, placement=half(card, second))
-    assert not allocation_create(workload=third, placement=half(card, third))
+    assert allocation_create(workload=first, **half(card))
+    assert allocation_create(workload=second, **half(card))
+    assert not allocation_create(workload=third, **half(card))
     third.refresh_from_db()
     assert third.status == WorkloadStatus.QUEUED
     card.refresh_from_db()
@@ -78,9 +77,10 @@ def test_the_database_itself_refuses_a_card_beyond_one(node):
 def test_the_tick_places_what_fits_and_leaves_the_rest_queued(user, node):
     fits = [workload(user, gpu_milli=400), workload(user, gpu_milli=600)]
     waits = workload(user, gpu_milli=100)
-    assert sorted(schedule_tick()) == sorted(w.pk for w in fits)
+    assert sorted(schedule_tick().placed) == sorted(w.pk for w in fits)
     waits.refresh_from_db()
     assert waits.status == WorkloadStatus.QUEUED
+    assert waits.queue_position == 1 and "has 0.1 free" in waits.status_reason
 
 
 @pytest.mark.django_db(transaction=True)
@@ -90,7 +90,7 @@ def test_two_concurrent_placements_on_the_last_free_share_exactly_one_wins(user)
     node = make_node("sim:1xRTX3090")
     card = node.gpus.get()
     taken = workload(user, gpu_milli=500)
-    assert allocation_create(workload=taken, placement=half(card, taken))
+    assert allocation_create(workload=taken, **half(card))
     contenders = [workload(user, gpu_milli=500) for _ in range(2)]
     barrier = threading.Barrier(2)
     results = {}
@@ -98,7 +98,7 @@ def test_two_concurrent_placements_on_the_last_free_share_exactly_one_wins(user)
     def place(w):
         try:
             barrier.wait()
-            results[w.pk] = allocation_create(workload=w, placement=half(card, w))
+            results[w.pk] = allocation_create(workload=w, **half(card))
         finally:
             connection.close()
 

@@ -5,11 +5,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from scheduler.allocation import allocation_create
+from scheduler.allocation import Share, allocation_create
 from scheduler.gpus import simulated_inventory
 from scheduler.models import Gpu, Node, NodeStatus, WorkloadStatus
 from scheduler.nodes import node_heartbeat, node_register, nodes_mark_lost
-from scheduler.policy import CardShare, Placement
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
 
@@ -35,7 +34,7 @@ def test_a_silent_node_is_lost_and_its_running_work_fails_and_frees_its_cards(us
     node = make_node("sim:1xRTX3090")
     card = node.gpus.get()
     w = workload(user)
-    allocation_create(workload=w, placement=Placement(w.pk, node.pk, [CardShare(card.pk, 1000, card.memory_mb)]))
+    allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
 
     assert nodes_mark_lost(silent_for=timedelta(seconds=30)) == [node.name]

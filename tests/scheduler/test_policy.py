@@ -1,66 +1,253 @@
-"""The placement policy, straight on plain objects (no database)."""
+"""The scheduling policy on plain objects (no database): placement, MLFQ, fair share, preemption."""
 
-from scheduler.policy import Card, NodeCapacity, Request, place
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.policy import (
+    HIGH,
+    LOW,
+    CardSpec,
+    ClusterState,
+    MlfqConfig,
+    NodeSpec,
+    Quotas,
+    Request,
+    TaskType,
+    Work,
+    accrue,
+    choose,
+    decide,
+    level_of,
+)
+from scheduler.policy.decide import DISCIPLINES
 
 
-def node(node_id, *cards, cpu=64, memory=262144):
-    return NodeCapacity(node_id, cpu, memory, list(cards))
+def node(node_id, *frees, model="A100", cpu=64, memory=262144, card_memory=81920):
+    cards = [
+        CardSpec(f"{node_id}/{i}", model, card_memory, free, card_memory * free // 1000) for i, free in enumerate(frees)
+    ]
+    return NodeSpec(node_id, cpu, memory, cards)
 
 
-def card(card_id, model="A100", free=1000, memory=81920):
-    return Card(card_id, model, memory, free, memory * free // 1000)
+def cluster(*nodes):
+    return ClusterState(list(nodes))
+
+
+def work(work_id, *, gpus=1, milli=1000, user="u", submitted=0.0, **fields):
+    return Work(
+        work_id, user, Request(work_id, "A100", gpus, milli), submitted=submitted, waiting_since=submitted, **fields
+    )
+
+
+# --- placement -------------------------------------------------------------------------------------------------
 
 
 def test_it_only_places_on_the_requested_model():
-    nodes = [node("n1", card("a", model="V100")), node("n2", card("b", model="A100"))]
-    [placement] = place([Request(1, "A100")], nodes)
-    assert placement.node_id == "n2"
-    assert place([Request(2, "H100")], nodes) == []
+    c = cluster(node("n1", 1000, model="V100"), node("n2", 1000))
+    assert choose(c, Request(1, "A100"), "bestfit").node == 1
+    assert choose(c, Request(2, "H100"), "bestfit") is None
 
 
-def test_it_packs_a_fraction_onto_the_fullest_card_that_fits():
-    nodes = [node("n1", card("whole"), card("half", free=500), card("tenth", free=100))]
-    [placement] = place([Request(1, "A100", gpu_milli=300)], nodes)
-    assert [s.card_id for s in placement.shares] == ["half"]
-    assert nodes[0].cards[0].free_milli == 1000
+def test_best_fit_packs_a_fraction_onto_the_fullest_card_that_fits():
+    c = cluster(node("n1", 1000, 500, 100))
+    assert choose(c, Request(1, "A100", 1, 300), "bestfit").cards == [1]
 
 
-def test_it_gives_a_fraction_memory_in_proportion():
-    nodes = [node("n1", card("c", memory=80000))]
-    [placement] = place([Request(1, "A100", gpu_milli=250)], nodes)
-    assert placement.shares[0].memory_mb == 20000
+def test_fgd_keeps_whole_cards_whole_for_the_expected_mix():
+    c = cluster(node("n1", 1000, 1000), node("n2", 600, 0))
+    mix = [TaskType(1, 1000, 0, 0, 1.0), TaskType(1, 500, 0, 0, 1.0)]
+    assert choose(c, Request(1, "A100", 1, 500), "fgd", mix=mix).node == 1
+
+
+def test_a_fraction_gets_gpu_memory_in_proportion():
+    c = cluster(node("n1", 1000, card_memory=80000))
+    choice = choose(c, Request(1, "A100", 1, 250), "bestfit")
+    assert c.take(choice.node, choice.cards, 250, 0, 0) == [20000]
 
 
 def test_multi_card_work_is_all_or_nothing_on_one_node():
-    nodes = [node("n1", card("a"), card("b")), node("n2", card("c"), card("d", free=500))]
-    assert place([Request(1, "A100", gpu_count=3)], nodes) == []
-    [placement] = place([Request(2, "A100", gpu_count=2)], nodes)
-    assert placement.node_id == "n1"
+    c = cluster(node("n1", 1000, 1000), node("n2", 1000, 500))
+    assert choose(c, Request(1, "A100", 3), "bestfit") is None
+    assert choose(c, Request(2, "A100", 2), "bestfit").node == 0
 
 
 def test_whole_cards_go_where_they_leave_the_fewest_free_cards():
-    big = node("big", *[card(f"b{i}") for i in range(8)])
-    small = node("small", card("s0"), card("s1"))
-    [placement] = place([Request(1, "A100")], [big, small])
-    assert placement.node_id == "small"
+    c = cluster(node("big", *[1000] * 8), node("small", 1000, 1000))
+    assert choose(c, Request(1, "A100"), "bestfit").node == 1
 
 
-def test_it_checks_cpu_and_host_memory_too():
-    nodes = [node("n1", card("a"), cpu=4, memory=8192)]
-    assert place([Request(1, "A100", cpu=8)], nodes) == []
-    assert place([Request(2, "A100", memory_mb=16384)], nodes) == []
-    assert len(place([Request(3, "A100", cpu=4, memory_mb=8192)], nodes)) == 1
+def test_cpu_and_host_memory_are_checked_with_the_cards():
+    c = cluster(node("n1", 1000, cpu=4, memory=8192))
+    assert choose(c, Request(1, "A100", cpu=8), "bestfit") is None
+    assert choose(c, Request(2, "A100", memory_mb=16384), "bestfit") is None
+    assert choose(c, Request(3, "A100", cpu=4, memory_mb=8192), "bestfit") is not None
 
 
-def test_one_call_never_hands_out_a_share_twice():
-    nodes = [node("n1", card("a", free=500))]
-    placements = place([Request(1, "A100", gpu_milli=500), Request(2, "A100", gpu_milli=500)], nodes)
-    assert [p.request_id for p in placements] == [1]
-    assert nodes[0].cards[0].free_milli == 0
+def test_pinned_work_only_goes_back_to_its_node():
+    c = cluster(node("n1", 0), node("n2", 1000))
+    assert choose(c, Request(1, "A100", pinned_node="n1"), "bestfit") is None
+    assert choose(c, Request(2, "A100", pinned_node="n2"), "bestfit").node == 1
 
 
-def test_pinned_work_goes_back_to_its_node_or_waits():
-    nodes = [node("n1", card("a", free=0)), node("n2", card("b"))]
-    assert place([Request(1, "A100", pinned_node="n1")], nodes) == []
-    [placement] = place([Request(2, "A100", pinned_node="n2")], nodes)
-    assert placement.node_id == "n2"
+@settings(max_examples=60, deadline=None)
+@given(
+    frees=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=1, max_size=4),
+    requests=st.lists(
+        st.tuples(st.integers(1, 3), st.integers(1, 1000), st.sampled_from(["fgd", "bestfit", "random", "firstfit"])),
+        max_size=25,
+    ),
+)
+def test_no_sequence_of_decisions_over_allocates_a_card(frees, requests):
+    c = cluster(*[node(f"n{i}", *f) for i, f in enumerate(frees)])
+    mix = [TaskType(1, 500, 0, 0, 1), TaskType(2, 1000, 0, 0, 1)]
+    rng = np.random.default_rng(0)
+    for i, (count, milli, strategy) in enumerate(requests):
+        request = Request(i, "A100", count if milli == 1000 else 1, milli)
+        choice = choose(c, request, strategy, mix=mix, rng=rng)
+        if choice is not None:
+            assert len(set(choice.cards)) == request.gpu_count
+            c.take(choice.node, choice.cards, request.gpu_milli, 0, 0)
+        assert (c.free >= 0).all() and (c.card_mem_free >= 0).all()
+
+
+# --- MLFQ ------------------------------------------------------------------------------------------------------
+
+CONFIG = MlfqConfig(thresholds=(100.0, 1000.0), idle_util=0.3, idle_weight=0.25, starvation_s=500.0)
+
+
+def test_new_work_enters_the_top_queue_and_sinks_with_gpu_seconds():
+    w = work(1, gpus=2)
+    assert level_of(w, 0, CONFIG, waiting=False) == 0
+    accrue(w, 60, 0.9, CONFIG)  # 2 cards x 60 s = 120 GPU-seconds
+    assert w.attained == 120 and level_of(w, 60, CONFIG, waiting=False) == 1
+
+
+def test_idle_work_accrues_service_more_slowly_and_stays_higher():
+    busy, idle = work(1), work(2)
+    accrue(busy, 200, 0.95, CONFIG)
+    accrue(idle, 200, 0.05, CONFIG)
+    assert idle.attained == busy.attained * 0.25
+    assert level_of(idle, 0, CONFIG, waiting=False) < level_of(busy, 0, CONFIG, waiting=False)
+
+
+def test_work_that_waited_past_the_starvation_limit_is_promoted_to_the_top():
+    w = work(1, attained=5000.0, submitted=0.0)
+    assert level_of(w, 100, CONFIG, waiting=True) == 2
+    assert level_of(w, 600, CONFIG, waiting=True) == 0
+
+
+def test_higher_queues_go_first_then_fair_share_then_priority_then_arrival():
+    c = cluster(node("n1", 1000))
+    heavy = work("heavy", user="bob", submitted=0, attained=5000.0)
+    low_pri = work("low", user="carol", submitted=1, priority=LOW)
+    high_pri = work("high", user="carol", submitted=2, priority=HIGH)
+    d = decide([heavy, low_pri, high_pri], [], c, now=3, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
+    assert [p.work_id for p in d.place] == ["high"]
+    assert d.waiting["low"].position == 1 and d.waiting["heavy"].level == 2
+    assert "position 1 in queue 0" in d.waiting["low"].reason
+
+
+def test_a_user_under_their_fair_share_goes_before_one_over_it():
+    c = cluster(node("n1", 0, 0, 0, 1000))  # 4 cards, one free; alice already holds 3
+    running = [work(f"a{i}", user="alice") for i in range(3)]
+    for i, r in enumerate(running):
+        r.node, r.cards = 0, [i]
+    first = work("alice-more", user="alice", submitted=0)
+    later = work("bob", user="bob", submitted=5)
+    d = decide([first, later], running, c, now=6, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
+    assert [p.work_id for p in d.place] == ["bob"]
+
+
+def test_quotas_hold_work_back_with_a_reason():
+    c = cluster(node("n1", 1000, 1000, 1000))
+    d = decide(
+        [work(1, gpus=2, user="u"), work(2, user="u", submitted=1)],
+        [],
+        c,
+        now=2,
+        quotas=Quotas(per_user={"u": 2}),
+        strategy="bestfit",
+    )
+    assert [p.work_id for p in d.place] == [1]
+    assert "user quota of 2 cards" in d.waiting[2].reason
+
+
+def test_an_unplaceable_request_says_what_it_waits_for_and_where_it_stands():
+    c = cluster(node("n1", 0))
+    d = decide([work(1, milli=500), work(2, submitted=1)], [], c, now=2, strategy="bestfit")
+    assert d.waiting[1].reason == "waiting: no A100 card has 0.5 free; position 1 in queue 0"
+    assert d.waiting[2].position == 2
+
+
+# --- preemption ------------------------------------------------------------------------------------------------
+
+
+def running(work_id, node=0, cards=(0,), **fields):
+    w = work(work_id, **fields)
+    w.node, w.cards = node, list(cards)
+    return w
+
+
+def test_on_demand_instances_are_never_preempted():
+    c = cluster(node("n1", 0))
+    victim = running("on-demand", preemptible=False, attained=1e9)
+    d = decide([work("new", submitted=1)], [victim], c, now=2, discipline=DISCIPLINES["mlfq"](CONFIG))
+    assert d.preempt == [] and "no free A100 card" in d.waiting["new"].reason
+
+
+def test_on_demand_work_evicts_spot_capacity_whatever_the_queues():
+    c = cluster(node("n1", 0))
+    spot = running("spot", preemptible=True, spot=True)
+    d = decide([work("od", attained=5000.0, submitted=1)], [spot], c, now=2, discipline=DISCIPLINES["mlfq"](CONFIG))
+    assert [p.work_id for p in d.preempt] == ["spot"]
+    assert "preempting 1 lower-priority run" in d.waiting["od"].reason
+
+
+def test_a_batch_job_is_preempted_only_by_work_in_a_higher_queue():
+    c = cluster(node("n1", 0))
+    same_level = running("job", preemptible=True)
+    d = decide([work("new", submitted=1)], [same_level], c, now=2, discipline=DISCIPLINES["mlfq"](CONFIG))
+    assert d.preempt == []
+    sunk = running("long-job", preemptible=True, attained=5000.0)
+    d = decide([work("new", submitted=1)], [sunk], c, now=2, discipline=DISCIPLINES["mlfq"](CONFIG))
+    assert [p.work_id for p in d.preempt] == ["long-job"]
+
+
+def test_it_picks_the_fewest_and_lowest_priority_victims():
+    c = cluster(node("n1", 0, 0), node("n2", 0, 0))
+    victims = [
+        running("n1-a", node=0, cards=[0], preemptible=True, attained=200.0),
+        running("n1-b", node=0, cards=[1], preemptible=True, attained=200.0),
+        running("n2-wide", node=1, cards=[0, 1], gpus=2, preemptible=True, attained=5000.0),
+    ]
+    d = decide([work("new", gpus=2, submitted=1)], victims, c, now=2, discipline=DISCIPLINES["mlfq"](CONFIG))
+    assert [p.work_id for p in d.preempt] == ["n2-wide"]
+
+
+def test_work_already_being_evicted_is_waited_for_not_doubled():
+    c = cluster(node("n1", 0))
+    leaving = running("leaving", preemptible=True, attained=5000.0, stopping=True)
+    other = running("other", node=0, cards=[0], preemptible=True, attained=5000.0)
+    d = decide([work("new", submitted=1)], [leaving, other], c, now=2, discipline=DISCIPLINES["mlfq"](CONFIG))
+    assert d.preempt == [] and "waiting for preempted work to stop" in d.waiting["new"].reason
+
+
+def test_fifo_blocks_behind_the_head_and_never_preempts():
+    c = cluster(node("n1", 1000))
+    d = decide(
+        [work("big", gpus=2), work("small", submitted=1)],
+        [running("x", preemptible=True, attained=1e9)],
+        c,
+        now=2,
+        discipline=DISCIPLINES["fifo"](),
+    )
+    assert d.place == [] and d.preempt == [] and "behind earlier work" in d.waiting["small"].reason
+
+
+def test_demotions_and_promotions_are_reported():
+    c = cluster(node("n1", 0))
+    sinking = running("sinking", attained=500.0, level=0)
+    starved = work("starved", attained=5000.0, level=2, submitted=0)
+    d = decide([starved], [sinking], c, now=600, discipline=DISCIPLINES["mlfq"](CONFIG))
+    assert d.demoted == ["sinking"] and d.promoted == ["starved"]

@@ -1,0 +1,303 @@
+"""One scheduling decision: which queued work to place where, and which running work to evict.
+
+``decide`` takes plain objects and returns plain decisions with reasons a
+person can read; the live tick and the trace simulator call it alike. The
+order of queued work and who may evict whom come from a ``Discipline``:
+MLFQ (the product), and the FIFO, SRTF and LAS baselines.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scheduler.policy.cluster import WHOLE_CARD, ClusterState
+from scheduler.policy.mlfq import MlfqConfig, Work, level_of
+from scheduler.policy.placement import TaskType, choose
+
+
+@dataclass
+class Place:
+    work_id: object
+    node: int  # row in the ClusterState
+    cards: list[int]
+    memory_mb: list[int]
+
+
+@dataclass
+class Preempt:
+    work_id: object
+    for_work_id: object
+    reason: str
+
+
+@dataclass
+class Wait:
+    level: int
+    position: int
+    reason: str
+
+
+@dataclass
+class Decisions:
+    place: list[Place] = field(default_factory=list)
+    preempt: list[Preempt] = field(default_factory=list)
+    waiting: dict[object, Wait] = field(default_factory=dict)
+    levels: dict[object, int] = field(default_factory=dict)
+    promoted: list[object] = field(default_factory=list)
+    demoted: list[object] = field(default_factory=list)
+
+
+@dataclass
+class Quotas:
+    """Most cards a user (or team) may hold at once; missing means no limit."""
+
+    per_user: dict[str, float] = field(default_factory=dict)
+    per_team: dict[str, float] = field(default_factory=dict)
+    default_user: float | None = None
+
+
+class Discipline:
+    """MLFQ: the product's discipline. Subclasses are the baselines."""
+
+    name = "mlfq"
+    head_of_line_blocking = False
+
+    def __init__(self, config: MlfqConfig | None = None):
+        self.config = config or MlfqConfig()
+
+    def level(self, work: Work, now: float, *, waiting: bool) -> int:
+        return level_of(work, now, self.config, waiting=waiting)
+
+    def key(self, work: Work, level: int, over_share: bool):
+        return (level, over_share, work.priority, work.submitted, str(work.id))
+
+    def may_preempt(self, waiter: Work, waiter_level: int, victim: Work, victim_level: int) -> bool:
+        if not self.config.preemption or not victim.preemptible or victim.stopping:
+            return False
+        if victim.spot and not waiter.preemptible:
+            return True  # on-demand work evicts spot capacity whatever the queues say
+        return victim_level > waiter_level
+
+
+class Fifo(Discipline):
+    """First come first served, no preemption, the head of the queue blocks (YARN-CS style)."""
+
+    name = "fifo"
+    head_of_line_blocking = True
+
+    def level(self, work, now, *, waiting):
+        return 0
+
+    def key(self, work, level, over_share):
+        return (work.submitted, str(work.id))
+
+    def may_preempt(self, waiter, waiter_level, victim, victim_level):
+        return False
+
+
+class Srtf(Discipline):
+    """Shortest remaining time first, preemptive: the oracle bound (it knows durations)."""
+
+    name = "srtf"
+
+    def level(self, work, now, *, waiting):
+        return 0
+
+    def key(self, work, level, over_share):
+        return (work.remaining * work.request.gpus, work.submitted, str(work.id))
+
+    def may_preempt(self, waiter, waiter_level, victim, victim_level):
+        return (
+            victim.preemptible
+            and not victim.stopping
+            and (victim.remaining * victim.request.gpus > 2 * waiter.remaining * waiter.request.gpus)
+        )
+
+
+class Las(Discipline):
+    """Plain 2D-LAS (Tiresias): MLFQ on GPU-seconds without idle weighting or fair share."""
+
+    name = "las"
+
+    def __init__(self, config: MlfqConfig | None = None):
+        base = config or MlfqConfig()
+        super().__init__(MlfqConfig(base.thresholds, base.idle_util, 1.0, base.starvation_s, base.preemption, False))
+
+
+DISCIPLINES = {d.name: d for d in (Discipline, Fifo, Srtf, Las)}
+
+
+def _no_room(work: Work) -> str:
+    r = work.request
+    model = r.gpu_model or "GPU"
+    if r.gpu_milli < WHOLE_CARD:
+        return f"no {model} card has {r.gpu_milli / WHOLE_CARD:g} free"
+    if r.gpu_count == 1:
+        return f"no free {model} card"
+    return f"no node has {r.gpu_count} free {model} cards"
+
+
+def decide(
+    waiting: list[Work],
+    running: list[Work],
+    cluster: ClusterState,
+    *,
+    now: float,
+    discipline: Discipline | None = None,
+    strategy: str = "fgd",
+    mix: list[TaskType] | None = None,
+    quotas: Quotas | None = None,
+    teams: dict[str, str] | None = None,
+    rng: np.random.Generator | None = None,
+) -> Decisions:
+    """Decide one tick. ``cluster`` is the free capacity and is updated for the placements made."""
+    discipline = discipline or Discipline()
+    out = Decisions()
+    run_levels = {}
+    for work in running:
+        run_levels[work.id] = discipline.level(work, now, waiting=False)
+    wait_levels = {w.id: discipline.level(w, now, waiting=True) for w in waiting}
+    for work in [*running, *waiting]:
+        level = run_levels.get(work.id, wait_levels.get(work.id))
+        out.levels[work.id] = level
+        if level > work.level:
+            out.demoted.append(work.id)
+        elif level < work.level:
+            out.promoted.append(work.id)
+
+    held: dict[str, float] = defaultdict(float)
+    team_held: dict[str, float] = defaultdict(float)
+    for work in running:
+        if not work.stopping:
+            held[work.user] += work.request.gpus
+            team_held[work.team] += work.request.gpus
+    users = {w.user for w in running} | {w.user for w in waiting}
+    fair = cluster.total_cards / max(len(users), 1)
+    fair_share = getattr(discipline.config, "fair_share", False)
+
+    # Projected holdings: a user's earlier queued work counts against their later work.
+    projected = dict(held)
+    keyed = []
+    for work in sorted(waiting, key=lambda w: (wait_levels[w.id], w.priority, w.submitted, str(w.id))):
+        over = fair_share and projected.get(work.user, 0.0) >= fair
+        projected[work.user] = projected.get(work.user, 0.0) + work.request.gpus
+        keyed.append((discipline.key(work, wait_levels[work.id], over), work))
+    keyed.sort(key=lambda pair: pair[0])
+
+    positions: dict[int, int] = defaultdict(int)
+    blocked: dict[tuple, str] = {}
+    freeing = [w for w in running if w.stopping]
+    victims_by_node: dict[int, list[Work]] = defaultdict(list)
+    for work in running:
+        if not work.stopping and work.node is not None:
+            victims_by_node[work.node].append(work)
+    head_blocked = False
+
+    def wait(work: Work, level: int, why: str) -> None:
+        positions[level] += 1
+        where = f"position {positions[level]} in queue {level}"
+        out.waiting[work.id] = Wait(level, positions[level], f"waiting: {why}; {where}")
+
+    for _, work in keyed:
+        level = wait_levels[work.id]
+        if head_blocked:
+            wait(work, level, "behind earlier work")
+            continue
+        quota_reason = _over_quota(work, held, team_held, quotas, teams)
+        if quota_reason:
+            wait(work, level, quota_reason)
+            continue
+        r = work.request
+        shape = (r.gpu_model, r.gpu_count, r.gpu_milli, r.cpu, r.memory_mb, r.pinned_node)
+        choice = None if shape in blocked else choose(cluster, r, strategy, mix=mix, rng=rng)
+        if choice is not None:
+            memory = cluster.take(choice.node, choice.cards, r.gpu_milli, r.cpu, r.memory_mb)
+            out.place.append(Place(work.id, choice.node, choice.cards, memory))
+            held[work.user] += r.gpus
+            team_held[work.team] += r.gpus
+            continue
+        blocked.setdefault(shape, _no_room(work))
+        reason = blocked[shape]
+        if freeing and _fits_after(cluster, r, freeing, strategy):
+            reason = "waiting for preempted work to stop"
+        else:
+            victims = _choose_victims(cluster, work, level, victims_by_node, run_levels, discipline, strategy)
+            if victims:
+                node = victims[0].node
+                for victim in victims:
+                    victim.stopping = True
+                    victims_by_node[node].remove(victim)
+                    freeing.append(victim)
+                    out.preempt.append(Preempt(victim.id, work.id, f"preempted for higher-priority work {work.id}"))
+                reason = f"preempting {len(victims)} lower-priority run{'s' if len(victims) != 1 else ''}"
+        wait(work, level, reason)
+        if discipline.head_of_line_blocking:
+            head_blocked = True
+    return out
+
+
+def _over_quota(work, held, team_held, quotas, teams) -> str:
+    if quotas is None:
+        return ""
+    limit = quotas.per_user.get(work.user, quotas.default_user)
+    if limit is not None and held[work.user] + work.request.gpus > limit + 1e-9:
+        return f"user quota of {limit:g} cards reached"
+    team = (teams or {}).get(work.user, work.team)
+    team_limit = quotas.per_team.get(team) if team else None
+    if team_limit is not None and team_held[team] + work.request.gpus > team_limit + 1e-9:
+        return f"team quota of {team_limit:g} cards reached"
+    return ""
+
+
+def _fits_after(cluster: ClusterState, request, leaving: list[Work], strategy) -> bool:
+    """Would the request fit once the given running work has left? (on a scratch copy)"""
+    scratch = _scratch(cluster, {w.node for w in leaving})
+    for w in leaving:
+        scratch.give(w.node, w.cards, w.request.gpu_milli, w.request.cpu, w.request.memory_mb)
+    return choose(scratch, request, "firstfit") is not None
+
+
+def _scratch(cluster: ClusterState, nodes) -> ClusterState:
+    copy = object.__new__(ClusterState)
+    copy.__dict__.update(cluster.__dict__)
+    for name in ("cpu_free", "mem_free", "free", "card_mem_free"):
+        setattr(copy, name, getattr(cluster, name).copy())
+    return copy
+
+
+def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, discipline, strategy):
+    """The fewest, lowest-priority running works on one node whose eviction lets ``waiter`` fit."""
+    best = None
+    for node, candidates in victims_by_node.items():
+        allowed = [v for v in candidates if discipline.may_preempt(waiter, waiter_level, v, run_levels[v.id])]
+        if not allowed:
+            continue
+        # Lowest priority first: deepest queue, lowest user priority, least work lost (latest start).
+        allowed.sort(key=lambda v: (-run_levels[v.id], -v.priority, -v.started))
+        scratch = None
+        chosen = []
+        pinned = waiter.request.pinned_node
+        if pinned is not None and cluster.node_index.get(pinned) != node:
+            continue
+        for victim in allowed:
+            if scratch is None:
+                scratch = _scratch(cluster, {node})
+            scratch.give(node, victim.cards, victim.request.gpu_milli, victim.request.cpu, victim.request.memory_mb)
+            chosen.append(victim)
+            if _fits_on(scratch, waiter.request, node):
+                cost = (len(chosen), -sum(run_levels[v.id] for v in chosen))
+                if best is None or cost < best[0]:
+                    best = (cost, chosen)
+                break
+    return best[1] if best else []
+
+
+def _fits_on(cluster: ClusterState, request, node: int) -> bool:
+    only_here = _scratch(cluster, set())
+    mask = np.zeros(len(cluster.node_ids), dtype=bool)
+    mask[node] = True
+    only_here.cpu_free = np.where(mask, cluster.cpu_free, -1)
+    return choose(only_here, request, "firstfit") is not None

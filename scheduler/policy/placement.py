@@ -1,0 +1,223 @@
+"""Where one request goes: first fit, best fit, random, or fragmentation-aware (FGD).
+
+Rules shared by every strategy: only cards of the requested model (or any,
+when none is asked for); multi-card work takes whole cards, all on one node;
+GPU share, GPU memory, CPU and host memory are checked together.
+
+FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23) scores a
+placement by how much it grows the cluster's expected fragmentation for a
+target mix of task types: a card's free share is a fragment for a task type
+when that type could not use it (too small a share, or the node cannot host
+the type at all). The candidate that grows fragmentation least wins; ties go
+to best fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.policy.cluster import ANY_MODEL, WHOLE_CARD, ClusterState
+
+STRATEGIES = ("fgd", "bestfit", "firstfit", "random")
+
+
+@dataclass
+class Request:
+    id: object
+    gpu_model: str | None
+    gpu_count: int = 1
+    gpu_milli: int = WHOLE_CARD
+    cpu: int = 0
+    memory_mb: int = 0
+    pinned_node: object = None
+
+    @property
+    def gpus(self) -> float:
+        return self.gpu_count * self.gpu_milli / WHOLE_CARD
+
+
+@dataclass(frozen=True)
+class TaskType:
+    """One kind of request in the expected workload mix, with its weight."""
+
+    gpu_count: int
+    gpu_milli: int
+    cpu: int
+    memory_mb: int
+    weight: float
+
+
+@dataclass
+class Choice:
+    node: int
+    cards: list[int]
+
+
+def _eligible(cluster: ClusterState, request: Request) -> tuple[np.ndarray, np.ndarray]:
+    """(node mask, card mask) of what could host the request on its own terms."""
+    nodes = (cluster.cpu_free >= request.cpu) & (cluster.mem_free >= request.memory_mb)
+    if request.pinned_node is not None:
+        pinned = np.zeros_like(nodes)
+        index = cluster.node_index.get(request.pinned_node)
+        if index is not None:
+            pinned[index] = True
+        nodes &= pinned
+    cards = cluster.exists & nodes[:, None]
+    model = cluster.model_code(request.gpu_model) if request.gpu_model is not None else ANY_MODEL
+    if model != ANY_MODEL:
+        cards &= cluster.model == model
+    need_memory = cluster.card_mem_total * request.gpu_milli // WHOLE_CARD
+    cards &= (cluster.free >= request.gpu_milli) & (cluster.card_mem_free >= need_memory)
+    return nodes, cards
+
+
+def _fraction_choice(node: int, card: int) -> Choice:
+    return Choice(int(node), [int(card)])
+
+
+def _whole_choice(cards: np.ndarray, node: int, count: int) -> Choice:
+    return Choice(int(node), [int(c) for c in np.flatnonzero(cards[node])[:count]])
+
+
+def choose(
+    cluster: ClusterState,
+    request: Request,
+    strategy: str = "fgd",
+    *,
+    mix: list[TaskType] | None = None,
+    rng: np.random.Generator | None = None,
+) -> Choice | None:
+    """The node and cards for one request under ``strategy``, or None if nothing fits now."""
+    nodes, cards = _eligible(cluster, request)
+    fraction = 0 < request.gpu_milli < WHOLE_CARD
+    if fraction:
+        rows, cols = np.nonzero(cards)
+        if rows.size == 0:
+            return None
+        if strategy == "firstfit":
+            return _fraction_choice(rows[0], cols[0])
+        if strategy == "random":
+            pick = (rng or np.random.default_rng()).integers(rows.size)
+            return _fraction_choice(rows[pick], cols[pick])
+        leftover = cluster.free[rows, cols] - request.gpu_milli
+        if strategy == "fgd" and mix:
+            delta = _fgd_delta_fraction(cluster, request, rows, cols, mix)
+            best = np.lexsort((leftover, delta))[0]
+        else:
+            best = int(np.argmin(leftover))
+        return _fraction_choice(rows[best], cols[best])
+
+    count_per_node = cards.sum(axis=1)
+    candidates = np.flatnonzero(nodes & (count_per_node >= request.gpu_count))
+    if candidates.size == 0:
+        return None
+    if strategy == "firstfit":
+        return _whole_choice(cards, candidates[0], request.gpu_count)
+    if strategy == "random":
+        node = candidates[(rng or np.random.default_rng()).integers(candidates.size)]
+        return _whole_choice(cards, node, request.gpu_count)
+    spare = count_per_node[candidates] - request.gpu_count
+    if strategy == "fgd" and mix:
+        delta = _fgd_delta_whole(cluster, request, candidates, mix)
+        best = np.lexsort((spare, delta))[0]
+    else:
+        best = int(np.argmin(spare))
+    return _whole_choice(cards, candidates[best], request.gpu_count)
+
+
+def _mix_arrays(mix: list[TaskType]):
+    weights = np.array([t.weight for t in mix], dtype=np.float64)
+    weights = weights / weights.sum()
+    milli = np.array([t.gpu_milli for t in mix], dtype=np.int64)
+    count = np.array([t.gpu_count for t in mix], dtype=np.int64)
+    cpu = np.array([t.cpu for t in mix], dtype=np.int64)
+    mem = np.array([t.memory_mb for t in mix], dtype=np.int64)
+    return weights, milli, count, cpu, mem
+
+
+def _fragmentation(total, fragsum, whole, largest, cpu, mem, mix_arrays) -> np.ndarray:
+    """Expected fragmentation of node states (rows) over the task mix (columns summed by weight).
+
+    total: free share of the node; fragsum[:, m]: free share on cards too small
+    for fraction type m; whole: whole free cards; largest: largest free share on
+    one card; cpu/mem: free CPU and memory.
+    """
+    weights, milli, count, t_cpu, t_mem = mix_arrays
+    fraction = (milli > 0) & (milli < WHOLE_CARD)
+    fits_host = (cpu[:, None] >= t_cpu[None, :]) & (mem[:, None] >= t_mem[None, :])
+    fits_gpu = np.where(fraction[None, :], largest[:, None] >= milli[None, :], whole[:, None] >= count[None, :])
+    unusable = np.where(fraction[None, :], fragsum, (total - WHOLE_CARD * whole)[:, None])
+    unusable = np.where((count == 0)[None, :], 0, unusable)  # CPU-only work uses no card
+    frag = np.where(fits_host & fits_gpu, unusable, total[:, None])
+    return frag @ weights
+
+
+def _fgd_delta_fraction(cluster, request, rows, cols, mix) -> np.ndarray:
+    """Growth in expected fragmentation for placing a fraction on each candidate (row, col) card."""
+    arrays = _mix_arrays(mix)
+    relevant = cluster.exists.copy()
+    if request.gpu_model is not None:
+        relevant &= cluster.model == cluster.model_code(request.gpu_model)
+    nodes = np.unique(rows)
+    sub = relevant[nodes]
+    free, total, whole, fragsum = _node_stats_sub(cluster.free[nodes], sub, arrays)
+    position = np.searchsorted(nodes, rows)
+    ordered = np.sort(free, axis=1)
+    largest, second = ordered[:, -1], (ordered[:, -2] if free.shape[1] > 1 else np.zeros(len(nodes), np.int64))
+    before = _fragmentation(total, fragsum, whole, largest, cluster.cpu_free[nodes], cluster.mem_free[nodes], arrays)[
+        position
+    ]
+    f = cluster.free[rows, cols]
+    after_f = f - request.gpu_milli
+    milli = arrays[1]
+    fragsum_after = (
+        fragsum[position]
+        - (f[:, None] * (f[:, None] < milli[None, :]))
+        + (after_f[:, None] * (after_f[:, None] < milli[None, :]))
+    )
+    largest_other = np.where(f == largest[position], second[position], largest[position])
+    after = _fragmentation(
+        total[position] - request.gpu_milli,
+        fragsum_after,
+        whole[position] - (f == WHOLE_CARD),
+        np.maximum(largest_other, after_f),
+        cluster.cpu_free[rows] - request.cpu,
+        cluster.mem_free[rows] - request.memory_mb,
+        arrays,
+    )
+    return after - before
+
+
+def _node_stats_sub(free_rows, relevant_rows, arrays):
+    free = np.where(relevant_rows, free_rows, 0)
+    total = free.sum(axis=1)
+    whole = (relevant_rows & (free_rows == WHOLE_CARD)).sum(axis=1)
+    milli = arrays[1]
+    fragsum = (free[:, :, None] * (free[:, :, None] < milli[None, None, :])).sum(axis=1)
+    return free, total, whole, fragsum
+
+
+def _fgd_delta_whole(cluster, request, nodes, mix) -> np.ndarray:
+    """Growth in expected fragmentation for placing whole cards on each candidate node."""
+    arrays = _mix_arrays(mix)
+    relevant = cluster.exists[nodes]
+    if request.gpu_model is not None:
+        relevant &= cluster.model[nodes] == cluster.model_code(request.gpu_model)
+    free, total, whole, fragsum = _node_stats_sub(cluster.free[nodes], relevant, arrays)
+    partial_largest = np.where(free < WHOLE_CARD, free, 0).max(axis=1)
+    largest = np.where(whole > 0, WHOLE_CARD, partial_largest)
+    cpu, mem = cluster.cpu_free[nodes], cluster.mem_free[nodes]
+    before = _fragmentation(total, fragsum, whole, largest, cpu, mem, arrays)
+    whole_after = whole - request.gpu_count
+    after = _fragmentation(
+        total - WHOLE_CARD * request.gpu_count,
+        fragsum,
+        whole_after,
+        np.where(whole_after > 0, WHOLE_CARD, partial_largest),
+        cpu - request.cpu,
+        mem - request.memory_mb,
+        arrays,
+    )
+    return after - before

@@ -1,0 +1,188 @@
+"""Discrete-event replay of a job trace through the scheduling policy (the same ``decide`` as live).
+
+Jobs arrive at their submit time, run for their duration once placed, and
+accrue service as they run. A preempted job keeps running through the grace
+period (its checkpoint), then returns to the queue and later resumes where it
+stopped. Decisions happen at every arrival, completion and eviction, and every
+``quantum`` seconds while work waits (so demotions can preempt).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scheduler.policy.cluster import WHOLE_CARD, CardSpec, ClusterState, NodeSpec
+from scheduler.policy.decide import DISCIPLINES, decide
+from scheduler.policy.mlfq import MlfqConfig, Work, accrue
+from scheduler.policy.placement import Request
+from scheduler.traces import TraceJob
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: int
+    finished: int
+    avg_jct: float
+    p50_jct: float
+    p95_jct: float
+    avg_queueing: float
+    gpu_allocation_pct: float
+    makespan: float
+    preemptions: int
+    timeline: list[tuple[float, int, float]] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "timeline"}
+
+
+def uniform_nodes(gpus: int, per_node: int = 8, model: str = "GPU") -> list[NodeSpec]:
+    count = math.ceil(gpus / per_node)
+    return [
+        NodeSpec(
+            f"node-{n}", 10**9, 10**9, [CardSpec((n, c), model, 0) for c in range(min(per_node, gpus - n * per_node))]
+        )
+        for n in range(count)
+    ]
+
+
+def simulate(
+    jobs: list[TraceJob],
+    nodes: list[NodeSpec],
+    *,
+    policy: str = "mlfq",
+    config: MlfqConfig | None = None,
+    strategy: str = "bestfit",
+    quantum: float = 300.0,
+    grace: float = 30.0,
+    whole_cards_only: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    timeline_every: float = 0.0,
+    seed: int = 0,
+) -> SimResult:
+    discipline = DISCIPLINES[policy](config)
+    config = discipline.config
+    cluster = ClusterState(nodes)
+    rng = np.random.default_rng(seed)
+    works: dict[int, Work] = {}
+    executed: dict[int, float] = {}
+    first_start: dict[int, float] = {}
+    done: dict[int, float] = {}
+    duration = {j.id: j.duration for j in jobs}
+    waiting: dict[int, Work] = {}
+    running: dict[int, Work] = {}
+    completions: list[tuple[float, int, int]] = []  # (time, version, id)
+    evictions: list[tuple[float, int]] = []
+    version: dict[int, int] = {}
+    preemptions = 0
+    allocated_area = 0.0
+    timeline = []
+    arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
+    next_arrival = 0
+    now = arrivals[0].submit if arrivals else 0.0
+    start = now
+    last_tick = -math.inf
+    next_sample = now
+
+    while next_arrival < len(arrivals) or waiting or running:
+        candidates = []
+        if next_arrival < len(arrivals):
+            candidates.append(arrivals[next_arrival].submit)
+        if completions:
+            candidates.append(completions[0][0])
+        if evictions:
+            candidates.append(evictions[0][0])
+        if waiting and running:
+            candidates.append(last_tick + quantum)
+        if not candidates:
+            break  # waiting work that can never run (bigger than any node)
+        t = max(min(candidates), now)
+        share = cluster.allocated_share()
+        allocated_area += share * (t - now)
+        for work in running.values():
+            accrue(work, t - now, None, config)
+            executed[work.id] += t - now
+        now = t
+        if timeline_every and now >= next_sample:
+            timeline.append((now, len(waiting), share))
+            next_sample = now + timeline_every
+
+        while completions and completions[0][0] <= now:
+            _, v, job_id = heapq.heappop(completions)
+            if version.get(job_id) != v or job_id not in running:
+                continue
+            work = running.pop(job_id)
+            cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            done[job_id] = now
+        while evictions and evictions[0][0] <= now:
+            _, job_id = heapq.heappop(evictions)
+            work = running.pop(job_id, None)
+            if work is None:
+                continue  # finished during its grace period
+            cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            version[job_id] = version.get(job_id, 0) + 1
+            work.node, work.cards, work.stopping = None, [], False
+            work.waiting_since = now
+            waiting[job_id] = work
+        while next_arrival < len(arrivals) and arrivals[next_arrival].submit <= now:
+            job = arrivals[next_arrival]
+            next_arrival += 1
+            milli = WHOLE_CARD if whole_cards_only else job.gpu_milli
+            request = Request(job.id, None, job.gpu_count, milli, job.cpu, job.memory_mb)
+            work = Work(job.id, job.user, request, submitted=job.submit, waiting_since=job.submit, preemptible=True)
+            works[job.id] = work
+            executed[job.id] = 0.0
+            waiting[job.id] = work
+            if progress and next_arrival % 5000 == 0:
+                progress(next_arrival, len(arrivals))
+
+        if not waiting:
+            continue
+        last_tick = now
+        for work in [*waiting.values(), *running.values()]:
+            work.remaining = duration[work.id] - executed[work.id]
+        decisions = decide(
+            list(waiting.values()),
+            list(running.values()),
+            cluster,
+            now=now,
+            discipline=discipline,
+            strategy=strategy,
+            rng=rng,
+        )
+        for job_id, level in decisions.levels.items():
+            works[job_id].level = level
+        for place in decisions.place:
+            work = waiting.pop(place.work_id)
+            work.node, work.cards, work.started = place.node, place.cards, now
+            running[work.id] = work
+            first_start.setdefault(work.id, now)
+            version[work.id] = version.get(work.id, 0) + 1
+            heapq.heappush(completions, (now + duration[work.id] - executed[work.id], version[work.id], work.id))
+        for preempt in decisions.preempt:
+            preemptions += 1
+            heapq.heappush(evictions, (now + grace, preempt.work_id))
+
+    if progress:
+        progress(len(arrivals), len(arrivals))
+    jcts = np.array([done[j.id] - j.submit for j in jobs if j.id in done])
+    queueing = np.array([first_start[j.id] - j.submit for j in jobs if j.id in first_start])
+    makespan = (max(done.values()) - start) if done else 0.0
+    return SimResult(
+        policy=policy,
+        jobs=len(jobs),
+        finished=len(done),
+        avg_jct=float(jcts.mean()) if jcts.size else 0.0,
+        p50_jct=float(np.percentile(jcts, 50)) if jcts.size else 0.0,
+        p95_jct=float(np.percentile(jcts, 95)) if jcts.size else 0.0,
+        avg_queueing=float(queueing.mean()) if queueing.size else 0.0,
+        gpu_allocation_pct=100 * allocated_area / makespan if makespan else 0.0,
+        makespan=makespan,
+        preemptions=preemptions,
+        timeline=timeline,
+    )

@@ -1,0 +1,173 @@
+"""The live scheduling tick: database rows -> policy objects -> ``decide`` -> rows.
+
+Only one tick decides at a time (a PostgreSQL advisory lock, held to commit).
+Service accrual, allocations, preemptions and the waiting reasons are written
+in one transaction; launches and stops go to node queues after commit.
+"""
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Prefetch
+from django.utils import timezone
+
+from scheduler import policy
+from scheduler.allocation import Share, allocation_create
+from scheduler.lifecycle import HOLDING
+from scheduler.models import Allocation, Quota, Workload, WorkloadStatus
+from scheduler.selectors import cluster_capacity
+from scheduler.services import _to_node, workload_preempt
+
+log = logging.getLogger(__name__)
+S = WorkloadStatus
+TICK_LOCK_KEY = 0x67707563  # "gpuc": one advisory lock id for the whole cluster
+MIX_WINDOW = 500  # recent submissions that define the expected task mix for FGD
+
+
+def mlfq_config() -> policy.MlfqConfig:
+    return policy.MlfqConfig(
+        thresholds=tuple(settings.SCHEDULER_THRESHOLDS_GPU_S),
+        idle_util=settings.SCHEDULER_IDLE_UTIL,
+        idle_weight=settings.SCHEDULER_IDLE_WEIGHT,
+        starvation_s=settings.SCHEDULER_STARVATION_S,
+        preemption=settings.SCHEDULER_PREEMPTION,
+    )
+
+
+@dataclass
+class TickResult:
+    placed: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    waiting: int = 0
+
+
+def _tick_lock() -> bool:
+    if connection.vendor != "postgresql":
+        return True  # SQLite: BEGIN IMMEDIATE already serialises writers
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
+        return cursor.fetchone()[0]
+
+
+def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
+    for w in running:
+        since = w.accrued_at or w.started_at
+        if w.status == S.RUNNING and since is not None:
+            idle = w.gpu_utilization is not None and w.gpu_utilization < config.idle_util
+            seconds = max((now - since).total_seconds(), 0.0)
+            w.attained_service += w.gpu_share * seconds * (config.idle_weight if idle else 1.0)
+        w.accrued_at = now
+    Workload.objects.bulk_update(running, ["attained_service", "accrued_at"])
+
+
+def _as_work(w: Workload, epoch) -> policy.Work:
+    return policy.Work(
+        id=w.pk,
+        user=str(w.owner_id),
+        team=w.team,
+        request=policy.Request(w.pk, w.gpu_model, w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, w.pinned_node_id),
+        submitted=(w.created_at - epoch).total_seconds(),
+        waiting_since=((w.queued_at or w.created_at) - epoch).total_seconds(),
+        priority=w.priority,
+        attained=w.attained_service,
+        preemptible=w.preemptible,
+        spot=w.spot,
+        level=w.queue_level,
+        stopping=w.status == S.STOPPING,
+        started=((w.started_at or w.created_at) - epoch).total_seconds(),
+    )
+
+
+def _quotas() -> policy.Quotas:
+    quotas = policy.Quotas(default_user=settings.USER_MAX_CARDS)
+    for q in Quota.objects.all():
+        if q.user_id:
+            quotas.per_user[str(q.user_id)] = float(q.max_cards)
+        else:
+            quotas.per_team[q.team] = float(q.max_cards)
+    return quotas
+
+
+def _mix() -> list[policy.TaskType]:
+    recent = Workload.objects.order_by("-id").values_list("gpu_count", "gpu_milli", "cpu_cores", "memory_mb")
+    counts = Counter(recent[:MIX_WINDOW])
+    return [policy.TaskType(c, m, cpu, mem, n) for (c, m, cpu, mem), n in counts.items()]
+
+
+def schedule_tick() -> TickResult:
+    """Place queued work that fits, evict what must make room, and say why the rest waits."""
+    result = TickResult()
+    now = timezone.now()
+    config = mlfq_config()
+    with transaction.atomic():
+        if not _tick_lock():
+            return result
+        holding = list(
+            Workload.objects.filter(status__in=HOLDING).prefetch_related(
+                Prefetch("allocations", Allocation.objects.order_by("gpu_id"))
+            )
+        )
+        _accrue(holding, now, config)
+        queued = list(Workload.objects.filter(status=S.QUEUED))
+        if not queued:
+            return result
+        epoch = min(w.created_at for w in [*queued, *holding])
+        cluster = policy.ClusterState(cluster_capacity())
+        running = []
+        for w in holding:
+            work = _as_work(w, epoch)
+            work.node = cluster.node_index.get(w.node_id)
+            if work.node is None:
+                continue  # its node is not active: reconciliation deals with it
+            card_ids = cluster.card_ids[work.node]
+            work.cards = [card_ids.index(a.gpu_id) for a in w.allocations.all() if a.gpu_id in card_ids]
+            running.append(work)
+        by_id = {w.pk: w for w in [*queued, *holding]}
+        decisions = policy.decide(
+            [_as_work(w, epoch) for w in queued],
+            running,
+            cluster,
+            now=(now - epoch).total_seconds(),
+            discipline=policy.DISCIPLINES["mlfq"](config),
+            strategy=settings.SCHEDULER_PLACEMENT,
+            mix=_mix(),
+            quotas=_quotas(),
+        )
+        for place in decisions.place:
+            workload = by_id[place.work_id]
+            node_id = cluster.node_ids[place.node]
+            shares = [
+                Share(cluster.card_ids[place.node][card], workload.gpu_milli, memory)
+                for card, memory in zip(place.cards, place.memory_mb, strict=True)
+            ]
+            if allocation_create(workload=workload, node_id=node_id, shares=shares):
+                workload.queue_position = None
+                Workload.objects.filter(pk=workload.pk).update(
+                    queue_position=None, queue_level=decisions.levels[workload.pk]
+                )
+                result.placed.append(workload.pk)
+                _to_node(workload, "scheduler.tasks.workload_launch")
+        for preempt in decisions.preempt:
+            if workload_preempt(
+                by_id[preempt.work_id], reason=f"making room for higher-priority work #{preempt.for_work_id}"
+            ):
+                result.preempted.append(preempt.work_id)
+        changed = []
+        for work_id, wait in decisions.waiting.items():
+            w = by_id[work_id]
+            if (w.queue_level, w.queue_position, w.status_reason) != (wait.level, wait.position, wait.reason):
+                w.queue_level, w.queue_position, w.status_reason = wait.level, wait.position, wait.reason[:255]
+                changed.append(w)
+        for w in holding:
+            level = decisions.levels.get(w.pk, w.queue_level)
+            if level != w.queue_level:
+                w.queue_level = level
+                changed.append(w)
+        Workload.objects.bulk_update(changed, ["queue_level", "queue_position", "status_reason"])
+        result.waiting = len(decisions.waiting)
+    if result.placed or result.preempted:
+        log.info("tick placed %s, preempted %s, %d waiting", result.placed, result.preempted, result.waiting)
+    return result
