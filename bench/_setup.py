@@ -1,4 +1,5 @@
 """Make the project importable from bench/ scripts (policy code needs no Django)."""
+
 import sys
 from pathlib import Path
 

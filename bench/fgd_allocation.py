@@ -8,6 +8,7 @@ the trace's task mix, best-fit tie-break), all in this same harness.
 
     python bench/fgd_allocation.py [--seeds 10] [--jobs 2]
 """
+
 import argparse
 import collections
 import json
@@ -51,8 +52,12 @@ def run(policy: str, seed: int, inflation: float = 1.3) -> dict:
         cluster.take(choice.node, choice.cards, milli, pod.cpu, pod.memory_mb)
         placed += 1
     return {
-        "policy": policy, "seed": seed, "allocation_pct": round(100 * cluster.allocated_share(), 3),
-        "placed": placed, "failed": failed, "seconds": round(time.perf_counter() - started, 1),
+        "policy": policy,
+        "seed": seed,
+        "allocation_pct": round(100 * cluster.allocated_share(), 3),
+        "placed": placed,
+        "failed": failed,
+        "seconds": round(time.perf_counter() - started, 1),
     }
 
 
@@ -68,8 +73,17 @@ def main():
             print(json.dumps(result), flush=True)
             results[result["policy"]].append(result["allocation_pct"])
     mean = {policy: round(sum(v) / len(v), 2) for policy, v in results.items()}
-    print(json.dumps({"allocation_pct": mean["ours"], "bestfit_pct": mean["bestfit"], "random_pct": mean["random"],
-                      "seeds": args.seeds, "published": {"random": 87.5, "bestfit": 93.1, "fgd": 95.4}}))
+    print(
+        json.dumps(
+            {
+                "allocation_pct": mean["ours"],
+                "bestfit_pct": mean["bestfit"],
+                "random_pct": mean["random"],
+                "seeds": args.seeds,
+                "published": {"random": 87.5, "bestfit": 93.1, "fgd": 95.4},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ class ClusterState:
         self.card_mem_free = np.zeros((count, width), dtype=np.int64)
         self.model = np.full((count, width), ANY_MODEL - 1, dtype=np.int64)
         self.card_ids: list[list[object]] = []
+        # Bumped whenever a node's free capacity changes: scores cached per node stay valid until then.
+        self.version = np.zeros(count, dtype=np.int64)
+        self.score_cache: dict = {}
         for i, node in enumerate(nodes):
             self.card_ids.append([c.id for c in node.cards])
             for j, card in enumerate(node.cards):
@@ -57,6 +60,15 @@ class ClusterState:
                 self.card_mem_total[i, j] = card.memory_mb
                 self.card_mem_free[i, j] = card.memory_mb if card.free_memory_mb is None else card.free_memory_mb
                 self.model[i, j] = self.model_code(card.model)
+
+    def copy(self) -> ClusterState:
+        """A scratch copy whose capacity can change without touching this one."""
+        other = object.__new__(ClusterState)
+        other.__dict__.update(self.__dict__)
+        for name in ("cpu_free", "mem_free", "free", "card_mem_free", "version"):
+            setattr(other, name, getattr(self, name).copy())
+        other.score_cache = {}
+        return other
 
     def model_code(self, name: str | None) -> int:
         if name is None:
@@ -80,6 +92,7 @@ class ClusterState:
             taken.append(memory)
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= memory_mb
+        self.version[node] += 1
         return taken
 
     def give(self, node: int, cards: list[int], milli: int, cpu: int, memory_mb: int) -> None:
@@ -88,6 +101,7 @@ class ClusterState:
             self.card_mem_free[node, card] += self.memory_for(node, card, milli)
         self.cpu_free[node] += cpu
         self.mem_free[node] += memory_mb
+        self.version[node] += 1
 
     def allocated_share(self) -> float:
         """Fraction of all GPU capacity allocated (0..1)."""

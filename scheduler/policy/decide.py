@@ -254,18 +254,10 @@ def _over_quota(work, held, team_held, quotas, teams) -> str:
 
 def _fits_after(cluster: ClusterState, request, leaving: list[Work], strategy) -> bool:
     """Would the request fit once the given running work has left? (on a scratch copy)"""
-    scratch = _scratch(cluster, {w.node for w in leaving})
+    scratch = cluster.copy()
     for w in leaving:
         scratch.give(w.node, w.cards, w.request.gpu_milli, w.request.cpu, w.request.memory_mb)
     return choose(scratch, request, "firstfit") is not None
-
-
-def _scratch(cluster: ClusterState, nodes) -> ClusterState:
-    copy = object.__new__(ClusterState)
-    copy.__dict__.update(cluster.__dict__)
-    for name in ("cpu_free", "mem_free", "free", "card_mem_free"):
-        setattr(copy, name, getattr(cluster, name).copy())
-    return copy
 
 
 def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, discipline, strategy):
@@ -284,7 +276,7 @@ def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, 
             continue
         for victim in allowed:
             if scratch is None:
-                scratch = _scratch(cluster, {node})
+                scratch = cluster.copy()
             scratch.give(node, victim.cards, victim.request.gpu_milli, victim.request.cpu, victim.request.memory_mb)
             chosen.append(victim)
             if _fits_on(scratch, waiter.request, node):
@@ -296,7 +288,7 @@ def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, 
 
 
 def _fits_on(cluster: ClusterState, request, node: int) -> bool:
-    only_here = _scratch(cluster, set())
+    only_here = cluster.copy()
     mask = np.zeros(len(cluster.node_ids), dtype=bool)
     mask[node] = True
     only_here.cpu_free = np.where(mask, cluster.cpu_free, -1)

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.policy.cluster import ANY_MODEL, WHOLE_CARD, ClusterState
+from scheduler.policy.cluster import WHOLE_CARD, ClusterState
 
 STRATEGIES = ("fgd", "bestfit", "firstfit", "random")
+DEDUPE_ABOVE = 64  # candidate sets larger than this are scored once per distinct state
 
 
 @dataclass
@@ -55,8 +56,7 @@ class Choice:
     cards: list[int]
 
 
-def _eligible(cluster: ClusterState, request: Request) -> tuple[np.ndarray, np.ndarray]:
-    """(node mask, card mask) of what could host the request on its own terms."""
+def _eligible_nodes(cluster: ClusterState, request: Request) -> np.ndarray:
     nodes = (cluster.cpu_free >= request.cpu) & (cluster.mem_free >= request.memory_mb)
     if request.pinned_node is not None:
         pinned = np.zeros_like(nodes)
@@ -64,13 +64,23 @@ def _eligible(cluster: ClusterState, request: Request) -> tuple[np.ndarray, np.n
         if index is not None:
             pinned[index] = True
         nodes &= pinned
-    cards = cluster.exists & nodes[:, None]
-    model = cluster.model_code(request.gpu_model) if request.gpu_model is not None else ANY_MODEL
-    if model != ANY_MODEL:
-        cards &= cluster.model == model
-    need_memory = cluster.card_mem_total * request.gpu_milli // WHOLE_CARD
-    cards &= (cluster.free >= request.gpu_milli) & (cluster.card_mem_free >= need_memory)
-    return nodes, cards
+    return nodes
+
+
+def _eligible_cards(cluster: ClusterState, request: Request, rows=slice(None)) -> np.ndarray:
+    """Cards (of the given node rows) that could take the request's share, ignoring host CPU/memory."""
+    cards = cluster.exists[rows].copy()
+    if request.gpu_model is not None:
+        cards &= cluster.model[rows] == cluster.model_code(request.gpu_model)
+    need_memory = cluster.card_mem_total[rows] * request.gpu_milli // WHOLE_CARD
+    cards &= (cluster.free[rows] >= request.gpu_milli) & (cluster.card_mem_free[rows] >= need_memory)
+    return cards
+
+
+def _eligible(cluster: ClusterState, request: Request) -> tuple[np.ndarray, np.ndarray]:
+    """(node mask, card mask) of what could host the request on its own terms."""
+    nodes = _eligible_nodes(cluster, request)
+    return nodes, _eligible_cards(cluster, request) & nodes[:, None]
 
 
 def _fraction_choice(node: int, card: int) -> Choice:
@@ -90,6 +100,8 @@ def choose(
     rng: np.random.Generator | None = None,
 ) -> Choice | None:
     """The node and cards for one request under ``strategy``, or None if nothing fits now."""
+    if strategy == "fgd" and mix:
+        return _fgd_choose(cluster, request, _eligible_nodes(cluster, request), mix)
     nodes, cards = _eligible(cluster, request)
     fraction = 0 < request.gpu_milli < WHOLE_CARD
     if fraction:
@@ -101,12 +113,7 @@ def choose(
         if strategy == "random":
             pick = (rng or np.random.default_rng()).integers(rows.size)
             return _fraction_choice(rows[pick], cols[pick])
-        leftover = cluster.free[rows, cols] - request.gpu_milli
-        if strategy == "fgd" and mix:
-            delta = _fgd_delta_fraction(cluster, request, rows, cols, mix)
-            best = np.lexsort((leftover, delta))[0]
-        else:
-            best = int(np.argmin(leftover))
+        best = int(np.argmin(cluster.free[rows, cols] - request.gpu_milli))
         return _fraction_choice(rows[best], cols[best])
 
     count_per_node = cards.sum(axis=1)
@@ -118,13 +125,71 @@ def choose(
     if strategy == "random":
         node = candidates[(rng or np.random.default_rng()).integers(candidates.size)]
         return _whole_choice(cards, node, request.gpu_count)
-    spare = count_per_node[candidates] - request.gpu_count
-    if strategy == "fgd" and mix:
-        delta = _fgd_delta_whole(cluster, request, candidates, mix)
-        best = np.lexsort((spare, delta))[0]
-    else:
-        best = int(np.argmin(spare))
+    best = int(np.argmin(count_per_node[candidates] - request.gpu_count))
     return _whole_choice(cards, candidates[best], request.gpu_count)
+
+
+@dataclass
+class _Scores:
+    """Best FGD score per node for one request shape, valid while the node's version is unchanged."""
+
+    mix: list
+    versions: np.ndarray
+    delta: np.ndarray  # +inf where the node cannot host the request
+    tiebreak: np.ndarray  # best fit: share (or whole cards) left over
+    card: np.ndarray  # best card for a fraction
+
+
+def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarray, mix) -> Choice | None:
+    """FGD over every node, rescoring only nodes whose capacity changed since this shape was last scored."""
+    shape = (request.gpu_model, request.gpu_count, request.gpu_milli, request.cpu, request.memory_mb)
+    scores = cluster.score_cache.get(shape)
+    count = len(cluster.node_ids)
+    if scores is None or scores.mix is not mix:
+        scores = _Scores(mix, np.full(count, -1), np.full(count, np.inf), np.zeros(count), np.zeros(count, np.int64))
+        cluster.score_cache[shape] = scores
+    stale = np.flatnonzero(scores.versions != cluster.version)
+    if stale.size:
+        _rescore(cluster, request, mix, stale, scores)
+        scores.versions[stale] = cluster.version[stale]
+    candidates = np.flatnonzero(allowed_nodes & np.isfinite(scores.delta))
+    if candidates.size == 0:
+        return None
+    node = candidates[np.lexsort((candidates, scores.tiebreak[candidates], scores.delta[candidates]))[0]]
+    if 0 < request.gpu_milli < WHOLE_CARD:
+        return _fraction_choice(node, scores.card[node])
+    cards = _eligible_cards(cluster, request, [node])[0]
+    return Choice(int(node), [int(c) for c in np.flatnonzero(cards)[: request.gpu_count]])
+
+
+def _rescore(cluster: ClusterState, request: Request, mix, stale: np.ndarray, scores: _Scores) -> None:
+    """Recompute the best score of each stale node (pinning is applied by the caller, not cached)."""
+    scores.delta[stale] = np.inf
+    hosts = stale[(cluster.cpu_free[stale] >= request.cpu) & (cluster.mem_free[stale] >= request.memory_mb)]
+    if hosts.size == 0:
+        return
+    cards = _eligible_cards(cluster, request, hosts)
+    if 0 < request.gpu_milli < WHOLE_CARD:
+        local_rows, cols = np.nonzero(cards)
+        if local_rows.size == 0:
+            return
+        rows = hosts[local_rows]
+        delta = _fgd_delta_fraction(cluster, request, rows, cols, mix)
+        leftover = cluster.free[rows, cols] - request.gpu_milli
+        order = np.lexsort((cols, leftover, delta, rows))
+        rows, cols, delta, leftover = rows[order], cols[order], delta[order], leftover[order]
+        first = np.unique(rows, return_index=True)[1]
+        best_rows = rows[first]
+        scores.delta[best_rows] = delta[first]
+        scores.tiebreak[best_rows] = leftover[first]
+        scores.card[best_rows] = cols[first]
+        return
+    whole = cards.sum(axis=1)
+    fit = whole >= request.gpu_count
+    if not fit.any():
+        return
+    scores.delta[hosts[fit]] = _fgd_delta_whole(cluster, request, hosts[fit], mix)
+    scores.tiebreak[hosts[fit]] = whole[fit] - request.gpu_count
 
 
 def _mix_arrays(mix: list[TaskType]):
@@ -155,39 +220,49 @@ def _fragmentation(total, fragsum, whole, largest, cpu, mem, mix_arrays) -> np.n
 
 
 def _fgd_delta_fraction(cluster, request, rows, cols, mix) -> np.ndarray:
-    """Growth in expected fragmentation for placing a fraction on each candidate (row, col) card."""
+    """Growth in expected fragmentation for placing a fraction on each candidate (row, col) card.
+
+    Candidates whose node state and card are alike score alike, so each distinct
+    (sorted free shares, free CPU, free memory, chosen card's share) is scored once.
+    """
     arrays = _mix_arrays(mix)
-    relevant = cluster.exists.copy()
+    relevant = cluster.exists[rows]
     if request.gpu_model is not None:
-        relevant &= cluster.model == cluster.model_code(request.gpu_model)
-    nodes = np.unique(rows)
-    sub = relevant[nodes]
-    free, total, whole, fragsum = _node_stats_sub(cluster.free[nodes], sub, arrays)
-    position = np.searchsorted(nodes, rows)
+        relevant &= cluster.model[rows] == cluster.model_code(request.gpu_model)
+    inverse = np.arange(rows.size)
+    if rows.size > DEDUPE_ABOVE:
+        frees = np.sort(np.where(relevant, cluster.free[rows], -1), axis=1)
+        keys = np.column_stack([frees, cluster.cpu_free[rows], cluster.mem_free[rows], cluster.free[rows, cols]])
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        rows, cols, relevant = rows[first], cols[first], relevant[first]
+    free, total, whole, fragsum = _node_stats_sub(cluster.free[rows], relevant, arrays)
     ordered = np.sort(free, axis=1)
-    largest, second = ordered[:, -1], (ordered[:, -2] if free.shape[1] > 1 else np.zeros(len(nodes), np.int64))
-    before = _fragmentation(total, fragsum, whole, largest, cluster.cpu_free[nodes], cluster.mem_free[nodes], arrays)[
-        position
-    ]
+    largest = ordered[:, -1]
+    second = ordered[:, -2] if free.shape[1] > 1 else np.zeros(len(rows), np.int64)
+    cpu, mem = cluster.cpu_free[rows], cluster.mem_free[rows]
+    before = _fragmentation(total, fragsum, whole, largest, cpu, mem, arrays)
     f = cluster.free[rows, cols]
     after_f = f - request.gpu_milli
     milli = arrays[1]
     fragsum_after = (
-        fragsum[position]
-        - (f[:, None] * (f[:, None] < milli[None, :]))
-        + (after_f[:, None] * (after_f[:, None] < milli[None, :]))
+        fragsum - f[:, None] * (f[:, None] < milli[None, :]) + after_f[:, None] * (after_f[:, None] < milli[None, :])
     )
-    largest_other = np.where(f == largest[position], second[position], largest[position])
+    largest_other = np.where(f == largest, second, largest)
     after = _fragmentation(
-        total[position] - request.gpu_milli,
+        total - request.gpu_milli,
         fragsum_after,
-        whole[position] - (f == WHOLE_CARD),
+        whole - (f == WHOLE_CARD),
         np.maximum(largest_other, after_f),
-        cluster.cpu_free[rows] - request.cpu,
-        cluster.mem_free[rows] - request.memory_mb,
+        cpu - request.cpu,
+        mem - request.memory_mb,
         arrays,
     )
-    return after - before
+    return _exact(after - before)[inverse.ravel()]
+
+
+def _exact(delta: np.ndarray) -> np.ndarray:
+    """Round away float noise: equal states must score exactly equal so the best-fit tie-break decides."""
+    return np.round(delta, 6)
 
 
 def _node_stats_sub(free_rows, relevant_rows, arrays):
@@ -200,11 +275,17 @@ def _node_stats_sub(free_rows, relevant_rows, arrays):
 
 
 def _fgd_delta_whole(cluster, request, nodes, mix) -> np.ndarray:
-    """Growth in expected fragmentation for placing whole cards on each candidate node."""
+    """Growth in expected fragmentation for placing whole cards on each candidate node (alike nodes scored once)."""
     arrays = _mix_arrays(mix)
     relevant = cluster.exists[nodes]
     if request.gpu_model is not None:
         relevant &= cluster.model[nodes] == cluster.model_code(request.gpu_model)
+    inverse = np.arange(nodes.size)
+    if nodes.size > DEDUPE_ABOVE:
+        frees = np.sort(np.where(relevant, cluster.free[nodes], -1), axis=1)
+        keys = np.column_stack([frees, cluster.cpu_free[nodes], cluster.mem_free[nodes]])
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        nodes, relevant = nodes[first], relevant[first]
     free, total, whole, fragsum = _node_stats_sub(cluster.free[nodes], relevant, arrays)
     partial_largest = np.where(free < WHOLE_CARD, free, 0).max(axis=1)
     largest = np.where(whole > 0, WHOLE_CARD, partial_largest)
@@ -220,4 +301,4 @@ def _fgd_delta_whole(cluster, request, nodes, mix) -> np.ndarray:
         mem - request.memory_mb,
         arrays,
     )
-    return after - before
+    return _exact(after - before)[inverse.ravel()]
