@@ -64,9 +64,9 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-            ],
+            ]
         },
-    },
+    }
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
@@ -77,9 +77,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
-]
+AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console-instances"
 LOGOUT_REDIRECT_URL = "login"
@@ -97,12 +95,7 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
-    }
-}
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -178,8 +171,7 @@ JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
 # What an interactive instance runs when its image has no service of its own:
 # a shell that exits cleanly on SIGTERM so a stop is quick and graceful.
 INSTANCE_IDLE_COMMAND = env.list(
-    "INSTANCE_IDLE_COMMAND",
-    default=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+    "INSTANCE_IDLE_COMMAND", default=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
 )
 
 LOGGING = {

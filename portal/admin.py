@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from portal.models import GpuType, Image, Instance
+from portal.models import GpuType, Image, Instance, Job
 
 
 @admin.register(GpuType)
@@ -20,4 +20,10 @@ class ImageAdmin(admin.ModelAdmin):
 class InstanceAdmin(admin.ModelAdmin):
     list_display = ["name", "owner", "gpu_type", "gpus", "billing_mode", "status", "created_at"]
     list_filter = ["billing_mode", "gpu_type"]
+    raw_id_fields = ["workload"]
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["name", "owner", "gpu_type", "gpus", "created_at"]
     raw_id_fields = ["workload"]

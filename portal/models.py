@@ -28,7 +28,7 @@ class GpuType(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(spot_price_per_hour__lte=models.F("price_per_hour")), name="spot_not_dearer"
-            ),
+            )
         ]
 
     def __str__(self):
@@ -56,7 +56,7 @@ class Image(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=~Q(visibility="private") | Q(owner__isnull=False), name="private_image_has_owner"
-            ),
+            )
         ]
 
     def __str__(self):
@@ -92,3 +92,24 @@ class Instance(models.Model):
     @property
     def status(self) -> str:
         return self.workload.status
+
+
+class Job(models.Model):
+    """A batch job: image + command + resources; runs to completion, may be preempted and resumed."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=64)
+    image = models.ForeignKey(Image, on_delete=models.PROTECT)
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT)
+    gpus = models.DecimalField(max_digits=4, decimal_places=1)
+    command = models.TextField(help_text="Run with sh -c in the image.")
+    cpu_cores = models.PositiveIntegerField()
+    memory_gb = models.PositiveIntegerField()
+    workload = models.OneToOneField(Workload, on_delete=models.PROTECT, related_name="job")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return self.name

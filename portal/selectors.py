@@ -2,7 +2,7 @@
 
 from django.db.models import Q
 
-from portal.models import GpuType, Image, Instance
+from portal.models import GpuType, Image, Instance, Job
 from scheduler.errors import NotFound
 from scheduler.models import WorkloadStatus
 from scheduler.selectors import gpu_models_summary
@@ -39,3 +39,19 @@ def instance_get(*, user, instance_id: int) -> Instance:
     if instance is None:
         raise NotFound("no such instance")
     return instance
+
+
+def job_list(*, user, include_released: bool = False):
+    qs = Job.objects.select_related("workload", "workload__node", "image", "gpu_type")
+    if not user.is_staff:
+        qs = qs.filter(owner=user)
+    if not include_released:
+        qs = qs.exclude(workload__status=WorkloadStatus.RELEASED)
+    return qs
+
+
+def job_get(*, user, job_id: int) -> Job:
+    job = job_list(user=user, include_released=True).filter(pk=job_id).first()
+    if job is None:
+        raise NotFound("no such job")
+    return job

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from portal.models import BillingMode, GpuType, Instance
+from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
 from scheduler import services as scheduler
 from scheduler.errors import InvalidInput
@@ -30,6 +30,24 @@ def check_gpus(gpus: Decimal) -> tuple[int, int]:
     return int(gpus), 1000
 
 
+def _catalog(*, owner, image_id: int, gpu_type_id: int):
+    image = image_list(user=owner).filter(pk=image_id).first()
+    if image is None:
+        raise InvalidInput("unknown image", field="image")
+    gpu_type = GpuType.objects.filter(pk=gpu_type_id, active=True).first()
+    if gpu_type is None:
+        raise InvalidInput("unknown GPU type", field="gpu_type")
+    return image, gpu_type
+
+
+def _submit(**fields):
+    """Queue the workload, naming refused fields the way users know them."""
+    try:
+        return scheduler.workload_submit(**fields)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc
+
+
 def instance_create(
     *,
     owner,
@@ -43,29 +61,21 @@ def instance_create(
     billing_mode: str = BillingMode.ON_DEMAND,
 ) -> Instance:
     gpu_count, gpu_milli = check_gpus(gpus)
-    image = image_list(user=owner).filter(pk=image_id).first()
-    if image is None:
-        raise InvalidInput("unknown image", field="image")
-    gpu_type = GpuType.objects.filter(pk=gpu_type_id, active=True).first()
-    if gpu_type is None:
-        raise InvalidInput("unknown GPU type", field="gpu_type")
+    image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
     with transaction.atomic():
-        try:
-            workload = scheduler.workload_submit(
-                owner=owner,
-                kind=WorkloadKind.INSTANCE,
-                name=name,
-                image_ref=image.docker_ref,
-                gpu_model=gpu_type.name,
-                gpu_count=gpu_count,
-                gpu_milli=gpu_milli,
-                cpu_cores=cpu_cores,
-                memory_mb=memory_gb * 1024,
-                disk_gb=disk_gb,
-                preemptible=billing_mode == BillingMode.SPOT,
-            )
-        except InvalidInput as exc:
-            raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc
+        workload = _submit(
+            owner=owner,
+            kind=WorkloadKind.INSTANCE,
+            name=name,
+            image_ref=image.docker_ref,
+            gpu_model=gpu_type.name,
+            gpu_count=gpu_count,
+            gpu_milli=gpu_milli,
+            cpu_cores=cpu_cores,
+            memory_mb=memory_gb * 1024,
+            disk_gb=disk_gb,
+            spot=billing_mode == BillingMode.SPOT,
+        )
         return Instance.objects.create(
             owner=owner,
             name=name,
@@ -93,3 +103,61 @@ def instance_act(*, instance: Instance, action: str) -> Instance:
     with transaction.atomic():
         ACTIONS[action](instance.workload)
     return instance
+
+
+def job_create(
+    *,
+    owner,
+    name: str,
+    image_id: int,
+    gpu_type_id: int,
+    gpus: Decimal,
+    command: str,
+    cpu_cores: int,
+    memory_gb: int,
+    priority: int = 1,
+    max_runtime_s: int | None = None,
+    checkpoint_gb: int = 50,
+) -> Job:
+    """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume."""
+    gpu_count, gpu_milli = check_gpus(gpus)
+    if not command.strip():
+        raise InvalidInput("a job needs a command", field="command")
+    image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
+    with transaction.atomic():
+        workload = _submit(
+            owner=owner,
+            kind=WorkloadKind.JOB,
+            name=name,
+            image_ref=image.docker_ref,
+            gpu_model=gpu_type.name,
+            gpu_count=gpu_count,
+            gpu_milli=gpu_milli,
+            cpu_cores=cpu_cores,
+            memory_mb=memory_gb * 1024,
+            disk_gb=checkpoint_gb,
+            preemptible=True,
+            priority=priority,
+            max_runtime_s=max_runtime_s,
+            command=["sh", "-c", command],
+        )
+        return Job.objects.create(
+            owner=owner,
+            name=name,
+            image=image,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            command=command,
+            cpu_cores=cpu_cores,
+            memory_gb=memory_gb,
+            workload=workload,
+        )
+
+
+JOB_ACTIONS = {"cancel": scheduler.workload_stop, "release": scheduler.workload_release}
+
+
+def job_act(*, job: Job, action: str) -> Job:
+    with transaction.atomic():
+        JOB_ACTIONS[action](job.workload)
+    return job

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent
+from scheduler.models import Allocation, Gpu, Node, Quota, Workload, WorkloadEvent
 
 
 class GpuInline(admin.TabularInline):
@@ -50,3 +50,8 @@ class AllocationAdmin(admin.ModelAdmin):
 class WorkloadEventAdmin(admin.ModelAdmin):
     list_display = ["workload", "from_status", "to_status", "reason", "created_at"]
     list_filter = ["to_status"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "user", "team", "max_cards"]

@@ -57,8 +57,7 @@ def allocations_free(workload_id: int) -> None:
     list(Gpu.objects.select_for_update().filter(id__in=[a.gpu_id for a in allocations]).order_by("id"))
     for a in allocations:
         Gpu.objects.filter(id=a.gpu_id).update(
-            allocated_milli=F("allocated_milli") - a.milli,
-            allocated_memory_mb=F("allocated_memory_mb") - a.memory_mb,
+            allocated_milli=F("allocated_milli") - a.milli, allocated_memory_mb=F("allocated_memory_mb") - a.memory_mb
         )
     Node.objects.filter(pk=workload.node_id).update(
         allocated_cpu=F("allocated_cpu") - workload.cpu_cores,

@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from portal.models import GpuType, Image, Instance
+from portal.models import GpuType, Image, Instance, Job
 
 
 class GpuTypeOutput(serializers.ModelSerializer):
@@ -37,7 +37,15 @@ class ImageOutput(serializers.ModelSerializer):
         ]
 
 
-class InstanceOutput(serializers.ModelSerializer):
+class QueueFields(serializers.Serializer):
+    """Where queued work stands: its MLFQ level, its place in that queue, and why it waits."""
+
+    queue_level = serializers.IntegerField(source="workload.queue_level")
+    queue_position = serializers.IntegerField(source="workload.queue_position")
+    preemptions = serializers.IntegerField(source="workload.preemptions")
+
+
+class InstanceOutput(QueueFields, serializers.ModelSerializer):
     status = serializers.CharField(source="workload.status")
     status_reason = serializers.CharField(source="workload.status_reason")
     node = serializers.CharField(source="workload.node.name", default=None)
@@ -68,4 +76,49 @@ class InstanceOutput(serializers.ModelSerializer):
             "exit_code",
             "created_at",
             "started_at",
+            "queue_level",
+            "queue_position",
+            "preemptions",
+        ]
+
+
+class JobOutput(QueueFields, serializers.ModelSerializer):
+    status = serializers.CharField(source="workload.status")
+    status_reason = serializers.CharField(source="workload.status_reason")
+    priority = serializers.CharField(source="workload.get_priority_display")
+    max_runtime_s = serializers.IntegerField(source="workload.max_runtime_s")
+    node = serializers.CharField(source="workload.node.name", default=None)
+    simulated_gpu = serializers.BooleanField(source="workload.node.simulated", default=None)
+    exit_code = serializers.IntegerField(source="workload.exit_code")
+    started_at = serializers.DateTimeField(source="workload.started_at")
+    finished_at = serializers.DateTimeField(source="workload.finished_at")
+    log_tail = serializers.CharField(source="workload.log_tail")
+    image = serializers.CharField(source="image.name")
+    gpu_type = serializers.CharField(source="gpu_type.name")
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "status",
+            "status_reason",
+            "command",
+            "image",
+            "gpu_type",
+            "gpus",
+            "cpu_cores",
+            "memory_gb",
+            "priority",
+            "max_runtime_s",
+            "node",
+            "simulated_gpu",
+            "exit_code",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "queue_level",
+            "queue_position",
+            "preemptions",
+            "log_tail",
         ]

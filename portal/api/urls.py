@@ -3,7 +3,7 @@
 from django.urls import path
 
 from portal.api import views
-from portal.services import ACTIONS
+from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
     path("gpu-types/", views.GpuTypeListApi.as_view(), name="api-gpu-types"),
@@ -11,6 +11,8 @@ urlpatterns = [
     path("instances/", views.InstanceListApi.as_view(), name="api-instances"),
     path("instances/<int:instance_id>/", views.InstanceDetailApi.as_view(), name="api-instance"),
     path("nodes/", views.NodeListApi.as_view(), name="api-nodes"),
+    path("jobs/", views.JobListApi.as_view(), name="api-jobs"),
+    path("jobs/<int:job_id>/", views.JobDetailApi.as_view(), name="api-job"),
 ] + [
     path(
         f"instances/<int:instance_id>/{action}/",
@@ -18,4 +20,8 @@ urlpatterns = [
         name=f"api-instance-{action}",
     )
     for action in ACTIONS
+]
+urlpatterns += [
+    path(f"jobs/<int:job_id>/{action}/", views.JobActionApi.as_view(action_name=action), name=f"api-job-{action}")
+    for action in JOB_ACTIONS
 ]

@@ -8,9 +8,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal import selectors, services
-from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput
+from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput, JobOutput
 from portal.models import BillingMode
-from scheduler.models import Gpu, Node
+from scheduler.models import Gpu, Node, Priority
 
 
 class GpuTypeListApi(APIView):
@@ -101,3 +101,48 @@ class NodeListApi(APIView):
     def get(self, request):
         nodes = Node.objects.prefetch_related(Prefetch("gpus", Gpu.objects.order_by("index")))
         return Response(self.OutputSerializer(nodes, many=True).data)
+
+
+class JobListApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=64, default="job")
+        image = serializers.IntegerField()
+        gpu_type = serializers.IntegerField()
+        gpus = serializers.DecimalField(max_digits=4, decimal_places=2)
+        command = serializers.CharField(max_length=10_000)
+        cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
+        memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
+        priority = serializers.ChoiceField(choices=["high", "normal", "low"], default="normal")
+        max_runtime_s = serializers.IntegerField(min_value=60, required=False, allow_null=True, default=None)
+
+    @extend_schema(responses=JobOutput(many=True))
+    def get(self, request):
+        return Response(JobOutput(selectors.job_list(user=request.user), many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={201: JobOutput})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        fields["image_id"], fields["gpu_type_id"] = fields.pop("image"), fields.pop("gpu_type")
+        fields["priority"] = Priority[fields["priority"].upper()].value
+        job = services.job_create(owner=request.user, **fields)
+        return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
+
+
+class JobDetailApi(APIView):
+    @extend_schema(responses=JobOutput)
+    def get(self, request, job_id: int):
+        return Response(JobOutput(selectors.job_get(user=request.user, job_id=job_id)).data)
+
+
+class JobActionApi(APIView):
+    """POST /jobs/<id>/<action>/ for cancel and release."""
+
+    action_name = ""
+
+    @extend_schema(request=None, responses={202: JobOutput})
+    def post(self, request, job_id: int):
+        job = selectors.job_get(user=request.user, job_id=job_id)
+        services.job_act(job=job, action=self.action_name)
+        return Response(JobOutput(selectors.job_get(user=request.user, job_id=job_id)).data, status=202)

@@ -195,6 +195,8 @@ def decide(
         if not work.stopping and work.node is not None:
             victims_by_node[work.node].append(work)
     head_blocked = False
+    no_victims: set[tuple] = set()  # (shape, level, preemptible) that found no one to evict this tick
+    fits_after: dict[tuple, bool] = {}  # shape -> fits once the work being evicted has left
 
     def wait(work: Work, level: int, why: str) -> None:
         positions[level] += 1
@@ -221,12 +223,20 @@ def decide(
             continue
         blocked.setdefault(shape, _no_room(work))
         reason = blocked[shape]
-        if freeing and _fits_after(cluster, r, freeing, strategy):
+        search = (shape, level, work.preemptible)
+        if freeing and shape not in fits_after:
+            fits_after[shape] = _fits_after(cluster, r, freeing)
+        if freeing and fits_after[shape]:
             reason = "waiting for preempted work to stop"
+        elif search in no_victims:
+            pass
         else:
-            victims = _choose_victims(cluster, work, level, victims_by_node, run_levels, discipline, strategy)
+            victims = _choose_victims(cluster, work, level, victims_by_node, run_levels, discipline)
+            if not victims:
+                no_victims.add(search)
             if victims:
                 node = victims[0].node
+                fits_after.clear()
                 for victim in victims:
                     victim.stopping = True
                     victims_by_node[node].remove(victim)
@@ -252,44 +262,71 @@ def _over_quota(work, held, team_held, quotas, teams) -> str:
     return ""
 
 
-def _fits_after(cluster: ClusterState, request, leaving: list[Work], strategy) -> bool:
-    """Would the request fit once the given running work has left? (on a scratch copy)"""
-    scratch = cluster.copy()
-    for w in leaving:
-        scratch.give(w.node, w.cards, w.request.gpu_milli, w.request.cpu, w.request.memory_mb)
-    return choose(scratch, request, "firstfit") is not None
+def _row_fits(cluster: ClusterState, node: int, free, card_mem, cpu: int, mem: int, request) -> bool:
+    """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, cpu, mem)?"""
+    if cpu < request.cpu or mem < request.memory_mb:
+        return False
+    cards = cluster.exists[node] & (free >= request.gpu_milli)
+    cards &= card_mem >= cluster.card_mem_total[node] * request.gpu_milli // WHOLE_CARD
+    if request.gpu_model is not None:
+        cards &= cluster.model[node] == cluster.model_code(request.gpu_model)
+    return int(cards.sum()) >= max(request.gpu_count, 1 if request.gpu_milli else 0)
 
 
-def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, discipline, strategy):
+class _NodeRow:
+    """One node's free capacity, to try evictions on without copying the cluster."""
+
+    def __init__(self, cluster: ClusterState, node: int):
+        self.cluster, self.node = cluster, node
+        self.free = cluster.free[node].copy()
+        self.card_mem = cluster.card_mem_free[node].copy()
+        self.cpu = int(cluster.cpu_free[node])
+        self.mem = int(cluster.mem_free[node])
+
+    def give(self, work: Work) -> None:
+        r = work.request
+        for card in work.cards:
+            self.free[card] += r.gpu_milli
+            self.card_mem[card] += self.cluster.memory_for(self.node, card, r.gpu_milli)
+        self.cpu += r.cpu
+        self.mem += r.memory_mb
+
+    def fits(self, request) -> bool:
+        return _row_fits(self.cluster, self.node, self.free, self.card_mem, self.cpu, self.mem, request)
+
+
+def _fits_after(cluster: ClusterState, request, leaving: list[Work]) -> bool:
+    """Would the request fit on some node once the given running work has left it?"""
+    by_node: dict[int, _NodeRow] = {}
+    for work in leaving:
+        by_node.setdefault(work.node, _NodeRow(cluster, work.node)).give(work)
+    pinned = cluster.node_index.get(request.pinned_node) if request.pinned_node is not None else None
+    return any(row.fits(request) for node, row in by_node.items() if pinned is None or node == pinned)
+
+
+def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, discipline):
     """The fewest, lowest-priority running works on one node whose eviction lets ``waiter`` fit."""
     best = None
+    pinned = waiter.request.pinned_node
+    pinned_row = cluster.node_index.get(pinned) if pinned is not None else None
     for node, candidates in victims_by_node.items():
+        if pinned is not None and node != pinned_row:
+            continue
         allowed = [v for v in candidates if discipline.may_preempt(waiter, waiter_level, v, run_levels[v.id])]
         if not allowed:
             continue
         # Lowest priority first: deepest queue, lowest user priority, least work lost (latest start).
         allowed.sort(key=lambda v: (-run_levels[v.id], -v.priority, -v.started))
-        scratch = None
+        row = _NodeRow(cluster, node)
         chosen = []
-        pinned = waiter.request.pinned_node
-        if pinned is not None and cluster.node_index.get(pinned) != node:
-            continue
         for victim in allowed:
-            if scratch is None:
-                scratch = cluster.copy()
-            scratch.give(node, victim.cards, victim.request.gpu_milli, victim.request.cpu, victim.request.memory_mb)
+            row.give(victim)
             chosen.append(victim)
-            if _fits_on(scratch, waiter.request, node):
+            if best is not None and len(chosen) > len(best[1]):
+                break
+            if row.fits(waiter.request):
                 cost = (len(chosen), -sum(run_levels[v.id] for v in chosen))
                 if best is None or cost < best[0]:
-                    best = (cost, chosen)
+                    best = (cost, list(chosen))
                 break
     return best[1] if best else []
-
-
-def _fits_on(cluster: ClusterState, request, node: int) -> bool:
-    only_here = cluster.copy()
-    mask = np.zeros(len(cluster.node_ids), dtype=bool)
-    mask[node] = True
-    only_here.cpu_free = np.where(mask, cluster.cpu_free, -1)
-    return choose(only_here, request, "firstfit") is not None
