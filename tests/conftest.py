@@ -113,9 +113,12 @@ def node_worker(transactional_db, sim_node, base_image):
     task_postrun.disconnect(close_connection)
 
 
-def wait_for(predicate, *, timeout: float = 30, what: str = "condition"):
+def wait_for(predicate, *, timeout: float = 30, what: str = "condition", poke=None):
+    """Poll ``predicate`` until it is true; ``poke`` runs between polls (e.g. the node's reconcile step)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if poke is not None:
+            poke()
         value = predicate()
         if value:
             return value
@@ -123,13 +126,13 @@ def wait_for(predicate, *, timeout: float = 30, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def wait_status(workload, status: str, timeout: float = 30):
+def wait_status(workload, status: str, timeout: float = 30, poke=None):
     def reached():
         workload.refresh_from_db()
         return workload.status == status
 
     try:
-        wait_for(reached, timeout=timeout, what=f"status {status}")
+        wait_for(reached, timeout=timeout, what=f"status {status}", poke=poke)
     except AssertionError:
         raise AssertionError(f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}") from None
     return workload
