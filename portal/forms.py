@@ -31,3 +31,26 @@ class InstanceCreateForm(forms.Form):
             for t in gpu_types
         ]
         self.fields["image"].choices = [(i.pk, f"{i.name} (CUDA {i.cuda_version})") for i in images]
+
+
+class JobCreateForm(forms.Form):
+    name = forms.CharField(max_length=64, initial="train")
+    gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
+    image = forms.TypedChoiceField(coerce=int)
+    gpus = forms.DecimalField(
+        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=Decimal("0.1")
+    )
+    command = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4}), initial="python train.py --ckpt $GPUCLOUD_CHECKPOINT_DIR"
+    )
+    cpu_cores = forms.IntegerField(label="CPU cores", min_value=1, max_value=256, initial=4)
+    memory_gb = forms.IntegerField(label="Memory (GB)", min_value=1, max_value=4096, initial=16)
+    priority = forms.TypedChoiceField(coerce=int, choices=[(0, "High"), (1, "Normal"), (2, "Low")], initial=1)
+    max_runtime_s = forms.IntegerField(label="Max runtime (s)", min_value=60, required=False)
+
+    def __init__(self, *args, gpu_types, images, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_type"].choices = (
+            InstanceCreateForm(gpu_types=gpu_types, images=images).fields["gpu_type"].choices
+        )
+        self.fields["image"].choices = [(i.pk, f"{i.name} (CUDA {i.cuda_version})") for i in images]

@@ -8,4 +8,8 @@ urlpatterns = [
     path("", views.instance_list, name="console-instances"),
     path("instances/new/", views.instance_create, name="console-instance-create"),
     path("instances/<int:instance_id>/<str:action>/", views.instance_action, name="console-instance-action"),
+    path("jobs/", views.job_list, name="console-jobs"),
+    path("jobs/new/", views.job_create, name="console-job-create"),
+    path("jobs/<int:job_id>/", views.job_detail, name="console-job"),
+    path("jobs/<int:job_id>/<str:action>/", views.job_action, name="console-job-action"),
 ]

@@ -75,3 +75,39 @@ def test_stopping_a_queued_instance_from_the_console(browser, catalog, sim_node)
     browser.post(f"/instances/{instance.pk}/stop/")
     instance.workload.refresh_from_db()
     assert instance.workload.status == "stopped"
+
+
+def job_form(catalog, **overrides):
+    data = {
+        "name": "resnet",
+        "gpu_type": catalog["rtx3090"].pk,
+        "image": catalog["image"].pk,
+        "gpus": "1",
+        "command": "python train.py",
+        "cpu_cores": 2,
+        "memory_gb": 4,
+        "priority": 0,
+    }
+    return {**data, **overrides}
+
+
+def test_submitting_a_job_from_the_console_shows_it_queued_with_its_reason(browser, catalog, sim_node):
+    response = browser.post("/jobs/new/", job_form(catalog))
+    assert response.status_code == 302
+    page = browser.get(response.url).content.decode()
+    assert "resnet" in page and "Queued" in page and "python train.py" in page
+    assert "resnet" in browser.get("/jobs/").content.decode()
+
+
+def test_a_bad_job_form_shows_the_error_at_the_field(browser, catalog, sim_node):
+    page = browser.post("/jobs/new/", job_form(catalog, gpus="4")).content.decode()
+    assert 'data-field="gpus"' in page and "at most 2 on one node" in page
+    assert not Workload.objects.exists()
+
+
+def test_an_outsider_cannot_see_someone_elses_job(browser, client, catalog, sim_node, outsider):
+    browser.post("/jobs/new/", job_form(catalog))
+    job_id = Workload.objects.get().job.pk
+    client.force_login(outsider)
+    response = client.get(f"/jobs/{job_id}/", follow=True)
+    assert "no such job" in response.content.decode() and "python train.py" not in response.content.decode()
