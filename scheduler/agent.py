@@ -18,8 +18,9 @@ from django.utils import timezone
 from scheduler import launcher
 from scheduler.gpus import discover
 from scheduler.lifecycle import workload_transition
-from scheduler.models import Allocation, Node, Workload, WorkloadKind, WorkloadStatus
+from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadKind, WorkloadStatus
 from scheduler.nodes import node_heartbeat, node_register
+from scheduler.telemetry import nvml_samples, utilization_record
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
@@ -210,12 +211,30 @@ def agent_register(node_name: str) -> Node:
     )
 
 
-def heartbeat_forever(node_name: str, stop: threading.Event) -> None:
-    """Heartbeat every NODE_HEARTBEAT_S until ``stop`` is set (runs in a thread of the agent)."""
+def heartbeat_forever(node_name: str, stop: threading.Event, *, nvml: bool) -> None:
+    """Every NODE_HEARTBEAT_S until ``stop``: heartbeat, and on NVML hosts sample utilization."""
+    uuids = list(Gpu.objects.filter(node__name=node_name).values_list("uuid", flat=True)) if nvml else []
     while not stop.wait(settings.NODE_HEARTBEAT_S):
         try:
             node_heartbeat(name=node_name)
-        except Exception:  # a database blip must not kill the heartbeat thread
+            if uuids:
+                utilization_record(node_name=node_name, samples=nvml_samples(uuids))
+        except Exception:  # a database or driver blip must not kill the heartbeat thread
             log.exception("heartbeat of %s failed", node_name)
         finally:
             close_old_connections()
+
+
+def watch_container_exits(node_name: str, stop: threading.Event) -> None:
+    """Reconcile as soon as Docker reports one of this node's containers died (jobs finish, crashes)."""
+    filters = {"type": "container", "event": "die", "label": f"{launcher.LABEL}.node={node_name}"}
+    while not stop.is_set():
+        try:
+            for _ in launcher.docker_client().events(decode=True, filters=filters):
+                agent_reconcile(node_name)
+                close_old_connections()
+                if stop.is_set():
+                    return
+        except Exception:  # Docker restarted or the stream broke: reconnect after a pause
+            log.exception("docker event stream of %s broke; reconnecting", node_name)
+            stop.wait(5)

@@ -141,6 +141,11 @@ class Workload(models.Model):
     accrued_at = models.DateTimeField(null=True, blank=True)
     queue_level = models.PositiveSmallIntegerField(default=0)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When queued work may start, from running jobs' maximum runtimes; null: unknown.",
+    )
     gpu_utilization = models.FloatField(null=True, blank=True, help_text="Recent mean GPU utilization, 0..1.")
     preempt_requested = models.BooleanField(default=False)
     preemptions = models.PositiveIntegerField(default=0)

@@ -8,6 +8,7 @@ in one transaction; launches and stops go to node queues after commit.
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -97,6 +98,35 @@ def _mix() -> list[policy.TaskType]:
     return [policy.TaskType(c, m, cpu, mem, n) for (c, m, cpu, mem), n in counts.items()]
 
 
+def _estimated_starts(waiting: dict, by_id: dict, holding: list[Workload], cluster) -> dict:
+    """A rough start time for each waiting work, in queue order, from when running jobs must end.
+
+    Running jobs with a maximum runtime free their share by then at the latest;
+    earlier waiters of the same GPU model claim freed share first. Where the
+    share is held by work without an end (instances), the estimate is unknown.
+    """
+    free_now = {
+        model: float(cluster.free[cluster.exists & (cluster.model == code)].sum()) / 1000
+        for model, code in cluster.models.items()
+    }
+    ends: dict[str, list] = {}
+    for w in holding:
+        if w.kind == "job" and w.max_runtime_s and w.started_at:
+            ends.setdefault(w.gpu_model, []).append((w.started_at + timedelta(seconds=w.max_runtime_s), w.gpu_share))
+    claimed: dict[str, float] = {}
+    estimates = {}
+    for work_id, _ in sorted(waiting.items(), key=lambda item: (item[1].level, item[1].position)):
+        w = by_id[work_id]
+        claimed[w.gpu_model] = claimed.get(w.gpu_model, 0.0) + w.gpu_share
+        available = free_now.get(w.gpu_model, 0.0)
+        for end, share in sorted(ends.get(w.gpu_model, [])):
+            available += share
+            if available + 1e-9 >= claimed[w.gpu_model]:
+                estimates[work_id] = end
+                break
+    return estimates
+
+
 def schedule_tick() -> TickResult:
     """Place queued work that fits, evict what must make room, and say why the rest waits."""
     result = TickResult()
@@ -156,17 +186,19 @@ def schedule_tick() -> TickResult:
             ):
                 result.preempted.append(preempt.work_id)
         changed = []
+        estimates = _estimated_starts(decisions.waiting, by_id, holding, cluster)
         for work_id, wait in decisions.waiting.items():
             w = by_id[work_id]
-            if (w.queue_level, w.queue_position, w.status_reason) != (wait.level, wait.position, wait.reason):
-                w.queue_level, w.queue_position, w.status_reason = wait.level, wait.position, wait.reason[:255]
+            fields = (wait.level, wait.position, wait.reason[:255], estimates.get(work_id))
+            if (w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at) != fields:
+                w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at = fields
                 changed.append(w)
         for w in holding:
             level = decisions.levels.get(w.pk, w.queue_level)
             if level != w.queue_level:
                 w.queue_level = level
                 changed.append(w)
-        Workload.objects.bulk_update(changed, ["queue_level", "queue_position", "status_reason"])
+        Workload.objects.bulk_update(changed, ["queue_level", "queue_position", "status_reason", "estimated_start_at"])
         result.waiting = len(decisions.waiting)
     if result.placed or result.preempted:
         log.info("tick placed %s, preempted %s, %d waiting", result.placed, result.preempted, result.waiting)

@@ -43,6 +43,7 @@ class QueueFields(serializers.Serializer):
     queue_level = serializers.IntegerField(source="workload.queue_level")
     queue_position = serializers.IntegerField(source="workload.queue_position")
     preemptions = serializers.IntegerField(source="workload.preemptions")
+    estimated_start_at = serializers.DateTimeField(source="workload.estimated_start_at")
 
 
 class InstanceOutput(QueueFields, serializers.ModelSerializer):
@@ -79,6 +80,7 @@ class InstanceOutput(QueueFields, serializers.ModelSerializer):
             "queue_level",
             "queue_position",
             "preemptions",
+            "estimated_start_at",
         ]
 
 
@@ -120,5 +122,6 @@ class JobOutput(QueueFields, serializers.ModelSerializer):
             "queue_level",
             "queue_position",
             "preemptions",
+            "estimated_start_at",
             "log_tail",
         ]

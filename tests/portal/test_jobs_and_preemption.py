@@ -148,3 +148,21 @@ def test_a_job_without_a_command_is_refused_naming_the_field(api, catalog, sim_n
     )
     assert response.status_code == 400 and "command" in response.data
     assert not Job.objects.exists()
+
+
+def test_a_finished_job_is_noticed_at_once_through_docker_events(api, catalog, node_worker):
+    import threading
+
+    from scheduler.agent import watch_container_exits
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_container_exits, args=(node_worker.name, stop), daemon=True)
+    watcher.start()
+    try:
+        job = submit_job(api, catalog, command="sleep 1; echo finished")
+        wait_status(job.workload, "succeeded", timeout=20)  # no reconcile poke: the die event does it
+        assert "finished" in job.workload.log_tail
+    finally:
+        stop.set()
+        submit_job(api, catalog, command="true")  # one more event lets the watcher see ``stop``
+        watcher.join(10)

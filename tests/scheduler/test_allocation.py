@@ -141,3 +141,24 @@ def test_many_concurrent_ticks_never_over_allocate(user):
         held = sum(a.milli for a in card.allocations.all())
         assert held == card.allocated_milli <= 1000
     assert Allocation.objects.values("workload").distinct().count() == Allocation.objects.count()
+
+
+def test_waiting_work_gets_an_estimated_start_from_running_jobs_maximum_runtimes(user, node):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    card = node.gpus.get()
+    job = workload(user, kind="job", max_runtime_s=3600)
+    allocation_create(workload=job, **half(card))
+    started = timezone.now()
+    type(job).objects.filter(pk=job.pk).update(status=WorkloadStatus.RUNNING, started_at=started)
+    instance = workload(user, gpu_milli=500)
+    allocation_create(workload=instance, **half(card))
+    waiting = workload(user, gpu_milli=500)
+    whole = workload(user, gpu_milli=1000)
+    schedule_tick()
+    waiting.refresh_from_db()
+    whole.refresh_from_db()
+    assert waiting.estimated_start_at == started + timedelta(seconds=3600)
+    assert whole.estimated_start_at is None  # the other half is an instance with no end

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
-from scheduler.agent import agent_register, heartbeat_forever
+from scheduler.agent import agent_register, heartbeat_forever, watch_container_exits
 from scheduler.errors import ServiceError
 
 
@@ -27,7 +27,10 @@ class Command(BaseCommand):
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
         stop = threading.Event()
-        threading.Thread(target=heartbeat_forever, args=(node.name, stop), daemon=True).start()
+        threading.Thread(
+            target=heartbeat_forever, args=(node.name, stop), kwargs={"nvml": not node.simulated}, daemon=True
+        ).start()
+        threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
         try:
             app.worker_main(
                 [
