@@ -24,13 +24,17 @@ def gpu_type_list():
     return sorted(types, key=lambda t: (t.capacity["cards"] == 0, t.price_per_hour))
 
 
-def instance_list(*, user, include_released: bool = False):
-    qs = Instance.objects.select_related("workload", "workload__node", "image", "gpu_type")
+def _visible(queryset, *, user, include_released: bool):
+    """Only the user's own rows (admins see all); released work is history, hidden unless asked for."""
     if not user.is_staff:
-        qs = qs.filter(owner=user)
+        queryset = queryset.filter(owner=user)
     if not include_released:
-        qs = qs.exclude(workload__status=WorkloadStatus.RELEASED)
-    return qs
+        queryset = queryset.exclude(workload__status=WorkloadStatus.RELEASED)
+    return queryset.select_related("workload", "workload__node", "image", "gpu_type")
+
+
+def instance_list(*, user, include_released: bool = False):
+    return _visible(Instance.objects.all(), user=user, include_released=include_released)
 
 
 def instance_get(*, user, instance_id: int) -> Instance:
@@ -42,12 +46,7 @@ def instance_get(*, user, instance_id: int) -> Instance:
 
 
 def job_list(*, user, include_released: bool = False):
-    qs = Job.objects.select_related("workload", "workload__node", "image", "gpu_type")
-    if not user.is_staff:
-        qs = qs.filter(owner=user)
-    if not include_released:
-        qs = qs.exclude(workload__status=WorkloadStatus.RELEASED)
-    return qs
+    return _visible(Job.objects.all(), user=user, include_released=include_released)
 
 
 def job_get(*, user, job_id: int) -> Job:

@@ -48,6 +48,21 @@ def _submit(**fields):
         raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc
 
 
+def _work(*, owner, name: str, image, gpu_type, gpus: Decimal, cpu_cores: int, memory_gb: int) -> dict:
+    """The scheduler's view of a product's resources."""
+    gpu_count, gpu_milli = check_gpus(gpus)
+    return dict(
+        owner=owner,
+        name=name,
+        image_ref=image.docker_ref,
+        gpu_model=gpu_type.name,
+        gpu_count=gpu_count,
+        gpu_milli=gpu_milli,
+        cpu_cores=cpu_cores,
+        memory_mb=memory_gb * 1024,
+    )
+
+
 def instance_create(
     *,
     owner,
@@ -60,22 +75,13 @@ def instance_create(
     disk_gb: int,
     billing_mode: str = BillingMode.ON_DEMAND,
 ) -> Instance:
-    gpu_count, gpu_milli = check_gpus(gpus)
+    check_gpus(gpus)
     image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
+    work = _work(
+        owner=owner, name=name, image=image, gpu_type=gpu_type, gpus=gpus, cpu_cores=cpu_cores, memory_gb=memory_gb
+    )
     with transaction.atomic():
-        workload = _submit(
-            owner=owner,
-            kind=WorkloadKind.INSTANCE,
-            name=name,
-            image_ref=image.docker_ref,
-            gpu_model=gpu_type.name,
-            gpu_count=gpu_count,
-            gpu_milli=gpu_milli,
-            cpu_cores=cpu_cores,
-            memory_mb=memory_gb * 1024,
-            disk_gb=disk_gb,
-            spot=billing_mode == BillingMode.SPOT,
-        )
+        workload = _submit(**work, kind=WorkloadKind.INSTANCE, disk_gb=disk_gb, spot=billing_mode == BillingMode.SPOT)
         return Instance.objects.create(
             owner=owner,
             name=name,
@@ -120,21 +126,17 @@ def job_create(
     checkpoint_gb: int = 50,
 ) -> Job:
     """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume."""
-    gpu_count, gpu_milli = check_gpus(gpus)
+    check_gpus(gpus)
     if not command.strip():
         raise InvalidInput("a job needs a command", field="command")
     image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
+    work = _work(
+        owner=owner, name=name, image=image, gpu_type=gpu_type, gpus=gpus, cpu_cores=cpu_cores, memory_gb=memory_gb
+    )
     with transaction.atomic():
         workload = _submit(
-            owner=owner,
+            **work,
             kind=WorkloadKind.JOB,
-            name=name,
-            image_ref=image.docker_ref,
-            gpu_model=gpu_type.name,
-            gpu_count=gpu_count,
-            gpu_milli=gpu_milli,
-            cpu_cores=cpu_cores,
-            memory_mb=memory_gb * 1024,
             disk_gb=checkpoint_gb,
             preemptible=True,
             priority=priority,

@@ -1,4 +1,4 @@
-"""Console pages: instance list (live), create form, actions."""
+"""Console pages: instances (live list, create form, actions) and batch jobs (list, submit, detail)."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -10,68 +10,81 @@ from portal.forms import InstanceCreateForm, JobCreateForm
 from scheduler.errors import ServiceError
 
 
-@login_required
-def instance_list(request):
-    context = {"instances": selectors.instance_list(user=request.user)}
-    template = "portal/_instance_rows.html" if request.htmx else "portal/instance_list.html"
-    return render(request, template, context)
-
-
-@login_required
-def instance_create(request):
+def _create(request, form_class, template: str, create):
+    """Show the form; on a valid POST call ``create(data)``; service errors go back to the field they name."""
     gpu_types = selectors.gpu_type_list()
-    images = selectors.image_list(user=request.user)
-    form = InstanceCreateForm(request.POST or None, gpu_types=gpu_types, images=images)
+    form = form_class(request.POST or None, gpu_types=gpu_types, images=selectors.image_list(user=request.user))
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
         data["image_id"], data["gpu_type_id"] = data.pop("image"), data.pop("gpu_type")
         try:
-            instance = services.instance_create(owner=request.user, **data)
+            return create(data)
         except ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-        else:
-            messages.success(request, f"Instance {instance.name} created; it starts as soon as a card is placed.")
-            return redirect("console-instances")
-    return render(request, "portal/instance_create.html", {"form": form, "gpu_types": gpu_types})
+    return render(request, template, {"form": form, "gpu_types": gpu_types})
+
+
+def _act(request, get, act, actions: dict, action: str, back: str):
+    """Run a named action on an object the user may touch; the outcome is a flash message."""
+    try:
+        obj = get()
+        if action not in actions:
+            raise ServiceError(f"unknown action {action}")
+        act(obj, action)
+        messages.info(request, f"{action.capitalize()} requested for {obj.name}.")
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect(back)
+
+
+def _list(request, template: str, rows_template: str, context: dict):
+    return render(request, rows_template if request.htmx else template, context)
+
+
+@login_required
+def instance_list(request):
+    context = {"instances": selectors.instance_list(user=request.user)}
+    return _list(request, "portal/instance_list.html", "portal/_instance_rows.html", context)
+
+
+@login_required
+def instance_create(request):
+    def create(data):
+        instance = services.instance_create(owner=request.user, **data)
+        messages.success(request, f"Instance {instance.name} created; it starts as soon as a card is placed.")
+        return redirect("console-instances")
+
+    return _create(request, InstanceCreateForm, "portal/instance_create.html", create)
 
 
 @login_required
 @require_POST
 def instance_action(request, instance_id: int, action: str):
-    try:
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
-        if action not in services.ACTIONS:
-            raise ServiceError(f"unknown action {action}")
-        services.instance_act(instance=instance, action=action)
-        messages.info(request, f"{action.capitalize()} requested for {instance.name}.")
-    except ServiceError as exc:
-        messages.error(request, exc.message)
-    return redirect("console-instances")
+    return _act(
+        request,
+        lambda: selectors.instance_get(user=request.user, instance_id=instance_id),
+        lambda instance, name: services.instance_act(instance=instance, action=name),
+        services.ACTIONS,
+        action,
+        "console-instances",
+    )
 
 
 @login_required
 def job_list(request):
-    context = {"jobs": selectors.job_list(user=request.user)}
-    template = "portal/_job_rows.html" if request.htmx else "portal/job_list.html"
-    return render(request, template, context)
+    return _list(
+        request, "portal/job_list.html", "portal/_job_rows.html", {"jobs": selectors.job_list(user=request.user)}
+    )
 
 
 @login_required
 def job_create(request):
-    gpu_types = selectors.gpu_type_list()
-    images = selectors.image_list(user=request.user)
-    form = JobCreateForm(request.POST or None, gpu_types=gpu_types, images=images)
-    if request.method == "POST" and form.is_valid():
-        data = dict(form.cleaned_data)
-        data["image_id"], data["gpu_type_id"] = data.pop("image"), data.pop("gpu_type")
-        try:
-            job = services.job_create(owner=request.user, **data)
-        except ServiceError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-        else:
-            messages.success(request, f"Job {job.name} queued.")
-            return redirect("console-job", job_id=job.pk)
-    return render(request, "portal/job_create.html", {"form": form})
+    def create(data):
+        job = services.job_create(owner=request.user, **data)
+        messages.success(request, f"Job {job.name} queued.")
+        return redirect("console-job", job_id=job.pk)
+
+    return _create(request, JobCreateForm, "portal/job_create.html", create)
 
 
 @login_required
@@ -87,12 +100,11 @@ def job_detail(request, job_id: int):
 @login_required
 @require_POST
 def job_action(request, job_id: int, action: str):
-    try:
-        job = selectors.job_get(user=request.user, job_id=job_id)
-        if action not in services.JOB_ACTIONS:
-            raise ServiceError(f"unknown action {action}")
-        services.job_act(job=job, action=action)
-        messages.info(request, f"{action.capitalize()} requested for {job.name}.")
-    except ServiceError as exc:
-        messages.error(request, exc.message)
-    return redirect("console-jobs")
+    return _act(
+        request,
+        lambda: selectors.job_get(user=request.user, job_id=job_id),
+        lambda job, name: services.job_act(job=job, action=name),
+        services.JOB_ACTIONS,
+        action,
+        "console-jobs",
+    )

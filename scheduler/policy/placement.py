@@ -69,9 +69,7 @@ def _eligible_nodes(cluster: ClusterState, request: Request) -> np.ndarray:
 
 def _eligible_cards(cluster: ClusterState, request: Request, rows=slice(None)) -> np.ndarray:
     """Cards (of the given node rows) that could take the request's share, ignoring host CPU/memory."""
-    cards = cluster.exists[rows].copy()
-    if request.gpu_model is not None:
-        cards &= cluster.model[rows] == cluster.model_code(request.gpu_model)
+    cards = _relevant_cards(cluster, request, rows)
     need_memory = cluster.card_mem_total[rows] * request.gpu_milli // WHOLE_CARD
     cards &= (cluster.free[rows] >= request.gpu_milli) & (cluster.card_mem_free[rows] >= need_memory)
     return cards
@@ -226,15 +224,9 @@ def _fgd_delta_fraction(cluster, request, rows, cols, mix) -> np.ndarray:
     (sorted free shares, free CPU, free memory, chosen card's share) is scored once.
     """
     arrays = _mix_arrays(mix)
-    relevant = cluster.exists[rows]
-    if request.gpu_model is not None:
-        relevant &= cluster.model[rows] == cluster.model_code(request.gpu_model)
-    inverse = np.arange(rows.size)
-    if rows.size > DEDUPE_ABOVE:
-        frees = np.sort(np.where(relevant, cluster.free[rows], -1), axis=1)
-        keys = np.column_stack([frees, cluster.cpu_free[rows], cluster.mem_free[rows], cluster.free[rows, cols]])
-        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        rows, cols, relevant = rows[first], cols[first], relevant[first]
+    relevant = _relevant_cards(cluster, request, rows)
+    first, inverse = _distinct(cluster, rows, relevant, cluster.free[rows, cols])
+    rows, cols, relevant = rows[first], cols[first], relevant[first]
     free, total, whole, fragsum = _node_stats_sub(cluster.free[rows], relevant, arrays)
     ordered = np.sort(free, axis=1)
     largest = ordered[:, -1]
@@ -257,7 +249,29 @@ def _fgd_delta_fraction(cluster, request, rows, cols, mix) -> np.ndarray:
         mem - request.memory_mb,
         arrays,
     )
-    return _exact(after - before)[inverse.ravel()]
+    return _exact(after - before)[inverse]
+
+
+def _relevant_cards(cluster: ClusterState, request: Request, rows) -> np.ndarray:
+    """Card slots of the given node rows that exist and are of the requested model."""
+    relevant = cluster.exists[rows]
+    if request.gpu_model is not None:
+        relevant = relevant & (cluster.model[rows] == cluster.model_code(request.gpu_model))
+    return relevant
+
+
+def _distinct(cluster: ClusterState, rows: np.ndarray, relevant: np.ndarray, *extra) -> tuple[np.ndarray, np.ndarray]:
+    """(first of each distinct candidate state, map from every candidate to it); identity for small sets.
+
+    A state is the node's sorted free shares, free CPU and memory, plus ``extra`` columns.
+    """
+    if rows.size <= DEDUPE_ABOVE:
+        index = np.arange(rows.size)
+        return index, index
+    frees = np.sort(np.where(relevant, cluster.free[rows], -1), axis=1)
+    keys = np.column_stack([frees, cluster.cpu_free[rows], cluster.mem_free[rows], *extra])
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.ravel()
 
 
 def _exact(delta: np.ndarray) -> np.ndarray:
@@ -277,15 +291,9 @@ def _node_stats_sub(free_rows, relevant_rows, arrays):
 def _fgd_delta_whole(cluster, request, nodes, mix) -> np.ndarray:
     """Growth in expected fragmentation for placing whole cards on each candidate node (alike nodes scored once)."""
     arrays = _mix_arrays(mix)
-    relevant = cluster.exists[nodes]
-    if request.gpu_model is not None:
-        relevant &= cluster.model[nodes] == cluster.model_code(request.gpu_model)
-    inverse = np.arange(nodes.size)
-    if nodes.size > DEDUPE_ABOVE:
-        frees = np.sort(np.where(relevant, cluster.free[nodes], -1), axis=1)
-        keys = np.column_stack([frees, cluster.cpu_free[nodes], cluster.mem_free[nodes]])
-        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        nodes, relevant = nodes[first], relevant[first]
+    relevant = _relevant_cards(cluster, request, nodes)
+    first, inverse = _distinct(cluster, nodes, relevant)
+    nodes, relevant = nodes[first], relevant[first]
     free, total, whole, fragsum = _node_stats_sub(cluster.free[nodes], relevant, arrays)
     partial_largest = np.where(free < WHOLE_CARD, free, 0).max(axis=1)
     largest = np.where(whole > 0, WHOLE_CARD, partial_largest)
@@ -301,4 +309,4 @@ def _fgd_delta_whole(cluster, request, nodes, mix) -> np.ndarray:
         mem - request.memory_mb,
         arrays,
     )
-    return _exact(after - before)[inverse.ravel()]
+    return _exact(after - before)[inverse]
