@@ -37,23 +37,23 @@ class ImageOutput(serializers.ModelSerializer):
         ]
 
 
-class QueueFields(serializers.Serializer):
-    """Where queued work stands: its MLFQ level, its place in that queue, and why it waits."""
+class WorkloadFields(serializers.Serializer):
+    """What instances and jobs share from their workload: lifecycle, node, and where queued work stands."""
 
+    status = serializers.CharField(source="workload.status")
+    status_reason = serializers.CharField(source="workload.status_reason")
+    node = serializers.CharField(source="workload.node.name", default=None)
+    simulated_gpu = serializers.BooleanField(source="workload.node.simulated", default=None)
+    exit_code = serializers.IntegerField(source="workload.exit_code")
+    started_at = serializers.DateTimeField(source="workload.started_at")
     queue_level = serializers.IntegerField(source="workload.queue_level")
     queue_position = serializers.IntegerField(source="workload.queue_position")
     preemptions = serializers.IntegerField(source="workload.preemptions")
     estimated_start_at = serializers.DateTimeField(source="workload.estimated_start_at")
 
 
-class InstanceOutput(QueueFields, serializers.ModelSerializer):
-    status = serializers.CharField(source="workload.status")
-    status_reason = serializers.CharField(source="workload.status_reason")
-    node = serializers.CharField(source="workload.node.name", default=None)
-    simulated_gpu = serializers.BooleanField(source="workload.node.simulated", default=None)
+class InstanceOutput(WorkloadFields, serializers.ModelSerializer):
     container_id = serializers.CharField(source="workload.container_id")
-    exit_code = serializers.IntegerField(source="workload.exit_code")
-    started_at = serializers.DateTimeField(source="workload.started_at")
     image = ImageOutput()
     gpu_type = serializers.CharField(source="gpu_type.name")
 
@@ -84,15 +84,9 @@ class InstanceOutput(QueueFields, serializers.ModelSerializer):
         ]
 
 
-class JobOutput(QueueFields, serializers.ModelSerializer):
-    status = serializers.CharField(source="workload.status")
-    status_reason = serializers.CharField(source="workload.status_reason")
+class JobOutput(WorkloadFields, serializers.ModelSerializer):
     priority = serializers.CharField(source="workload.get_priority_display")
     max_runtime_s = serializers.IntegerField(source="workload.max_runtime_s")
-    node = serializers.CharField(source="workload.node.name", default=None)
-    simulated_gpu = serializers.BooleanField(source="workload.node.simulated", default=None)
-    exit_code = serializers.IntegerField(source="workload.exit_code")
-    started_at = serializers.DateTimeField(source="workload.started_at")
     finished_at = serializers.DateTimeField(source="workload.finished_at")
     log_tail = serializers.CharField(source="workload.log_tail")
     image = serializers.CharField(source="image.name")
