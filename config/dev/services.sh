@@ -43,9 +43,22 @@ if ! docker info >/dev/null 2>&1; then
     echo "ERROR: the Docker engine is not running and only root can start it: run 'sudo dockerd --bridge=none --iptables=false &'." >&2
     exit 1
   fi
+  # A dockerd killed uncleanly leaves pid files that stop the next one from starting.
+  for pidfile in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
+    if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then rm -f "$pidfile"; fi
+  done
   echo "starting dockerd (log var/log/dockerd.log) ..."
   nohup dockerd --bridge=none --iptables=false >var/log/dockerd.log 2>&1 &
-  wait_for 60 "dockerd" docker info
+  dockerd_pid=$!
+  for _ in $(seq 240); do
+    docker info >/dev/null 2>&1 && break
+    if ! kill -0 "$dockerd_pid" 2>/dev/null; then
+      echo "ERROR: dockerd exited while starting: $(tail -1 var/log/dockerd.log)" >&2
+      exit 1
+    fi
+    sleep 0.25
+  done
+  wait_for 5 "dockerd" docker info
 fi
 
 # PostgreSQL, only when the database URL asks for it.
