@@ -254,9 +254,9 @@ def _fgd_delta_fraction(cluster, request, rows, cols, mix) -> np.ndarray:
 
 def _relevant_cards(cluster: ClusterState, request: Request, rows) -> np.ndarray:
     """Card slots of the given node rows that exist and are of the requested model."""
-    relevant = cluster.exists[rows]
+    relevant = cluster.exists[rows].copy()  # a slice would be a view: callers narrow this in place
     if request.gpu_model is not None:
-        relevant = relevant & (cluster.model[rows] == cluster.model_code(request.gpu_model))
+        relevant &= cluster.model[rows] == cluster.model_code(request.gpu_model)
     return relevant
 
 

@@ -94,7 +94,12 @@ def test_pinned_work_only_goes_back_to_its_node():
 @given(
     frees=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=1, max_size=4),
     requests=st.lists(
-        st.tuples(st.integers(1, 3), st.integers(1, 1000), st.sampled_from(["fgd", "bestfit", "random", "firstfit"])),
+        st.tuples(
+            st.integers(1, 3),
+            st.integers(1, 1000),
+            st.sampled_from(["fgd", "bestfit", "random", "firstfit"]),
+            st.sampled_from([None, "A100"]),
+        ),
         max_size=25,
     ),
 )
@@ -102,9 +107,12 @@ def test_no_sequence_of_decisions_over_allocates_a_card(frees, requests):
     c = cluster(*[node(f"n{i}", *f) for i, f in enumerate(frees)])
     mix = [TaskType(1, 500, 0, 0, 1), TaskType(2, 1000, 0, 0, 1)]
     rng = np.random.default_rng(0)
-    for i, (count, milli, strategy) in enumerate(requests):
-        request = Request(i, "A100", count if milli == 1000 else 1, milli)
+    for i, (count, milli, strategy, model) in enumerate(requests):
+        request = Request(i, model, count if milli == 1000 else 1, milli)
+        before = {name: getattr(c, name).copy() for name in ("exists", "free", "card_mem_free", "cpu_free", "mem_free")}
         choice = choose(c, request, strategy, mix=mix, rng=rng)
+        for name, array in before.items():
+            assert (getattr(c, name) == array).all(), f"choose() changed cluster.{name}"
         if choice is not None:
             assert len(set(choice.cards)) == request.gpu_count
             c.take(choice.node, choice.cards, request.gpu_milli, 0, 0)
