@@ -20,8 +20,10 @@ run: $(VENV)/.installed services
 	@bash config/dev/run.sh
 
 test: $(VENV)/.installed
-	@DATABASE_URL=$(TEST_DATABASE_URL) bash config/dev/services.sh
+	@DATABASE_URL=$(TEST_DATABASE_URL) WITH_BROWSER=1 bash config/dev/services.sh
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) DJANGO_ALLOW_ASYNC_UNSAFE=true \
+		$(PY) -m pytest -m browser tests/browser
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -4,6 +4,9 @@ A missing service ends the run with an error; nothing is skipped for it.
 """
 
 import os
+import socket
+import subprocess
+import sys
 import time
 import uuid
 
@@ -160,3 +163,46 @@ def outsider_api(outsider):
     client = APIClient()
     client.force_authenticate(outsider)
     return client
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def web_server(transactional_db):
+    """daphne serving config.asgi on a free loopback port, on the test database; yields "127.0.0.1:<port>"."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "SCHEDULER_QUEUE": settings.SCHEDULER_QUEUE,
+    }
+    log_path = settings.VAR_DIR / "log" / f"test-daphne-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")  # noqa: SIM115  (closed in finally)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def listening():
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, timeout=30, what="daphne to listen")
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()

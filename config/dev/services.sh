@@ -61,6 +61,11 @@ if ! docker info >/dev/null 2>&1; then
   wait_for 5 "dockerd" docker info
 fi
 
+# Chromium for the browser tests (Debian's; no browser download is possible).
+if [ -n "${WITH_BROWSER:-}" ]; then
+  need_pkg chromium chromium
+fi
+
 # PostgreSQL, only when the database URL asks for it.
 if [[ "${DATABASE_URL:-}" == postgres* ]]; then
   need_pkg psql postgresql

@@ -2,57 +2,17 @@
 
 import asyncio
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 import websockets
-from django.conf import settings
 from django.db import connection
 from django.test import Client
 
 from scheduler.lifecycle import workload_transition
-from tests.conftest import wait_for
 from tests.portal.test_instance_api import create
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-@pytest.fixture
-def web_server(transactional_db):
-    """daphne serving config.asgi on a free loopback port, on the test database."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-    def listening():
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        wait_for(listening, timeout=30, what="daphne to listen")
-        yield f"ws://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def session_cookie(user) -> str:
@@ -66,7 +26,7 @@ def test_the_owner_gets_a_status_change_live_and_an_outsider_does_not(
 ):
     instance_id = create(api, catalog).data["id"]
     workload = user.workloads.get()
-    url = f"{web_server}/ws/instances/"
+    url = f"ws://{web_server}/ws/instances/"
     mine_headers = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
     theirs_headers = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(outsider)}
 
@@ -98,7 +58,7 @@ def test_the_owner_gets_a_status_change_live_and_an_outsider_does_not(
 def test_an_anonymous_websocket_is_refused(web_server):
     async def connect():
         async with websockets.connect(
-            f"{web_server}/ws/instances/", additional_headers={"Origin": "http://127.0.0.1"}
+            f"ws://{web_server}/ws/instances/", additional_headers={"Origin": "http://127.0.0.1"}
         ) as ws:
             await ws.recv()
 

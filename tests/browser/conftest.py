@@ -1,0 +1,20 @@
+"""Browser tests: Playwright driving Debian's Chromium (no browser download is possible here).
+
+They run as their own pytest invocation (``make test`` does both) with
+DJANGO_ALLOW_ASYNC_UNSAFE=true: Playwright's sync API keeps an event loop in
+the test thread, which Django would otherwise take for async code.
+"""
+import shutil
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args():
+    return {
+        "executable_path": CHROMIUM,
+        "args": ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"],
+    }
