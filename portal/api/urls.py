@@ -7,6 +7,7 @@ from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
     path("gpu-types/", views.GpuTypeListApi.as_view(), name="api-gpu-types"),
+    path("gpu-types/recommend/", views.GpuTypeRecommendApi.as_view(), name="api-gpu-types-recommend"),
     path("images/", views.ImageListApi.as_view(), name="api-images"),
     path("instances/", views.InstanceListApi.as_view(), name="api-instances"),
     path("instances/<int:instance_id>/", views.InstanceDetailApi.as_view(), name="api-instance"),

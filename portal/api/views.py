@@ -1,5 +1,7 @@
 """REST API: one view per operation, nested input serializers, services do the work."""
 
+from decimal import Decimal
+
 from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -10,7 +12,63 @@ from rest_framework.views import APIView
 from portal import selectors, services
 from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput, JobOutput
 from portal.models import BillingMode
+from portal.recommend import BYTES, recommend
+from scheduler.errors import InvalidInput
 from scheduler.models import Gpu, Node, Priority
+
+
+class ModelSizeInput(serializers.Serializer):
+    model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000)
+    precision = serializers.ChoiceField(choices=list(BYTES), default="bf16")
+    task = serializers.ChoiceField(choices=["train", "inference"], default="train")
+
+
+def _gpu_choice(data: dict) -> dict:
+    """Turn gpu_type="recommend" (with the model's size) into a concrete type and card count."""
+    fields = dict(data)
+    size = {k: fields.pop(k) for k in ("model_params_b", "precision", "task") if k in fields}
+    if fields["gpu_type"] != "recommend":
+        try:
+            fields["gpu_type_id"] = int(fields.pop("gpu_type"))
+        except ValueError:
+            raise InvalidInput('must be a GPU type id or "recommend"', field="gpu_type") from None
+        if fields.get("gpus") is None:
+            raise InvalidInput("this field is required", field="gpus")
+        return fields
+    if "model_params_b" not in size:
+        raise InvalidInput('needed when gpu_type is "recommend" (billions of parameters)', field="model_params_b")
+    choice = recommend(
+        gpu_types=selectors.gpu_type_list(),
+        params_billion=size["model_params_b"],
+        precision=size.get("precision", "bf16"),
+        task=size.get("task", "train"),
+    )
+    fields.pop("gpu_type")
+    fields["gpu_type_id"], fields["gpus"] = choice.gpu_type.pk, Decimal(choice.cards)
+    return fields
+
+
+class GpuTypeRecommendApi(APIView):
+    """GET /gpu-types/recommend/?model_params_b=7&precision=bf16&task=train"""
+
+    class OutputSerializer(serializers.Serializer):
+        gpu_type = GpuTypeOutput()
+        cards = serializers.IntegerField()
+        memory_gb = serializers.FloatField()
+        price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=4)
+        reason = serializers.CharField()
+
+    @extend_schema(parameters=[ModelSizeInput], responses=OutputSerializer)
+    def get(self, request):
+        size = ModelSizeInput(data=request.query_params)
+        size.is_valid(raise_exception=True)
+        choice = recommend(
+            gpu_types=selectors.gpu_type_list(),
+            params_billion=size.validated_data["model_params_b"],
+            precision=size.validated_data["precision"],
+            task=size.validated_data["task"],
+        )
+        return Response(self.OutputSerializer(choice).data)
 
 
 class GpuTypeListApi(APIView):
@@ -29,8 +87,11 @@ class InstanceListApi(APIView):
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=64, default="instance")
         image = serializers.IntegerField()
-        gpu_type = serializers.IntegerField()
-        gpus = serializers.DecimalField(max_digits=4, decimal_places=2)
+        gpu_type = serializers.CharField(help_text='A GPU type id, or "recommend" with model_params_b.')
+        gpus = serializers.DecimalField(max_digits=4, decimal_places=2, required=False)
+        model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000, required=False)
+        precision = serializers.ChoiceField(choices=list(BYTES), required=False)
+        task = serializers.ChoiceField(choices=["train", "inference"], required=False)
         cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
         memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
         disk_gb = serializers.IntegerField(min_value=1, max_value=10240, default=50)
@@ -44,8 +105,8 @@ class InstanceListApi(APIView):
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = dict(data.validated_data)
-        fields["image_id"], fields["gpu_type_id"] = fields.pop("image"), fields.pop("gpu_type")
+        fields = _gpu_choice(data.validated_data)
+        fields["image_id"] = fields.pop("image")
         instance = services.instance_create(owner=request.user, **fields)
         return Response(InstanceOutput(instance).data, status=status.HTTP_201_CREATED)
 
@@ -107,8 +168,11 @@ class JobListApi(APIView):
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=64, default="job")
         image = serializers.IntegerField()
-        gpu_type = serializers.IntegerField()
-        gpus = serializers.DecimalField(max_digits=4, decimal_places=2)
+        gpu_type = serializers.CharField(help_text='A GPU type id, or "recommend" with model_params_b.')
+        gpus = serializers.DecimalField(max_digits=4, decimal_places=2, required=False)
+        model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000, required=False)
+        precision = serializers.ChoiceField(choices=list(BYTES), required=False)
+        task = serializers.ChoiceField(choices=["train", "inference"], required=False)
         command = serializers.CharField(max_length=10_000)
         cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
         memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
@@ -123,8 +187,8 @@ class JobListApi(APIView):
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = dict(data.validated_data)
-        fields["image_id"], fields["gpu_type_id"] = fields.pop("image"), fields.pop("gpu_type")
+        fields = _gpu_choice(data.validated_data)
+        fields["image_id"] = fields.pop("image")
         fields["priority"] = Priority[fields["priority"].upper()].value
         job = services.job_create(owner=request.user, **fields)
         return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)

@@ -4,6 +4,7 @@ They run as their own pytest invocation (``make test`` does both) with
 DJANGO_ALLOW_ASYNC_UNSAFE=true: Playwright's sync API keeps an event loop in
 the test thread, which Django would otherwise take for async code.
 """
+
 import shutil
 
 import pytest
@@ -15,6 +16,11 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 def browser_type_launch_args():
     return {
         "executable_path": CHROMIUM,
-        "args": ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"],
+        "args": [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
     }

@@ -1,4 +1,5 @@
 """The console in a real browser: sign in, rent a GPU, watch it start live, stop it."""
+
 import pytest
 from playwright.sync_api import expect
 
