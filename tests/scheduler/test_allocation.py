@@ -162,3 +162,59 @@ def test_waiting_work_gets_an_estimated_start_from_running_jobs_maximum_runtimes
     whole.refresh_from_db()
     assert waiting.estimated_start_at == started + timedelta(seconds=3600)
     assert whole.estimated_start_at is None  # the other half is an instance with no end
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submissions_and_ticks_keep_every_card_and_node_within_capacity(user):
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    import random
+
+    from django.db.models import Sum
+
+    from scheduler.models import Workload
+    from scheduler.services import workload_submit
+
+    node = make_node("sim:2xRTX3090", cpu_cores=16, memory_mb=32768)
+    errors = []
+
+    def submitter(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(6):
+                milli = rng.choice([100, 200, 300, 500, 700, 1000])
+                workload_submit(
+                    owner=user,
+                    kind="job",
+                    name="w",
+                    image_ref="x",
+                    gpu_model="RTX3090",
+                    gpu_count=1,
+                    gpu_milli=milli,
+                    cpu_cores=rng.randint(1, 3),
+                    memory_mb=1024,
+                    disk_gb=1,
+                )
+                schedule_tick()
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submitter, args=(seed,)) for seed in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    schedule_tick()
+    assert not errors
+    node.refresh_from_db()
+    for card in node.gpus.all():
+        held = card.allocations.aggregate(milli=Sum("milli"), memory=Sum("memory_mb"))
+        assert (held["milli"] or 0) == card.allocated_milli <= 1000
+        assert (held["memory"] or 0) == card.allocated_memory_mb <= card.memory_mb
+    placed = Workload.objects.filter(status=WorkloadStatus.STARTING)
+    assert node.allocated_cpu == sum(w.cpu_cores for w in placed) <= node.cpu_cores
+    assert all(w.allocations.count() == 1 for w in placed)
+    assert not Allocation.objects.filter(workload__status=WorkloadStatus.QUEUED).exists()
+    assert placed.count() >= 2  # the cluster did fill up
