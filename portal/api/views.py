@@ -48,6 +48,25 @@ def _gpu_choice(data: dict) -> dict:
     return fields
 
 
+class WorkInput(serializers.Serializer):
+    """What instances and jobs ask for alike: an image, a GPU choice, CPU and memory."""
+
+    image = serializers.IntegerField()
+    gpu_type = serializers.CharField(help_text='A GPU type id, or "recommend" with model_params_b.')
+    gpus = serializers.DecimalField(max_digits=4, decimal_places=2, required=False)
+    model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000, required=False)
+    precision = serializers.ChoiceField(choices=list(BYTES), required=False)
+    task = serializers.ChoiceField(choices=["train", "inference"], required=False)
+    cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
+    memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
+
+    def work_fields(self) -> dict:
+        """Validated data as service arguments, with a "recommend" GPU choice resolved."""
+        fields = _gpu_choice(self.validated_data)
+        fields["image_id"] = fields.pop("image")
+        return fields
+
+
 class GpuTypeRecommendApi(APIView):
     """GET /gpu-types/recommend/?model_params_b=7&precision=bf16&task=train"""
 
@@ -84,16 +103,8 @@ class ImageListApi(APIView):
 
 
 class InstanceListApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(WorkInput):
         name = serializers.CharField(max_length=64, default="instance")
-        image = serializers.IntegerField()
-        gpu_type = serializers.CharField(help_text='A GPU type id, or "recommend" with model_params_b.')
-        gpus = serializers.DecimalField(max_digits=4, decimal_places=2, required=False)
-        model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000, required=False)
-        precision = serializers.ChoiceField(choices=list(BYTES), required=False)
-        task = serializers.ChoiceField(choices=["train", "inference"], required=False)
-        cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
-        memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
         disk_gb = serializers.IntegerField(min_value=1, max_value=10240, default=50)
         billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
 
@@ -105,8 +116,7 @@ class InstanceListApi(APIView):
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = _gpu_choice(data.validated_data)
-        fields["image_id"] = fields.pop("image")
+        fields = data.work_fields()
         instance = services.instance_create(owner=request.user, **fields)
         return Response(InstanceOutput(instance).data, status=status.HTTP_201_CREATED)
 
@@ -165,17 +175,9 @@ class NodeListApi(APIView):
 
 
 class JobListApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(WorkInput):
         name = serializers.CharField(max_length=64, default="job")
-        image = serializers.IntegerField()
-        gpu_type = serializers.CharField(help_text='A GPU type id, or "recommend" with model_params_b.')
-        gpus = serializers.DecimalField(max_digits=4, decimal_places=2, required=False)
-        model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000, required=False)
-        precision = serializers.ChoiceField(choices=list(BYTES), required=False)
-        task = serializers.ChoiceField(choices=["train", "inference"], required=False)
         command = serializers.CharField(max_length=10_000)
-        cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
-        memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
         priority = serializers.ChoiceField(choices=["high", "normal", "low"], default="normal")
         max_runtime_s = serializers.IntegerField(min_value=60, required=False, allow_null=True, default=None)
 
@@ -187,8 +189,7 @@ class JobListApi(APIView):
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = _gpu_choice(data.validated_data)
-        fields["image_id"] = fields.pop("image")
+        fields = data.work_fields()
         fields["priority"] = Priority[fields["priority"].upper()].value
         job = services.job_create(owner=request.user, **fields)
         return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
