@@ -185,20 +185,25 @@ def schedule_tick() -> TickResult:
                 by_id[preempt.work_id], reason=f"making room for higher-priority work #{preempt.for_work_id}"
             ):
                 result.preempted.append(preempt.work_id)
-        changed = []
+        # Batched and conditional: work that a concurrent transition moved on keeps its own status reason.
         estimates = _estimated_starts(decisions.waiting, by_id, holding, cluster)
+        waiting_changed = []
         for work_id, wait in decisions.waiting.items():
             w = by_id[work_id]
             fields = (wait.level, wait.position, wait.reason[:255], estimates.get(work_id))
             if (w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at) != fields:
                 w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at = fields
-                changed.append(w)
+                waiting_changed.append(w)
+        Workload.objects.filter(status=S.QUEUED).bulk_update(
+            waiting_changed, ["queue_level", "queue_position", "status_reason", "estimated_start_at"], batch_size=500
+        )
+        levels_changed = []
         for w in holding:
             level = decisions.levels.get(w.pk, w.queue_level)
             if level != w.queue_level:
                 w.queue_level = level
-                changed.append(w)
-        Workload.objects.bulk_update(changed, ["queue_level", "queue_position", "status_reason", "estimated_start_at"])
+                levels_changed.append(w)
+        Workload.objects.filter(status__in=HOLDING).bulk_update(levels_changed, ["queue_level"])
         result.waiting = len(decisions.waiting)
     if result.placed or result.preempted:
         log.info("tick placed %s, preempted %s, %d waiting", result.placed, result.preempted, result.waiting)

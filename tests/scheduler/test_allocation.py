@@ -218,3 +218,24 @@ def test_concurrent_submissions_and_ticks_keep_every_card_and_node_within_capaci
     assert all(w.allocations.count() == 1 for w in placed)
     assert not Allocation.objects.filter(workload__status=WorkloadStatus.QUEUED).exists()
     assert placed.count() >= 2  # the cluster did fill up
+
+
+def test_a_tick_does_not_overwrite_the_reason_of_work_that_moved_on_while_it_decided(user, node, monkeypatch):
+    from scheduler import policy
+    from scheduler.services import workload_stop
+
+    waiting = workload(user, gpu_milli=1000)
+    blocker = workload(user, gpu_milli=1000)
+    card = node.gpus.get()
+    allocation_create(workload=blocker, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    decide = policy.decide
+
+    def decide_while_the_user_stops_it(*args, **kwargs):
+        decisions = decide(*args, **kwargs)
+        workload_stop(waiting)  # a concurrent request, landing between the snapshot and the writes
+        return decisions
+
+    monkeypatch.setattr(policy, "decide", decide_while_the_user_stops_it)
+    schedule_tick()
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.status_reason) == ("stopped", "stopped while queued")
