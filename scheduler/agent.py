@@ -103,9 +103,7 @@ def agent_stop(workload_id: int) -> None:
         )
     else:
         if workload.kind == WorkloadKind.JOB:
-            common["log_tail"] = launcher.container_logs_tail(
-                workload.container_name, max_bytes=settings.JOB_LOG_TAIL_BYTES
-            )
+            common["log_tail"] = launcher.container_logs_tail(workload.container_name)
         workload_transition(
             workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason="stopped", finished_at=now, **common
         )
@@ -143,7 +141,7 @@ def agent_reconcile(node_name: str) -> list[int]:
         to, reason, code = _outcome(workload, state)
         fields = dict(exit_code=code, finished_at=now)
         if workload.kind == WorkloadKind.JOB and state is not None:
-            fields["log_tail"] = launcher.container_logs_tail(state.name, max_bytes=settings.JOB_LOG_TAIL_BYTES)
+            fields["log_tail"] = launcher.container_logs_tail(state.name)
         if workload_transition(workload, to=to, allowed_from=[S.RUNNING], reason=reason, **fields):
             changed.append(workload.pk)
             if workload.kind == WorkloadKind.JOB and state is not None:
@@ -178,7 +176,7 @@ def _over_runtime(workload: Workload, now) -> bool:
 
 def _end_over_runtime(workload: Workload) -> None:
     launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
-    log_tail = launcher.container_logs_tail(workload.container_name, max_bytes=settings.JOB_LOG_TAIL_BYTES)
+    log_tail = launcher.container_logs_tail(workload.container_name)
     workload_transition(
         workload,
         to=S.FAILED,

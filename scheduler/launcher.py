@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import docker
 from django.conf import settings
 
+from scheduler.models import WorkloadKind
+
 LABEL = "gpucloud"
 SNAPSHOT_REPOSITORY = "gpucloud-snapshot"
 # What root in a rented container keeps: enough to install packages and run
@@ -50,7 +52,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"},
         shared_volume_name(workload.owner_id): {"bind": "/root/shared", "mode": "rw"},
     }
-    if workload.kind == "job":
+    if workload.kind == WorkloadKind.JOB:
         # The job's own volume holds its checkpoints; it survives preemption and is reused on resume.
         volumes[workload.volume_name] = {"bind": settings.JOB_CHECKPOINT_PATH, "mode": "rw"}
         environment.update(
@@ -130,7 +132,7 @@ def container_launch(workload, spec: dict) -> str:
     """
     client = docker_client()
     existing = _find(spec["name"])
-    if existing is not None and workload.kind == "job":
+    if existing is not None and workload.kind == WorkloadKind.JOB:
         # A job starts afresh each time (its state is in the checkpoint volume, and its
         # environment says how often it was resumed).
         existing.remove(force=True)
@@ -175,11 +177,12 @@ def container_stop(name: str, *, grace_s: int) -> int | None:
     return container.attrs["State"]["ExitCode"]
 
 
-def container_logs_tail(name: str, *, max_bytes: int) -> str:
+def container_logs_tail(name: str) -> str:
+    """The last JOB_LOG_TAIL_BYTES of the container's output ("" if it is gone)."""
     container = _find(name)
     if container is None:
         return ""
-    return container.logs(tail=2000)[-max_bytes:].decode(errors="replace")
+    return container.logs(tail=2000)[-settings.JOB_LOG_TAIL_BYTES :].decode(errors="replace")
 
 
 def container_delete(name: str) -> None:
@@ -200,9 +203,7 @@ def container_restart(name: str, *, grace_s: int) -> bool:
 def container_remove(workload) -> None:
     """Delete the container, its data volume and any disk snapshot (not the user's shared volume)."""
     client = docker_client()
-    container = _find(workload.container_name)
-    if container is not None:
-        container.remove(force=True)
+    container_delete(workload.container_name)
     try:
         client.volumes.get(workload.volume_name).remove(force=True)
     except docker.errors.NotFound:

@@ -93,7 +93,7 @@ def workload_stop(workload: Workload) -> Workload:
         return workload
     if not workload_transition(workload, to=S.STOPPING, allowed_from=[S.RUNNING, S.STARTING], reason="stop requested"):
         raise Conflict(f"cannot stop: the {workload.kind} is {workload.status}")
-    _to_node(workload, "scheduler.tasks.workload_stop")
+    send_to_node(workload, "scheduler.tasks.workload_stop")
     return workload
 
 
@@ -104,7 +104,7 @@ def workload_restart(workload: Workload) -> Workload:
     WorkloadEvent.objects.create(
         workload=workload, from_status=S.RUNNING, to_status=S.RUNNING, reason="restart requested"
     )
-    _to_node(workload, "scheduler.tasks.workload_restart")
+    send_to_node(workload, "scheduler.tasks.workload_restart")
     return workload
 
 
@@ -118,14 +118,15 @@ def workload_release(workload: Workload) -> Workload:
         ):
             return workload
     elif workload_transition(workload, to=S.RELEASING, allowed_from=releasable, reason="release requested"):
-        _to_node(workload, "scheduler.tasks.workload_release", node=node)
+        send_to_node(workload, "scheduler.tasks.workload_release", node=node)
         return workload
     if workload.status in (S.RUNNING, S.STARTING, S.STOPPING):
         raise Conflict(f"cannot release: the {workload.kind} is {workload.status}; stop it first")
     raise Conflict(f"cannot release: the {workload.kind} is {workload.status}")
 
 
-def _to_node(workload: Workload, task_name: str, *, node=None) -> None:
+def send_to_node(workload: Workload, task_name: str, *, node=None) -> None:
+    """After commit, send a node-agent task for this workload to its node's queue (or ``node``'s)."""
     from config.celery import app
 
     queue = (node or workload.node).queue
@@ -144,5 +145,5 @@ def workload_preempt(workload: Workload, *, reason: str) -> bool:
         workload, to=S.STOPPING, allowed_from=[S.RUNNING], reason=f"preempted: {reason}", preempt_requested=True
     ):
         return False
-    _to_node(workload, "scheduler.tasks.workload_stop")
+    send_to_node(workload, "scheduler.tasks.workload_stop")
     return True
