@@ -4,7 +4,11 @@ Runs the product's ``decide`` (MLFQ ordering, fair share, FGD placement) on
 plain objects, as the live tick does after loading its snapshot; the database
 writes of the live tick are not included.
 
-    python bench/scheduler_throughput.py [--requests 10000] [--nodes 1000] [--strategy fgd]
+    python bench/scheduler_throughput.py [--requests 10000] [--nodes 1000] [--strategy fgd] [--repeat 5]
+
+Each repeat decides on a fresh cluster; the rate reported is the best repeat
+(as timeit does: on a shared machine the slower runs measure the neighbours),
+with the median beside it.
 """
 
 import argparse
@@ -24,7 +28,29 @@ def main():
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--strategy", default="fgd")
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    runs = sorted((run_once(args) for _ in range(args.repeat)), key=lambda r: r["seconds"])
+    best, median = runs[0], runs[len(runs) // 2]
+    print(
+        json.dumps(
+            {
+                "requests": args.requests,
+                "nodes": args.nodes,
+                "gpus": 8 * args.nodes,
+                "strategy": args.strategy,
+                "placed": best["placed"],
+                "seconds": round(best["seconds"], 3),
+                "placements_per_s": round(best["placed"] / best["seconds"]),
+                "median_placements_per_s": round(median["placed"] / median["seconds"]),
+                "repeats": args.repeat,
+                "gpu_allocated_pct": best["allocated_pct"],
+            }
+        )
+    )
+
+
+def run_once(args) -> dict:
     rng = np.random.default_rng(0)
     nodes = [
         NodeSpec(f"node-{n}", 128, 1024 * 1024, [CardSpec((n, c), "A100-80GB", 81920) for c in range(8)])
@@ -40,21 +66,11 @@ def main():
     started = time.perf_counter()
     decisions = decide(works, [], cluster, now=float(args.requests), strategy=args.strategy, mix=mix)
     seconds = time.perf_counter() - started
-    placed = len(decisions.place)
-    print(
-        json.dumps(
-            {
-                "requests": args.requests,
-                "nodes": args.nodes,
-                "gpus": 8 * args.nodes,
-                "strategy": args.strategy,
-                "placed": placed,
-                "seconds": round(seconds, 3),
-                "placements_per_s": round(placed / seconds),
-                "gpu_allocated_pct": round(100 * cluster.allocated_share(), 2),
-            }
-        )
-    )
+    return {
+        "placed": len(decisions.place),
+        "seconds": seconds,
+        "allocated_pct": round(100 * cluster.allocated_share(), 2),
+    }
 
 
 if __name__ == "__main__":

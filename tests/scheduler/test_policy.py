@@ -60,6 +60,14 @@ def test_fgd_keeps_whole_cards_whole_for_the_expected_mix():
     assert choose(c, Request(1, "A100", 1, 500), "fgd", mix=mix).node == 1
 
 
+def test_fgd_gives_near_equal_candidates_to_best_fit():
+    # Both nodes absorb the fraction into a partial card; n2 would leave 0.1 that the rare 0.15 type cannot
+    # use, a growth of under 0.01 card in expectation, so the tighter fit wins instead of the exact minimum.
+    c = cluster(node("n1", 500, 0), node("n2", 400, 0))
+    mix = [TaskType(1, 1000, 0, 0, 20.0), TaskType(1, 150, 0, 0, 1.0)]
+    assert choose(c, Request(1, "A100", 1, 300), "fgd", mix=mix).node == 1
+
+
 def test_a_fraction_gets_gpu_memory_in_proportion():
     c = cluster(node("n1", 1000, card_memory=80000))
     choice = choose(c, Request(1, "A100", 1, 250), "bestfit")
