@@ -21,17 +21,12 @@ import _setup
 import numpy as np
 
 from scheduler.policy.cluster import ClusterState
-from scheduler.policy.placement import Request, TaskType, choose
+from scheduler.policy.placement import Request, choose, task_mix
 from scheduler.traces import read_openb_nodes, read_openb_pods
 
 POD_FILE = _setup.TRACES / "openb_pod_list_default.csv"
 NODE_FILE = _setup.TRACES / "openb_node_list_gpu_node.csv"
 POLICIES = {"random": "random", "bestfit": "bestfit", "ours": "fgd"}
-
-
-def task_mix(pods) -> list[TaskType]:
-    counts = collections.Counter((p.gpu_count, p.gpu_milli if p.gpu_count else 0, p.cpu, p.memory_mb) for p in pods)
-    return [TaskType(c, m, cpu, mem, n) for (c, m, cpu, mem), n in counts.items()]
 
 
 def requested_milli(pod) -> int:
@@ -52,7 +47,7 @@ def arrivals(pods, rng, target_milli: float) -> list:
 
 def run(policy: str, seed: int, inflation: float = 1.3) -> dict:
     pods, nodes = read_openb_pods(POD_FILE), read_openb_nodes(NODE_FILE)
-    mix = task_mix(pods)
+    mix = task_mix((p.gpu_count, p.gpu_milli, p.cpu, p.memory_mb) for p in pods)
     rng = np.random.default_rng(seed)
     cluster = ClusterState(nodes)
     placed = failed = 0

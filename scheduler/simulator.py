@@ -19,7 +19,7 @@ import numpy as np
 from scheduler.policy.cluster import WHOLE_CARD, CardSpec, ClusterState, NodeSpec
 from scheduler.policy.decide import DISCIPLINES, decide
 from scheduler.policy.mlfq import MlfqConfig, Work, accrue
-from scheduler.policy.placement import Request
+from scheduler.policy.placement import Request, task_mix
 from scheduler.traces import TraceJob
 
 
@@ -69,6 +69,8 @@ def simulate(
     config = discipline.config
     cluster = ClusterState(nodes)
     rng = np.random.default_rng(seed)
+    # FGD's expected workload: the trace's own request shapes, as the live tick uses recent submissions.
+    mix = task_mix((j.gpu_count, WHOLE_CARD if whole_cards_only else j.gpu_milli, j.cpu, j.memory_mb) for j in jobs)
     works: dict[int, Work] = {}
     executed: dict[int, float] = {}
     first_start: dict[int, float] = {}
@@ -153,6 +155,7 @@ def simulate(
             now=now,
             discipline=discipline,
             strategy=strategy,
+            mix=mix,
             rng=rng,
         )
         for job_id, level in decisions.levels.items():

@@ -6,7 +6,6 @@ in one transaction; launches and stops go to node queues after commit.
 """
 
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -94,8 +93,7 @@ def _quotas() -> policy.Quotas:
 
 def _mix() -> list[policy.TaskType]:
     recent = Workload.objects.order_by("-id").values_list("gpu_count", "gpu_milli", "cpu_cores", "memory_mb")
-    counts = Counter(recent[:MIX_WINDOW])
-    return [policy.TaskType(c, m, cpu, mem, n) for (c, m, cpu, mem), n in counts.items()]
+    return policy.task_mix(recent[:MIX_WINDOW])
 
 
 def _estimated_starts(waiting: dict, by_id: dict, holding: list[Workload], cluster) -> dict:

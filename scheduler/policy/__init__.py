@@ -8,7 +8,7 @@
 from scheduler.policy.cluster import WHOLE_CARD, CardSpec, ClusterState, NodeSpec
 from scheduler.policy.decide import DISCIPLINES, Decisions, Discipline, Quotas, decide
 from scheduler.policy.mlfq import HIGH, LOW, NORMAL, MlfqConfig, Work, accrue, level_of
-from scheduler.policy.placement import STRATEGIES, Request, TaskType, choose
+from scheduler.policy.placement import STRATEGIES, Request, TaskType, choose, task_mix
 
 __all__ = [
     "DISCIPLINES",
@@ -31,4 +31,5 @@ __all__ = [
     "choose",
     "decide",
     "level_of",
+    "task_mix",
 ]

@@ -14,6 +14,8 @@ fragmentation by no more than FGD_TOLERANCE over the least, best fit wins.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -53,6 +55,12 @@ class TaskType:
     cpu: int
     memory_mb: int
     weight: float
+
+
+def task_mix(shapes: Iterable[tuple[int, int, int, int]]) -> list[TaskType]:
+    """FGD's expected workload: each distinct (cards, thousandths per card, CPU, memory) weighted by its count."""
+    counts = Counter((count, milli if count else 0, cpu, memory) for count, milli, cpu, memory in shapes)
+    return [TaskType(count, milli, cpu, memory, n) for (count, milli, cpu, memory), n in counts.items()]
 
 
 @dataclass
