@@ -111,7 +111,7 @@ def test_pinned_work_only_goes_back_to_its_node():
         max_size=25,
     ),
 )
-def test_no_sequence_of_decisions_over_allocates_a_card(frees, requests):
+def test_no_sequence_of_decisions_over_allocates_a_card_or_misses_room(frees, requests):
     c = cluster(*[node(f"n{i}", *f) for i, f in enumerate(frees)])
     mix = [TaskType(1, 500, 0, 0, 1), TaskType(2, 1000, 0, 0, 1)]
     rng = np.random.default_rng(0)
@@ -121,7 +121,9 @@ def test_no_sequence_of_decisions_over_allocates_a_card(frees, requests):
         choice = choose(c, request, strategy, mix=mix, rng=rng)
         for name, array in before.items():
             assert (getattr(c, name) == array).all(), f"choose() changed cluster.{name}"
-        if choice is not None:
+        if choice is None:  # every strategy finds room whenever any does
+            assert choose(c, request, "firstfit") is None
+        else:
             assert len(set(choice.cards)) == request.gpu_count
             c.take(choice.node, choice.cards, request.gpu_milli, 0, 0)
         assert (c.free >= 0).all() and (c.card_mem_free >= 0).all()
