@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -31,7 +32,7 @@ DEDUPE_ABOVE = 64  # candidate sets larger than this are scored once per distinc
 FGD_TOLERANCE = 10
 
 
-@dataclass
+@dataclass(frozen=True)
 class Request:
     id: object
     gpu_model: str | None
@@ -41,8 +42,9 @@ class Request:
     memory_mb: int = 0
     pinned_node: object = None
 
-    @property
+    @cached_property
     def gpus(self) -> float:
+        """Cards' worth of share held (read for every running work at every simulated event)."""
         return self.gpu_count * self.gpu_milli / WHOLE_CARD
 
 
