@@ -150,7 +150,6 @@ def decide(
     strategy: str = "fgd",
     mix: list[TaskType] | None = None,
     quotas: Quotas | None = None,
-    teams: dict[str, str] | None = None,
     rng: np.random.Generator | None = None,
 ) -> Decisions:
     """Decide one tick. ``cluster`` is the free capacity and is updated for the placements made."""
@@ -174,16 +173,22 @@ def decide(
         if not work.stopping:
             held[work.user] += work.request.gpus
             team_held[work.team] += work.request.gpus
-    users = {w.user for w in running} | {w.user for w in waiting}
-    fair = cluster.total_cards / max(len(users), 1)
+    # Fair share, as Slurm's: an equal share of the cluster per active user, and per active team for work
+    # that has one; a user or team at or over its share goes after those under it.
+    active = [*running, *waiting]
+    fair = cluster.total_cards / max(len({w.user for w in active}), 1)
+    team_fair = cluster.total_cards / max(len({w.team for w in active if w.team}), 1)
     fair_share = getattr(discipline.config, "fair_share", False)
 
-    # Projected holdings: a user's earlier queued work counts against their later work.
-    projected = dict(held)
+    # Projected holdings: a user's (and team's) earlier queued work counts against their later work.
+    projected, team_projected = defaultdict(float, held), defaultdict(float, team_held)
     keyed = []
     for work in sorted(waiting, key=lambda w: (wait_levels[w.id], w.priority, w.submitted, str(w.id))):
-        over = fair_share and projected.get(work.user, 0.0) >= fair
-        projected[work.user] = projected.get(work.user, 0.0) + work.request.gpus
+        over = fair_share and (
+            projected[work.user] >= fair or bool(work.team) and team_projected[work.team] >= team_fair
+        )
+        projected[work.user] += work.request.gpus
+        team_projected[work.team] += work.request.gpus
         keyed.append((discipline.key(work, wait_levels[work.id], over), work))
     keyed.sort(key=lambda pair: pair[0])
 
@@ -208,7 +213,7 @@ def decide(
         if head_blocked:
             wait(work, level, "behind earlier work")
             continue
-        quota_reason = _over_quota(work, held, team_held, quotas, teams)
+        quota_reason = _over_quota(work, held, team_held, quotas)
         if quota_reason:
             wait(work, level, quota_reason)
             continue
@@ -249,15 +254,14 @@ def decide(
     return out
 
 
-def _over_quota(work, held, team_held, quotas, teams) -> str:
+def _over_quota(work, held, team_held, quotas) -> str:
     if quotas is None:
         return ""
     limit = quotas.per_user.get(work.user, quotas.default_user)
     if limit is not None and held[work.user] + work.request.gpus > limit + 1e-9:
         return f"user quota of {limit:g} cards reached"
-    team = (teams or {}).get(work.user, work.team)
-    team_limit = quotas.per_team.get(team) if team else None
-    if team_limit is not None and team_held[team] + work.request.gpus > team_limit + 1e-9:
+    team_limit = quotas.per_team.get(work.team) if work.team else None
+    if team_limit is not None and team_held[work.team] + work.request.gpus > team_limit + 1e-9:
         return f"team quota of {team_limit:g} cards reached"
     return ""
 

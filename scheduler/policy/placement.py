@@ -216,7 +216,7 @@ def _run_starts(sorted_values: np.ndarray) -> np.ndarray:
     return np.flatnonzero(change)
 
 
-def _cached_mix_arrays(cluster: ClusterState, mix: list[TaskType]):
+def _cached_mix_arrays(cluster: ClusterState, mix: list[TaskType]) -> _MixArrays:
     """The mix as arrays, built once per mix object and kept with the cluster's other cached scores."""
     cached = cluster.score_cache.get("mix")
     if cached is None or cached[0] is not mix:

@@ -177,6 +177,19 @@ def test_a_user_under_their_fair_share_goes_before_one_over_it():
     assert [p.work_id for p in d.place] == ["bob"]
 
 
+def test_a_team_over_its_fair_share_goes_after_one_under_it():
+    # Two teams share 4 cards; team a already holds 3 (its share is 2). a3 is new and holds nothing itself,
+    # but comes after team b's later work.
+    c = cluster(node("n1", 0, 0, 0, 1000))
+    running = [work(f"a{i}", user=f"a{i}", team="a") for i in range(3)]
+    for i, r in enumerate(running):
+        r.node, r.cards = 0, [i]
+    first = work("a3", user="a3", team="a", submitted=0)
+    later = work("b1", user="b1", team="b", submitted=5)
+    d = decide([first, later], running, c, now=6, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
+    assert [p.work_id for p in d.place] == ["b1"]
+
+
 def test_quotas_hold_work_back_with_a_reason():
     c = cluster(node("n1", 1000, 1000, 1000))
     d = decide(
