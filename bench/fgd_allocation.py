@@ -30,7 +30,7 @@ POLICIES = {"random": "random", "bestfit": "bestfit", "ours": "fgd"}
 
 
 def requested_milli(pod) -> int:
-    return pod.gpu_count * pod.gpu_milli if pod.gpu_count else 0
+    return pod.gpu_count * pod.gpu_milli
 
 
 def arrivals(pods, rng, target_milli: float) -> list:

@@ -70,7 +70,8 @@ def simulate(
     cluster = ClusterState(nodes)
     rng = np.random.default_rng(seed)
     # FGD's expected workload: the trace's own request shapes, as the live tick uses recent submissions.
-    mix = task_mix((j.gpu_count, WHOLE_CARD if whole_cards_only else j.gpu_milli, j.cpu, j.memory_mb) for j in jobs)
+    shapes = ((j.gpu_count, WHOLE_CARD if whole_cards_only else j.gpu_milli, j.cpu, j.memory_mb) for j in jobs)
+    mix = task_mix(shapes) if strategy == "fgd" else None
     works: dict[int, Work] = {}
     executed: dict[int, float] = {}
     first_start: dict[int, float] = {}
