@@ -22,7 +22,7 @@ import numpy as np
 
 from scheduler.policy.cluster import ClusterState
 from scheduler.policy.placement import Request, choose, task_mix
-from scheduler.traces import read_openb_nodes, read_openb_pods
+from scheduler.sim.traces import read_openb_nodes, read_openb_pods
 
 POD_FILE = _setup.TRACES / "openb_pod_list_default.csv"
 NODE_FILE = _setup.TRACES / "openb_node_list_gpu_node.csv"

@@ -14,8 +14,8 @@ import time
 
 import _setup
 
-from scheduler.simulator import simulate, uniform_nodes
-from scheduler.traces import read_jobs
+from scheduler.sim.simulator import simulate, uniform_nodes
+from scheduler.sim.traces import read_jobs
 
 TRACE = _setup.TRACES / "philly.csv"
 

@@ -9,3 +9,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("gpucloud")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# The node agent's tasks live one level down (scheduler/node/tasks.py).
+app.autodiscover_tasks(["scheduler.node"])

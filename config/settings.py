@@ -1,7 +1,7 @@
 """Settings, all read from the environment with safe development defaults.
 
 Nonsense values fail loudly at start-up (django-environ raises on a bad int or
-bool); the GPU backend spec is checked by ``scheduler.gpus.parse_backend``.
+bool); the GPU backend spec is checked by ``scheduler.node.gpus.parse_sim_spec``.
 """
 
 from datetime import timedelta

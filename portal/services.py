@@ -6,9 +6,9 @@ from django.db import transaction
 
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
-from scheduler import services as scheduler
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
+from scheduler.services import workloads as scheduler
 
 # The scheduler names resources its own way; users see these field names.
 FIELD_NAMES = {"gpu_model": "gpu_type", "gpu_count": "gpus", "cpu_cores": "cpu_cores", "memory_mb": "memory_gb"}

@@ -2,13 +2,13 @@
 
 from django.dispatch import receiver
 
-from scheduler.lifecycle import HOLDING
+from scheduler.services.lifecycle import HOLDING
 from scheduler.signals import workload_changed
 
 
 @receiver(workload_changed)
 def tick_when_capacity_frees(sender, from_status, to_status, **kwargs):
     if from_status in HOLDING and to_status not in HOLDING:
-        from scheduler.services import tick_soon
+        from scheduler.services.workloads import tick_soon
 
         tick_soon()

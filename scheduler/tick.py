@@ -15,11 +15,11 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from scheduler import policy
-from scheduler.allocation import Share, allocation_create
-from scheduler.lifecycle import HOLDING
 from scheduler.models import Allocation, Quota, Workload, WorkloadStatus
 from scheduler.selectors import cluster_capacity
-from scheduler.services import send_to_node, workload_preempt
+from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.lifecycle import HOLDING
+from scheduler.services.workloads import NodeTask, send_to_node, workload_preempt
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
@@ -177,7 +177,7 @@ def schedule_tick() -> TickResult:
                     queue_position=None, queue_level=decisions.levels[workload.pk]
                 )
                 result.placed.append(workload.pk)
-                send_to_node(workload, "scheduler.tasks.workload_launch")
+                send_to_node(workload, NodeTask.LAUNCH)
         for preempt in decisions.preempt:
             if workload_preempt(
                 by_id[preempt.work_id], reason=f"making room for higher-priority work #{preempt.for_work_id}"

@@ -18,10 +18,10 @@ from rest_framework.test import APIClient
 
 from portal.demo import BASE_IMAGE, catalog_load
 from portal.models import GpuType, Image
-from scheduler.gpus import simulated_inventory
-from scheduler.images import base_image_build, image_exists, image_tag
-from scheduler.launcher import LABEL, docker_client
-from scheduler.nodes import node_register
+from scheduler.node.gpus import simulated_inventory
+from scheduler.node.images import base_image_build, image_exists, image_tag
+from scheduler.node.launcher import LABEL, docker_client
+from scheduler.services.nodes import node_register
 
 TEST_IMAGE = "gpucloud/pytorch:2.5.1-cuda12.4"
 

@@ -4,8 +4,8 @@ import pytest
 
 from billing.metering import meter_open
 from billing.models import MeterSegment
-from scheduler.lifecycle import workload_transition
 from scheduler.models import WorkloadStatus as S
+from scheduler.services.lifecycle import workload_transition
 from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db

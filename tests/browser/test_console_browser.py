@@ -4,7 +4,7 @@ import pytest
 from playwright.sync_api import expect
 
 from portal.models import Instance
-from scheduler.launcher import docker_client
+from scheduler.node.launcher import docker_client
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -9,8 +9,8 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from portal.models import Instance
-from scheduler.launcher import docker_client
 from scheduler.models import Workload
+from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status
 
 

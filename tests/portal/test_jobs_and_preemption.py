@@ -5,9 +5,9 @@ from django.db import connection
 
 from billing.models import MeterSegment
 from portal.models import Instance, Job
-from scheduler.agent import agent_reconcile
-from scheduler.launcher import docker_client
 from scheduler.models import Workload
+from scheduler.node.agent import agent_reconcile
+from scheduler.node.launcher import docker_client
 from tests.conftest import TEST_IMAGE, wait_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,7 +153,7 @@ def test_a_job_without_a_command_is_refused_naming_the_field(api, catalog, sim_n
 def test_a_finished_job_is_noticed_at_once_through_docker_events(api, catalog, node_worker):
     import threading
 
-    from scheduler.agent import watch_container_exits
+    from scheduler.node.agent import watch_container_exits
 
     stop = threading.Event()
     watcher = threading.Thread(target=watch_container_exits, args=(node_worker.name, stop), daemon=True)

@@ -9,7 +9,7 @@ import websockets
 from django.db import connection
 from django.test import Client
 
-from scheduler.lifecycle import workload_transition
+from scheduler.services.lifecycle import workload_transition
 from tests.portal.test_instance_api import create
 
 pytestmark = pytest.mark.django_db(transaction=True)

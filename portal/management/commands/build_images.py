@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand
 
 from portal.demo import BASE_IMAGE
 from portal.models import Image
-from scheduler.images import base_image_build, image_exists, image_tag
+from scheduler.node.images import base_image_build, image_exists, image_tag
 
 
 class Command(BaseCommand):

@@ -7,8 +7,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
-from scheduler.agent import agent_register, heartbeat_forever, watch_container_exits
 from scheduler.errors import ServiceError
+from scheduler.node.agent import agent_register, heartbeat_forever, watch_container_exits
 
 
 class Command(BaseCommand):

@@ -6,11 +6,11 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduler.gpus import parse_sim_spec
+from scheduler.node.gpus import parse_sim_spec
 from scheduler.policy import DISCIPLINES, STRATEGIES
 from scheduler.policy.cluster import CardSpec, NodeSpec
-from scheduler.simulator import simulate, uniform_nodes
-from scheduler.traces import read_jobs
+from scheduler.sim.simulator import simulate, uniform_nodes
+from scheduler.sim.traces import read_jobs
 
 
 class Command(BaseCommand):

@@ -5,10 +5,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from scheduler.allocation import Share, allocation_create
-from scheduler.gpus import simulated_inventory
 from scheduler.models import Gpu, Node, NodeStatus, WorkloadStatus
-from scheduler.nodes import node_heartbeat, node_register, nodes_mark_lost
+from scheduler.node.gpus import simulated_inventory
+from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.nodes import node_heartbeat, node_register, nodes_mark_lost
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
 

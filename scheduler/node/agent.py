@@ -15,12 +15,12 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from scheduler import launcher
-from scheduler.gpus import discover
-from scheduler.lifecycle import workload_transition
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadKind, WorkloadStatus
-from scheduler.nodes import node_heartbeat, node_register
-from scheduler.telemetry import nvml_samples, utilization_record
+from scheduler.node import launcher
+from scheduler.node.gpus import discover
+from scheduler.node.telemetry import nvml_samples, utilization_record
+from scheduler.services.lifecycle import workload_transition
+from scheduler.services.nodes import node_heartbeat, node_register
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus

@@ -20,7 +20,7 @@ from scheduler.policy.cluster import WHOLE_CARD, CardSpec, ClusterState, NodeSpe
 from scheduler.policy.decide import DISCIPLINES, decide
 from scheduler.policy.mlfq import MlfqConfig, Work, accrue
 from scheduler.policy.placement import Request, task_mix
-from scheduler.traces import TraceJob
+from scheduler.sim.traces import TraceJob
 
 
 @dataclass

@@ -5,18 +5,29 @@ node's queue (``transaction.on_commit``), where the node agent does it.
 """
 
 import logging
+from enum import StrEnum
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from scheduler.errors import Conflict, InvalidInput
-from scheduler.lifecycle import workload_transition
 from scheduler.models import Workload, WorkloadEvent, WorkloadStatus
 from scheduler.selectors import fit_problem
+from scheduler.services.lifecycle import workload_transition
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
+
+
+class NodeTask(StrEnum):
+    """Names of the node agent's tasks (``scheduler.node.tasks``), sent to queue ``node.<name>``."""
+
+    LAUNCH = "scheduler.node.tasks.agent_launch"
+    STOP = "scheduler.node.tasks.agent_stop"
+    RESTART = "scheduler.node.tasks.agent_restart"
+    RELEASE = "scheduler.node.tasks.agent_release"
+    RECONCILE = "scheduler.node.tasks.agent_reconcile"
 
 
 def workload_submit(
@@ -93,7 +104,7 @@ def workload_stop(workload: Workload) -> Workload:
         return workload
     if not workload_transition(workload, to=S.STOPPING, allowed_from=[S.RUNNING, S.STARTING], reason="stop requested"):
         raise Conflict(f"cannot stop: the {workload.kind} is {workload.status}")
-    send_to_node(workload, "scheduler.tasks.workload_stop")
+    send_to_node(workload, NodeTask.STOP)
     return workload
 
 
@@ -104,7 +115,7 @@ def workload_restart(workload: Workload) -> Workload:
     WorkloadEvent.objects.create(
         workload=workload, from_status=S.RUNNING, to_status=S.RUNNING, reason="restart requested"
     )
-    send_to_node(workload, "scheduler.tasks.workload_restart")
+    send_to_node(workload, NodeTask.RESTART)
     return workload
 
 
@@ -118,7 +129,7 @@ def workload_release(workload: Workload) -> Workload:
         ):
             return workload
     elif workload_transition(workload, to=S.RELEASING, allowed_from=releasable, reason="release requested"):
-        send_to_node(workload, "scheduler.tasks.workload_release", node=node)
+        send_to_node(workload, NodeTask.RELEASE, node=node)
         return workload
     if workload.status in (S.RUNNING, S.STARTING, S.STOPPING):
         raise Conflict(f"cannot release: the {workload.kind} is {workload.status}; stop it first")
@@ -145,5 +156,5 @@ def workload_preempt(workload: Workload, *, reason: str) -> bool:
         workload, to=S.STOPPING, allowed_from=[S.RUNNING], reason=f"preempted: {reason}", preempt_requested=True
     ):
         return False
-    send_to_node(workload, "scheduler.tasks.workload_stop")
+    send_to_node(workload, NodeTask.STOP)
     return True

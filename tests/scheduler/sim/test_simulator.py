@@ -5,8 +5,8 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from scheduler.simulator import simulate, uniform_nodes
-from scheduler.traces import TraceJob, detect, read_jobs
+from scheduler.sim.simulator import simulate, uniform_nodes
+from scheduler.sim.traces import TraceJob, detect, read_jobs
 
 PHILLY = """timestamp,duration,num_gpus,gpu_time,cluster
 2017-10-01 00:00:10,100.0,1,100.0,a

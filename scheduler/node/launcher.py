@@ -2,7 +2,7 @@
 
 ``container_spec`` turns a placed workload into the arguments of
 ``containers.create`` (a pure function); the rest talk to Docker. Nothing here
-may run inside a database transaction: callers in ``scheduler.agent`` commit
+may run inside a database transaction: callers in ``scheduler.node.agent`` commit
 first and call these after.
 """
 

@@ -11,7 +11,7 @@ import subprocess
 import tarfile
 
 from scheduler.errors import InvalidInput
-from scheduler.launcher import docker_client
+from scheduler.node.launcher import docker_client
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 DIRECTORIES = {

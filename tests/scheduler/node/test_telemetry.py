@@ -5,9 +5,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from scheduler.allocation import Share, allocation_create
 from scheduler.models import Workload, WorkloadStatus
-from scheduler.telemetry import GpuSample, utilization_record
+from scheduler.node.telemetry import GpuSample, utilization_record
+from scheduler.services.allocation import Share, allocation_create
 from scheduler.tick import schedule_tick
 from tests.conftest import make_node
 from tests.scheduler.factories import workload

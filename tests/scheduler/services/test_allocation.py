@@ -5,9 +5,9 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from scheduler.allocation import Share, allocation_create
-from scheduler.lifecycle import workload_transition
 from scheduler.models import Allocation, Gpu, Node, WorkloadEvent, WorkloadStatus
+from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.lifecycle import workload_transition
 from scheduler.tick import schedule_tick
 from tests.conftest import make_node, remove_node_containers
 from tests.scheduler.factories import workload
@@ -173,7 +173,7 @@ def test_concurrent_submissions_and_ticks_keep_every_card_and_node_within_capaci
     from django.db.models import Sum
 
     from scheduler.models import Workload
-    from scheduler.services import workload_submit
+    from scheduler.services.workloads import workload_submit
 
     node = make_node("sim:2xRTX3090", cpu_cores=16, memory_mb=32768)
     errors = []
@@ -222,7 +222,7 @@ def test_concurrent_submissions_and_ticks_keep_every_card_and_node_within_capaci
 
 def test_a_tick_does_not_overwrite_the_reason_of_work_that_moved_on_while_it_decided(user, node, monkeypatch):
     from scheduler import policy
-    from scheduler.services import workload_stop
+    from scheduler.services.workloads import workload_stop
 
     waiting = workload(user, gpu_milli=1000)
     blocker = workload(user, gpu_milli=1000)

@@ -5,9 +5,9 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.gpus import GpuInfo
-from scheduler.lifecycle import workload_transition
 from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.node.gpus import GpuInfo
+from scheduler.services.lifecycle import workload_transition
 
 
 def node_register(

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from scheduler.lifecycle import workload_transition
 from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.services.lifecycle import workload_transition
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import pytest
 
 from scheduler.errors import InvalidInput
-from scheduler.gpus import discover, model_key, parse_sim_spec, simulated_inventory
+from scheduler.node.gpus import discover, model_key, parse_sim_spec, simulated_inventory
 
 
 def test_it_parses_a_simulated_spec_with_memory_from_name_or_table():

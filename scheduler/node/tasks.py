@@ -1,0 +1,36 @@
+"""Node-queue Celery tasks (queue ``node.<name>``): take ids and call the node agent.
+
+Each task carries the name of the agent operation it runs; the control plane
+sends them by name (``scheduler.services.workloads.NodeTask``).
+"""
+
+from celery import shared_task
+
+from scheduler.node import agent
+
+NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
+
+
+@shared_task(**NODE_TASK)
+def agent_launch(workload_id: int):
+    agent.agent_launch(workload_id)
+
+
+@shared_task(**NODE_TASK)
+def agent_stop(workload_id: int):
+    agent.agent_stop(workload_id)
+
+
+@shared_task(**NODE_TASK)
+def agent_restart(workload_id: int):
+    agent.agent_restart(workload_id)
+
+
+@shared_task(**NODE_TASK)
+def agent_release(workload_id: int):
+    agent.agent_release(workload_id)
+
+
+@shared_task(ignore_result=True)
+def agent_reconcile(node_name: str):
+    agent.agent_reconcile(node_name)
