@@ -4,19 +4,26 @@ from decimal import Decimal
 
 from django import forms
 
+from portal import limits
 from portal.models import BillingMode
 
 
 class InstanceCreateForm(forms.Form):
-    name = forms.CharField(max_length=64, initial="my-instance")
+    name = forms.CharField(max_length=limits.NAME_CHARS, initial="my-instance")
     gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
     image = forms.TypedChoiceField(coerce=int)
     gpus = forms.DecimalField(
-        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=Decimal("0.1")
+        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=limits.GPU_FRACTION_STEP
     )
-    cpu_cores = forms.IntegerField(label="CPU cores", min_value=1, max_value=256, initial=2)
-    memory_gb = forms.IntegerField(label="Memory (GB)", min_value=1, max_value=4096, initial=8)
-    disk_gb = forms.IntegerField(label="Data disk (GB)", min_value=1, max_value=10240, initial=50)
+    cpu_cores = forms.IntegerField(
+        label="CPU cores", min_value=limits.CPU_CORES.min, max_value=limits.CPU_CORES.max, initial=2
+    )
+    memory_gb = forms.IntegerField(
+        label="Memory (GB)", min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, initial=8
+    )
+    disk_gb = forms.IntegerField(
+        label="Data disk (GB)", min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, initial=50
+    )
     billing_mode = forms.ChoiceField(choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
 
     def __init__(self, *args, gpu_types, images, **kwargs):
@@ -34,19 +41,27 @@ class InstanceCreateForm(forms.Form):
 
 
 class JobCreateForm(forms.Form):
-    name = forms.CharField(max_length=64, initial="train")
+    name = forms.CharField(max_length=limits.NAME_CHARS, initial="train")
     gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
     image = forms.TypedChoiceField(coerce=int)
     gpus = forms.DecimalField(
-        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=Decimal("0.1")
+        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=limits.GPU_FRACTION_STEP
     )
     command = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 4}), initial="python train.py --ckpt $GPUCLOUD_CHECKPOINT_DIR"
+        max_length=limits.COMMAND_CHARS,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        initial="python train.py --ckpt $GPUCLOUD_CHECKPOINT_DIR",
     )
-    cpu_cores = forms.IntegerField(label="CPU cores", min_value=1, max_value=256, initial=4)
-    memory_gb = forms.IntegerField(label="Memory (GB)", min_value=1, max_value=4096, initial=16)
+    cpu_cores = forms.IntegerField(
+        label="CPU cores", min_value=limits.CPU_CORES.min, max_value=limits.CPU_CORES.max, initial=4
+    )
+    memory_gb = forms.IntegerField(
+        label="Memory (GB)", min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, initial=16
+    )
     priority = forms.TypedChoiceField(coerce=int, choices=[(0, "High"), (1, "Normal"), (2, "Low")], initial=1)
-    max_runtime_s = forms.IntegerField(label="Max runtime (s)", min_value=60, required=False)
+    max_runtime_s = forms.IntegerField(
+        label="Max runtime (s)", min_value=limits.MAX_RUNTIME_S.min, max_value=limits.MAX_RUNTIME_S.max, required=False
+    )
 
     def __init__(self, *args, gpu_types, images, **kwargs):
         super().__init__(*args, **kwargs)

@@ -4,30 +4,30 @@ from decimal import Decimal
 
 from django.db import transaction
 
+from portal import limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
 from scheduler.errors import InvalidInput
-from scheduler.models import WorkloadKind
+from scheduler.models import WHOLE_CARD, WorkloadKind
 from scheduler.services import workloads as scheduler
 
 # The scheduler names resources its own way; users see these field names.
 FIELD_NAMES = {"gpu_model": "gpu_type", "gpu_count": "gpus", "cpu_cores": "cpu_cores", "memory_mb": "memory_gb"}
-MAX_CARDS = 8
 
 
 def check_gpus(gpus: Decimal) -> tuple[int, int]:
-    """Whole cards (1..8) or a fraction 0.1 .. 0.9 in steps of 0.1 -> (cards, thousandths per card)."""
-    if gpus != gpus.quantize(Decimal("0.1")) or gpus <= 0:
+    """Whole cards (1..MAX_CARDS) or a fraction 0.1 .. 0.9 in steps of 0.1 -> (cards, thousandths per card)."""
+    if gpus != gpus.quantize(limits.GPU_FRACTION_STEP) or gpus <= 0:
         raise InvalidInput("must be a whole number of cards or a fraction 0.1 .. 0.9 in steps of 0.1", field="gpus")
     if gpus < 1:
-        return 1, int(gpus * 1000)
+        return 1, int(gpus * WHOLE_CARD)
     if gpus != gpus.to_integral_value():
         raise InvalidInput(
             f"{gpus.normalize()} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus"
         )
-    if gpus > MAX_CARDS:
-        raise InvalidInput(f"at most {MAX_CARDS} cards per instance", field="gpus")
-    return int(gpus), 1000
+    if gpus > limits.MAX_CARDS:
+        raise InvalidInput(f"at most {limits.MAX_CARDS} cards per instance", field="gpus")
+    return int(gpus), WHOLE_CARD
 
 
 def _catalog(*, owner, image_id: int, gpu_type_id: int):

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
-WHOLE_CARD = 1000
+from scheduler.policy import WHOLE_CARD
 
 
 def new_uid() -> str:
@@ -213,7 +213,7 @@ class Allocation(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.workload_id} on {self.gpu} ({self.milli}/1000)"
+        return f"{self.workload_id} on {self.gpu} ({self.milli}/{WHOLE_CARD})"
 
 
 class WorkloadEvent(models.Model):

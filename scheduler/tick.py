@@ -104,7 +104,7 @@ def _estimated_starts(waiting: dict, by_id: dict, holding: list[Workload], clust
     share is held by work without an end (instances), the estimate is unknown.
     """
     free_now = {
-        model: float(cluster.free[cluster.exists & (cluster.model == code)].sum()) / 1000
+        model: float(cluster.free[cluster.exists & (cluster.model == code)].sum()) / policy.WHOLE_CARD
         for model, code in cluster.models.items()
     }
     ends: dict[str, list] = {}

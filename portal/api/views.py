@@ -2,19 +2,19 @@
 
 from decimal import Decimal
 
-from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal import selectors, services
+from portal import limits, selectors, services
 from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput, JobOutput
 from portal.models import BillingMode
 from portal.recommend import BYTES, recommend
+from scheduler import selectors as cluster
 from scheduler.errors import InvalidInput
-from scheduler.models import Gpu, Node, Priority
+from scheduler.models import Priority
 
 
 class ModelSizeInput(serializers.Serializer):
@@ -57,8 +57,8 @@ class WorkInput(serializers.Serializer):
     model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000, required=False)
     precision = serializers.ChoiceField(choices=list(BYTES), required=False)
     task = serializers.ChoiceField(choices=["train", "inference"], required=False)
-    cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=4)
-    memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=16)
+    cpu_cores = serializers.IntegerField(min_value=limits.CPU_CORES.min, max_value=limits.CPU_CORES.max, default=4)
+    memory_gb = serializers.IntegerField(min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, default=16)
 
     def work_fields(self) -> dict:
         """Validated data as service arguments, with a "recommend" GPU choice resolved."""
@@ -104,8 +104,8 @@ class ImageListApi(APIView):
 
 class InstanceListApi(APIView):
     class InputSerializer(WorkInput):
-        name = serializers.CharField(max_length=64, default="instance")
-        disk_gb = serializers.IntegerField(min_value=1, max_value=10240, default=50)
+        name = serializers.CharField(max_length=limits.NAME_CHARS, default="instance")
+        disk_gb = serializers.IntegerField(min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, default=50)
         billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
 
     @extend_schema(responses=InstanceOutput(many=True))
@@ -143,43 +143,45 @@ class InstanceActionApi(APIView):
 class NodeListApi(APIView):
     permission_classes = [IsAdminUser]
 
-    class OutputSerializer(serializers.ModelSerializer):
-        class GpuOutput(serializers.ModelSerializer):
-            class Meta:
-                model = Gpu
-                fields = ["index", "uuid", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"]
+    class OutputSerializer(serializers.Serializer):
+        class GpuOutput(serializers.Serializer):
+            index = serializers.IntegerField()
+            uuid = serializers.CharField()
+            model = serializers.CharField()
+            memory_mb = serializers.IntegerField()
+            allocated_milli = serializers.IntegerField()
+            allocated_memory_mb = serializers.IntegerField()
 
+        name = serializers.CharField()
+        hostname = serializers.CharField()
+        status = serializers.CharField()
+        simulated = serializers.BooleanField()
+        nvidia_runtime = serializers.BooleanField()
+        cpu_cores = serializers.IntegerField()
+        allocated_cpu = serializers.IntegerField()
+        memory_mb = serializers.IntegerField()
+        allocated_memory_mb = serializers.IntegerField()
+        docker_version = serializers.CharField()
+        last_heartbeat = serializers.DateTimeField()
         gpus = GpuOutput(many=True)
-
-        class Meta:
-            model = Node
-            fields = [
-                "name",
-                "hostname",
-                "status",
-                "simulated",
-                "nvidia_runtime",
-                "cpu_cores",
-                "allocated_cpu",
-                "memory_mb",
-                "allocated_memory_mb",
-                "docker_version",
-                "last_heartbeat",
-                "gpus",
-            ]
 
     @extend_schema(responses=OutputSerializer(many=True))
     def get(self, request):
-        nodes = Node.objects.prefetch_related(Prefetch("gpus", Gpu.objects.order_by("index")))
-        return Response(self.OutputSerializer(nodes, many=True).data)
+        return Response(self.OutputSerializer(cluster.node_list(), many=True).data)
 
 
 class JobListApi(APIView):
     class InputSerializer(WorkInput):
-        name = serializers.CharField(max_length=64, default="job")
-        command = serializers.CharField(max_length=10_000)
+        name = serializers.CharField(max_length=limits.NAME_CHARS, default="job")
+        command = serializers.CharField(max_length=limits.COMMAND_CHARS)
         priority = serializers.ChoiceField(choices=["high", "normal", "low"], default="normal")
-        max_runtime_s = serializers.IntegerField(min_value=60, required=False, allow_null=True, default=None)
+        max_runtime_s = serializers.IntegerField(
+            min_value=limits.MAX_RUNTIME_S.min,
+            max_value=limits.MAX_RUNTIME_S.max,
+            required=False,
+            allow_null=True,
+            default=None,
+        )
 
     @extend_schema(responses=JobOutput(many=True))
     def get(self, request):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import docker
 from django.conf import settings
 
-from scheduler.models import WorkloadKind
+from scheduler.models import WHOLE_CARD, WorkloadKind
 
 LABEL = "gpucloud"
 SNAPSHOT_REPOSITORY = "gpucloud-snapshot"
@@ -68,7 +68,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
                 "NPROC_PER_NODE": str(workload.gpu_count),
             }
         )
-    if workload.gpu_milli < 1000:
+    if workload.gpu_milli < WHOLE_CARD:
         # A fraction: MPS caps the compute share and pins the memory of the one visible card.
         environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
         environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={shares[0].memory_mb}M"

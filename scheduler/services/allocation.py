@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.models import WHOLE_CARD, Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
 
 
@@ -45,7 +45,7 @@ def allocation_create(*, workload: Workload, node_id: int, shares: list[Share]) 
                 card = cards[share.gpu_id]
                 if card.model != workload.gpu_model:
                     return False
-                if card.allocated_milli + share.milli > 1000:
+                if card.allocated_milli + share.milli > WHOLE_CARD:
                     return False
                 if card.allocated_memory_mb + share.memory_mb > card.memory_mb:
                     return False

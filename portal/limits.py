@@ -1,0 +1,25 @@
+"""What one instance or job may ask for: the bounds the console forms, the API serializers and
+the services share, defined once here.
+
+The upper bounds are product limits, not node sizes: a request within them that
+no node can give is refused by the scheduler with the field it exceeds.
+"""
+
+from decimal import Decimal
+from typing import NamedTuple
+
+
+class Range(NamedTuple):
+    min: int
+    max: int
+
+
+MAX_CARDS = 8  # whole cards per instance or job (one node's worth)
+GPU_FRACTION_STEP = Decimal("0.1")  # a share of one card: 0.1 .. 0.9 in these steps
+CPU_CORES = Range(1, 256)
+MEMORY_GB = Range(1, 4096)
+DISK_GB = Range(1, 10240)
+# A job's maximum runtime: at least a minute, at most 30 days (also keeps it within a database integer).
+MAX_RUNTIME_S = Range(60, 30 * 24 * 3600)
+NAME_CHARS = 64
+COMMAND_CHARS = 10_000
