@@ -2,12 +2,13 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from portal import selectors, services
 from portal.forms import InstanceCreateForm, JobCreateForm
-from scheduler.errors import ServiceError
+from scheduler.errors import NotFound, ServiceError
 
 
 def _create(request, form_class, template: str, create):
@@ -25,9 +26,15 @@ def _create(request, form_class, template: str, create):
 
 
 def _act(request, get, act, actions: dict, action: str, back: str):
-    """Run a named action on an object the user may touch; the outcome is a flash message."""
+    """Run a named action on an object the user may touch; the outcome is a flash message.
+
+    What the user may not see is a 404, as in the API, never a redirect that tells it exists.
+    """
     try:
         obj = get()
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    try:
         if action not in actions:
             raise ServiceError(f"unknown action {action}")
         act(obj, action)
@@ -91,9 +98,8 @@ def job_create(request):
 def job_detail(request, job_id: int):
     try:
         job = selectors.job_get(user=request.user, job_id=job_id)
-    except ServiceError as exc:
-        messages.error(request, exc.message)
-        return redirect("console-jobs")
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
     return render(request, "portal/job_detail.html", {"job": job, "events": job.workload.events.all()})
 
 

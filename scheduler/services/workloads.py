@@ -109,12 +109,13 @@ def workload_stop(workload: Workload) -> Workload:
 
 
 def workload_restart(workload: Workload) -> Workload:
-    """Restart the container of running work in place (same cards, same disk)."""
-    if workload.status != S.RUNNING:
+    """Restart the container of running work in place (same cards, same disk).
+
+    A compare-and-swap like every transition: it records the request only if the
+    work is still running at the moment of the write.
+    """
+    if not workload_transition(workload, to=S.RUNNING, allowed_from=[S.RUNNING], reason="restart requested"):
         raise Conflict(f"cannot restart: the {workload.kind} is {workload.status}")
-    WorkloadEvent.objects.create(
-        workload=workload, from_status=S.RUNNING, to_status=S.RUNNING, reason="restart requested"
-    )
     send_to_node(workload, NodeTask.RESTART)
     return workload
 
@@ -122,7 +123,7 @@ def workload_restart(workload: Workload) -> Workload:
 def workload_release(workload: Workload) -> Workload:
     """Delete the work for good: its container, data volume and disk snapshot."""
     node = workload.node or workload.pinned_node
-    releasable = [S.STOPPED, S.FAILED, S.QUEUED]
+    releasable = [S.STOPPED, S.FAILED, S.SUCCEEDED, S.QUEUED]
     if node is None:
         if workload_transition(
             workload, to=S.RELEASED, allowed_from=releasable, reason="released", finished_at=timezone.now()

@@ -166,3 +166,15 @@ def test_a_finished_job_is_noticed_at_once_through_docker_events(api, catalog, n
         stop.set()
         submit_job(api, catalog, command="true")  # one more event lets the watcher see ``stop``
         watcher.join(10)
+
+
+def test_a_succeeded_job_can_be_released_and_its_checkpoint_volume_goes(api, catalog, node_worker):
+    job = submit_job(api, catalog, command="echo done > $GPUCLOUD_CHECKPOINT_DIR/out")
+    wait_status(job.workload, "succeeded", poke=reconcile(node_worker))
+    volume = job.workload.volume_name
+    assert read_volume(volume, "out") == "done"
+
+    response = api.post(f"/api/v1/jobs/{job.pk}/release/")
+    assert response.status_code == 202, response.data
+    wait_status(job.workload, "released")
+    assert not docker_client().volumes.list(filters={"name": volume})
