@@ -4,6 +4,8 @@ Nonsense values fail loudly at start-up (django-environ raises on a bad int or
 bool); the GPU backend spec is checked by ``scheduler.node.gpus.parse_sim_spec``.
 """
 
+import hashlib
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -76,6 +78,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not memory, so a test's web-server subprocess can open the test database too.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Names this deployment's Docker objects (labels, shared volumes), so two deployments on one
+# engine never touch each other's. Default: derived from the database this deployment uses.
+_db_identity = "|".join(str(DATABASES["default"].get(k, "")) for k in ("ENGINE", "HOST", "PORT", "NAME"))
+DEPLOYMENT_ID = env.str("DEPLOYMENT_ID", default=hashlib.sha256(_db_identity.encode()).hexdigest()[:10])
+if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", DEPLOYMENT_ID):
+    raise environ.ImproperlyConfigured(
+        f"DEPLOYMENT_ID must be 1-32 lowercase letters, digits or dashes, not {DEPLOYMENT_ID!r}"
+    )
 
 AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
 LOGIN_URL = "login"

@@ -16,10 +16,16 @@ class InstanceCreateForm(forms.Form):
         label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=limits.GPU_FRACTION_STEP
     )
     cpu_cores = forms.IntegerField(
-        label="CPU cores", min_value=limits.CPU_CORES.min, max_value=limits.CPU_CORES.max, initial=2
+        label="CPU cores",
+        min_value=limits.CPU_CORES.min,
+        max_value=limits.CPU_CORES.max,
+        initial=limits.DEFAULT_CPU_CORES,
     )
     memory_gb = forms.IntegerField(
-        label="Memory (GB)", min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, initial=8
+        label="Memory (GB)",
+        min_value=limits.MEMORY_GB.min,
+        max_value=limits.MEMORY_GB.max,
+        initial=limits.DEFAULT_MEMORY_GB,
     )
     disk_gb = forms.IntegerField(
         label="Data disk (GB)", min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, initial=50
@@ -53,10 +59,16 @@ class JobCreateForm(forms.Form):
         initial="python train.py --ckpt $GPUCLOUD_CHECKPOINT_DIR",
     )
     cpu_cores = forms.IntegerField(
-        label="CPU cores", min_value=limits.CPU_CORES.min, max_value=limits.CPU_CORES.max, initial=4
+        label="CPU cores",
+        min_value=limits.CPU_CORES.min,
+        max_value=limits.CPU_CORES.max,
+        initial=limits.DEFAULT_CPU_CORES,
     )
     memory_gb = forms.IntegerField(
-        label="Memory (GB)", min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, initial=16
+        label="Memory (GB)",
+        min_value=limits.MEMORY_GB.min,
+        max_value=limits.MEMORY_GB.max,
+        initial=limits.DEFAULT_MEMORY_GB,
     )
     priority = forms.TypedChoiceField(coerce=int, choices=[(0, "High"), (1, "Normal"), (2, "Low")], initial=1)
     max_runtime_s = forms.IntegerField(

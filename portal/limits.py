@@ -17,6 +17,8 @@ class Range(NamedTuple):
 MAX_CARDS = 8  # whole cards per instance or job (one node's worth)
 GPU_FRACTION_STEP = Decimal("0.1")  # a share of one card: 0.1 .. 0.9 in these steps
 CPU_CORES = Range(1, 256)
+DEFAULT_CPU_CORES = 2  # what a request without a CPU count gets (fits a small development node)
+DEFAULT_MEMORY_GB = 8
 MEMORY_GB = Range(1, 4096)
 DISK_GB = Range(1, 10240)
 # A job's maximum runtime: at least a minute, at most 30 days (also keeps it within a database integer).

@@ -40,8 +40,16 @@ def real_services(django_db_setup, django_db_blocker):
     if os.environ.get("CI") and connection.vendor != "postgresql":
         pytest.exit("CI must run the suite on PostgreSQL: set DATABASE_URL", 3)
     settings.SCHEDULER_QUEUE = f"scheduler-test-{uuid.uuid4().hex[:8]}"
+    settings.DEPLOYMENT_ID = f"test-{uuid.uuid4().hex[:8]}"  # never the dev deployment's volumes
     yield
     redis.Redis.from_url(settings.REDIS_URL).delete(settings.SCHEDULER_QUEUE)
+    client = docker_client()
+    for container in client.containers.list(
+        all=True, filters={"label": f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"}
+    ):
+        container.remove(force=True)
+    for volume in client.volumes.list(filters={"label": f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"}):
+        volume.remove(force=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@
 set -euo pipefail
 PY=.venv/bin/python
 PORT=${PORT:-8000}
-export NODE_CPUS=${NODE_CPUS:-32} NODE_MEMORY_MB=${NODE_MEMORY_MB:-131072}
 export GPU_BACKEND=${GPU_BACKEND:-auto}
 mkdir -p var/log
 

@@ -57,8 +57,12 @@ class WorkInput(serializers.Serializer):
     model_params_b = serializers.FloatField(min_value=0.001, max_value=10_000, required=False)
     precision = serializers.ChoiceField(choices=list(BYTES), required=False)
     task = serializers.ChoiceField(choices=["train", "inference"], required=False)
-    cpu_cores = serializers.IntegerField(min_value=limits.CPU_CORES.min, max_value=limits.CPU_CORES.max, default=4)
-    memory_gb = serializers.IntegerField(min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, default=16)
+    cpu_cores = serializers.IntegerField(
+        min_value=limits.CPU_CORES.min, max_value=limits.CPU_CORES.max, default=limits.DEFAULT_CPU_CORES
+    )
+    memory_gb = serializers.IntegerField(
+        min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, default=limits.DEFAULT_MEMORY_GB
+    )
 
     def work_fields(self) -> dict:
         """Validated data as service arguments, with a "recommend" GPU choice resolved."""

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import launcher
 from scheduler.node.gpus import discover
@@ -35,10 +36,10 @@ def agent_launch(workload_id: int) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
     if workload is None or workload.status != S.STARTING:
         return
-    spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
     try:
+        spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
         container_id = launcher.container_launch(workload, spec)
-    except docker.errors.DockerException as exc:
+    except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)
         workload_transition(
             workload,
@@ -189,24 +190,33 @@ def _end_over_runtime(workload: Workload) -> None:
 
 
 def _short(exc: Exception) -> str:
-    return str(exc).splitlines()[0][:200]
+    text = exc.message if isinstance(exc, ServiceError) else str(exc)
+    return (text.splitlines() or [type(exc).__name__])[0][:200]
 
 
 def agent_register(node_name: str) -> Node:
     """Register this host and its cards (NVML, or the simulated spec)."""
     gpus, simulated = discover(settings.GPU_BACKEND, node_name=node_name, sim_default=settings.SIM_GPU_DEFAULT)
-    client = launcher.docker_client()
-    info = client.info()
+    info = launcher.docker_client().info()
+    host_cpus = os.cpu_count() or 1
+    host_memory_mb = info.get("MemTotal", 0) // (1024 * 1024)
     return node_register(
         name=node_name,
         hostname=socket.gethostname(),
-        cpu_cores=settings.NODE_CPUS or os.cpu_count() or 1,
-        memory_mb=settings.NODE_MEMORY_MB or info.get("MemTotal", 0) // (1024 * 1024),
+        # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has.
+        cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS"),
+        memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB"),
         gpus=gpus,
         simulated=simulated,
         nvidia_runtime="nvidia" in (info.get("Runtimes") or {}),
         docker_version=info.get("ServerVersion", ""),
     )
+
+
+def _at_most(configured: int, host: int, name: str) -> int:
+    if configured > host:
+        log.warning("%s=%s is more than this host has (%s): advertising %s", name, configured, host, host)
+    return min(configured, host) if configured else host
 
 
 def heartbeat_forever(node_name: str, stop: threading.Event, *, nvml: bool) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import docker
 from django.conf import settings
 
+from scheduler.errors import InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadKind
 
 LABEL = "gpucloud"
@@ -73,12 +74,16 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
         environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={shares[0].memory_mb}M"
     host_cpus = os.cpu_count() or 1
+    if workload.cpu_cores > host_cpus:
+        # Never quietly give less than was asked (and billed): Docker would cap the quota at the host.
+        raise InvalidInput(f"asks for {workload.cpu_cores} CPU cores; this host has {host_cpus}", field="cpu_cores")
     spec = dict(
         image=workload.image_ref,
         command=workload.command or settings.INSTANCE_IDLE_COMMAND,
         name=workload.container_name,
         hostname=f"{workload.kind}-{workload.pk}",
         labels={
+            f"{LABEL}.deployment": settings.DEPLOYMENT_ID,
             f"{LABEL}.workload": str(workload.pk),
             f"{LABEL}.uid": workload.uid,
             f"{LABEL}.kind": workload.kind,
@@ -88,9 +93,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
             f"{LABEL}.simulated": "1" if node.simulated else "0",
         },
         environment=environment,
-        # A node may advertise more cores than this host has (a simulated node):
-        # Docker refuses a quota above the host's count, so cap it there.
-        nano_cpus=int(min(workload.cpu_cores, host_cpus) * 1e9),
+        nano_cpus=int(workload.cpu_cores * 1e9),
         mem_limit=f"{workload.memory_mb}m",
         pids_limit=settings.INSTANCE_PIDS_LIMIT,
         security_opt=["no-new-privileges"],
@@ -105,7 +108,8 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
 
 
 def shared_volume_name(owner_id: int) -> str:
-    return f"gpucloud-shared-{owner_id}"
+    """The user's shared storage; named by deployment too, so two deployments on one engine never share it."""
+    return f"gpucloud-{settings.DEPLOYMENT_ID}-shared-{owner_id}"
 
 
 def _find(name: str):
@@ -147,12 +151,16 @@ def container_launch(workload, spec: dict) -> str:
         existing.remove()
         spec = {**spec, "image": snapshot.id}
     volume_labels = {
+        f"{LABEL}.deployment": settings.DEPLOYMENT_ID,
         f"{LABEL}.uid": workload.uid,
         f"{LABEL}.node": spec["labels"][f"{LABEL}.node"],
         f"{LABEL}.disk_gb": str(workload.disk_gb),
     }
     _ensure_volume(workload.volume_name, volume_labels)
-    _ensure_volume(shared_volume_name(workload.owner_id), {f"{LABEL}.owner": str(workload.owner_id)})
+    _ensure_volume(
+        shared_volume_name(workload.owner_id),
+        {f"{LABEL}.deployment": settings.DEPLOYMENT_ID, f"{LABEL}.owner": str(workload.owner_id)},
+    )
     _ensure_image(spec["image"])
     container = client.containers.create(**spec)
     container.start()
@@ -224,9 +232,10 @@ class ContainerState:
 
 
 def containers_on_node(node_name: str) -> dict[str, ContainerState]:
-    """Every platform container Docker has for this node, by workload uid."""
+    """Every container of this deployment that Docker has for this node, by workload uid."""
     found = {}
-    containers = docker_client().containers.list(all=True, filters={"label": f"{LABEL}.node={node_name}"})
+    labels = [f"{LABEL}.node={node_name}", f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"]
+    containers = docker_client().containers.list(all=True, filters={"label": labels})
     for c in containers:
         state = c.attrs.get("State", {})
         uid = c.labels.get(f"{LABEL}.uid", "")
