@@ -133,6 +133,9 @@ SCHEDULER_QUEUE = env.str("SCHEDULER_QUEUE", default="scheduler")
 CELERY_TASK_DEFAULT_QUEUE = SCHEDULER_QUEUE
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
+# Work in starting / stopping / releasing longer than this had its task die (no task outlives
+# the time limit): reconciliation settles it from what Docker reports.
+TRANSITION_DEADLINE_S = env.int("TRANSITION_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {

@@ -40,6 +40,9 @@ class Node(models.Model):
     docker_version = models.CharField(max_length=64, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    epoch = models.PositiveIntegerField(
+        default=0, help_text="Bumped at each agent start; heartbeats of an older agent are refused."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -100,6 +103,11 @@ class WorkloadStatus(models.TextChoices):
         return [cls.STARTING, cls.RUNNING, cls.STOPPING]
 
     @classmethod
+    def transitional(cls):
+        """States a node-agent task is expected to move on; each has a deadline (TRANSITION_DEADLINE_S)."""
+        return [cls.STARTING, cls.STOPPING, cls.RELEASING]
+
+    @classmethod
     def terminal(cls):
         return [cls.RELEASED]
 
@@ -152,6 +160,9 @@ class Workload(models.Model):
     log_tail = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=WorkloadStatus.choices, default=WorkloadStatus.QUEUED)
     status_reason = models.CharField(max_length=255, blank=True)
+    status_changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the status last changed: transitional states have a deadline from it."
+    )
     pinned_node = models.ForeignKey(
         Node,
         null=True,

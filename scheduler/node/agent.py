@@ -1,4 +1,4 @@
-"""What a node agent does for its host: launch, stop, restart, release, reconcile, heartbeat.
+"""What a node agent does for its host: register, launch, stop, restart, release (reconcile.py converges).
 
 Each function takes ids, reloads, returns early when the work is already done
 (so a redelivered task is harmless), talks to Docker outside any transaction,
@@ -8,20 +8,16 @@ then records the outcome with a compare-and-swap transition.
 import logging
 import os
 import socket
-import threading
 
-import docker
 from django.conf import settings
-from django.db import close_old_connections
 from django.utils import timezone
 
 from scheduler.errors import ServiceError
-from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadKind, WorkloadStatus
+from scheduler.models import Allocation, Node, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import launcher
 from scheduler.node.gpus import discover
-from scheduler.node.telemetry import nvml_samples, utilization_record
 from scheduler.services.lifecycle import workload_transition
-from scheduler.services.nodes import node_heartbeat, node_register
+from scheduler.services.nodes import node_register
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
@@ -71,7 +67,7 @@ def agent_stop(workload_id: int) -> None:
     grace = settings.PREEMPTION_GRACE_S if preempted else settings.INSTANCE_STOP_GRACE_S
     try:
         exit_code = launcher.container_stop(workload.container_name, grace_s=grace)
-    except docker.errors.DockerException as exc:
+    except Exception as exc:  # Docker or HTTP errors: the work ends failed rather than stuck in stopping
         workload_transition(
             workload,
             to=S.FAILED,
@@ -127,68 +123,6 @@ def agent_release(workload_id: int) -> None:
     )
 
 
-def agent_reconcile(node_name: str) -> list[int]:
-    """Converge the database with what Docker has on this node; returns the workloads changed."""
-    containers = launcher.containers_on_node(node_name)
-    changed = []
-    now = timezone.now()
-    for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING):
-        state = containers.get(workload.uid)
-        if state is not None and state.running:
-            if _over_runtime(workload, now):
-                _end_over_runtime(workload)
-                changed.append(workload.pk)
-            continue
-        to, reason, code = _outcome(workload, state)
-        fields = dict(exit_code=code, finished_at=now)
-        if workload.kind == WorkloadKind.JOB and state is not None:
-            fields["log_tail"] = launcher.container_logs_tail(state.name)
-        if workload_transition(workload, to=to, allowed_from=[S.RUNNING], reason=reason, **fields):
-            changed.append(workload.pk)
-            if workload.kind == WorkloadKind.JOB and state is not None:
-                launcher.container_delete(state.name)  # logs are kept; the checkpoint volume stays
-    # Containers of work that was released (or never known here) are removed.
-    known = set(Workload.objects.filter(uid__in=containers).exclude(status=S.RELEASED).values_list("uid", flat=True))
-    for uid, state in containers.items():
-        if uid not in known:
-            log.warning("removing orphan container %s", state.name)
-            launcher.container_delete(state.name)
-    return changed
-
-
-def _outcome(workload: Workload, state) -> tuple[str, str, int | None]:
-    if state is None:
-        return S.FAILED, "container disappeared from the node", None
-    if state.exit_code == 0:
-        if workload.kind == WorkloadKind.JOB:
-            return S.SUCCEEDED, "finished (exit code 0)", 0
-        return S.STOPPED, "container exited (code 0)", 0
-    why = "out of memory" if state.oom_killed else "killed or crashed"
-    return S.FAILED, f"container exited with code {state.exit_code} ({why})", state.exit_code
-
-
-def _over_runtime(workload: Workload, now) -> bool:
-    return bool(
-        workload.max_runtime_s
-        and workload.started_at
-        and (now - workload.started_at).total_seconds() > workload.max_runtime_s
-    )
-
-
-def _end_over_runtime(workload: Workload) -> None:
-    launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
-    log_tail = launcher.container_logs_tail(workload.container_name)
-    workload_transition(
-        workload,
-        to=S.FAILED,
-        allowed_from=[S.RUNNING],
-        finished_at=timezone.now(),
-        log_tail=log_tail,
-        reason=f"stopped: exceeded its maximum runtime of {workload.max_runtime_s} s",
-    )
-    launcher.container_delete(workload.container_name)
-
-
 def _short(exc: Exception) -> str:
     text = exc.message if isinstance(exc, ServiceError) else str(exc)
     return (text.splitlines() or [type(exc).__name__])[0][:200]
@@ -217,32 +151,3 @@ def _at_most(configured: int, host: int, name: str) -> int:
     if configured > host:
         log.warning("%s=%s is more than this host has (%s): advertising %s", name, configured, host, host)
     return min(configured, host) if configured else host
-
-
-def heartbeat_forever(node_name: str, stop: threading.Event, *, nvml: bool) -> None:
-    """Every NODE_HEARTBEAT_S until ``stop``: heartbeat, and on NVML hosts sample utilization."""
-    uuids = list(Gpu.objects.filter(node__name=node_name).values_list("uuid", flat=True)) if nvml else []
-    while not stop.wait(settings.NODE_HEARTBEAT_S):
-        try:
-            node_heartbeat(name=node_name)
-            if uuids:
-                utilization_record(node_name=node_name, samples=nvml_samples(uuids))
-        except Exception:  # a database or driver blip must not kill the heartbeat thread
-            log.exception("heartbeat of %s failed", node_name)
-        finally:
-            close_old_connections()
-
-
-def watch_container_exits(node_name: str, stop: threading.Event) -> None:
-    """Reconcile as soon as Docker reports one of this node's containers died (jobs finish, crashes)."""
-    filters = {"type": "container", "event": "die", "label": f"{launcher.LABEL}.node={node_name}"}
-    while not stop.is_set():
-        try:
-            for _ in launcher.docker_client().events(decode=True, filters=filters):
-                agent_reconcile(node_name)
-                close_old_connections()
-                if stop.is_set():
-                    return
-        except Exception:  # Docker restarted or the stream broke: reconnect after a pause
-            log.exception("docker event stream of %s broke; reconnecting", node_name)
-            stop.wait(5)

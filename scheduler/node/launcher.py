@@ -180,8 +180,11 @@ def container_stop(name: str, *, grace_s: int) -> int | None:
     container = _find(name)
     if container is None:
         return None
-    container.stop(timeout=grace_s)
-    container.reload()
+    try:
+        container.stop(timeout=grace_s)
+        container.reload()
+    except docker.errors.NotFound:  # removed meanwhile (a concurrent reconcile)
+        return None
     return container.attrs["State"]["ExitCode"]
 
 
@@ -194,10 +197,25 @@ def container_logs_tail(name: str) -> str:
 
 
 def container_delete(name: str) -> None:
-    """Remove the container only (its volumes stay)."""
+    """Remove the container only (its volumes stay). Already gone, or going, is fine."""
     container = _find(name)
-    if container is not None:
+    if container is None:
+        return
+    try:
         container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        # Two reconciles (events watcher, beat) may remove the same container: 409 "removal ... in progress".
+        if exc.status_code != 409:
+            raise
+
+
+def volume_delete(name: str) -> None:
+    try:
+        docker_client().volumes.get(name).remove(force=True)
+    except docker.errors.NotFound:
+        pass
 
 
 def container_restart(name: str, *, grace_s: int) -> bool:
@@ -210,20 +228,17 @@ def container_restart(name: str, *, grace_s: int) -> bool:
 
 def container_remove(workload) -> None:
     """Delete the container, its data volume and any disk snapshot (not the user's shared volume)."""
-    client = docker_client()
     container_delete(workload.container_name)
+    volume_delete(workload.volume_name)
     try:
-        client.volumes.get(workload.volume_name).remove(force=True)
-    except docker.errors.NotFound:
-        pass
-    try:
-        client.images.remove(f"{SNAPSHOT_REPOSITORY}:{workload.uid}", force=True)
+        docker_client().images.remove(f"{SNAPSHOT_REPOSITORY}:{workload.uid}", force=True)
     except docker.errors.ImageNotFound:
         pass
 
 
 @dataclass(frozen=True)
 class ContainerState:
+    id: str
     uid: str
     name: str
     running: bool
@@ -240,9 +255,15 @@ def containers_on_node(node_name: str) -> dict[str, ContainerState]:
         state = c.attrs.get("State", {})
         uid = c.labels.get(f"{LABEL}.uid", "")
         found[uid] = ContainerState(
-            uid, c.name, c.status == "running", state.get("ExitCode"), bool(state.get("OOMKilled"))
+            c.id, uid, c.name, c.status == "running", state.get("ExitCode"), bool(state.get("OOMKilled"))
         )
     return found
+
+
+def volumes_on_node(node_name: str) -> dict[str, str]:
+    """Data volumes of this deployment's work on this node, by workload uid -> volume name."""
+    labels = [f"{LABEL}.node={node_name}", f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"]
+    return {v.attrs["Labels"][f"{LABEL}.uid"]: v.name for v in docker_client().volumes.list(filters={"label": labels})}
 
 
 def docker_version() -> str:

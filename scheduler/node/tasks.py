@@ -6,7 +6,7 @@ sends them by name (``scheduler.services.workloads.NodeTask``).
 
 from celery import shared_task
 
-from scheduler.node import agent
+from scheduler.node import agent, reconcile
 
 NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
 
@@ -33,4 +33,4 @@ def agent_release(workload_id: int):
 
 @shared_task(ignore_result=True)
 def agent_reconcile(node_name: str):
-    agent.agent_reconcile(node_name)
+    reconcile.agent_reconcile(node_name)

@@ -7,6 +7,7 @@ so no path can leave a share held by work that no longer runs.
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.signals import workload_changed
@@ -26,7 +27,7 @@ def workload_transition(workload: Workload, *, to: str, allowed_from, reason: st
         return False
     with transaction.atomic():
         updated = Workload.objects.filter(pk=workload.pk, status=current).update(
-            status=to, status_reason=reason[:255], **fields
+            status=to, status_reason=reason[:255], status_changed_at=timezone.now(), **fields
         )
         if not updated:
             return False

@@ -12,9 +12,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler.errors import Conflict, InvalidInput
-from scheduler.models import Workload, WorkloadEvent, WorkloadStatus
+from scheduler.models import NodeStatus, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.selectors import fit_problem
 from scheduler.services.lifecycle import workload_transition
+from scheduler.services.nodes import workload_release_on_lost_node
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
@@ -124,7 +125,12 @@ def workload_release(workload: Workload) -> Workload:
     """Delete the work for good: its container, data volume and disk snapshot."""
     node = workload.node or workload.pinned_node
     releasable = [S.STOPPED, S.FAILED, S.SUCCEEDED, S.QUEUED]
-    if node is None:
+    if node is not None:
+        node.refresh_from_db(fields=["status"])
+    if node is not None and node.status == NodeStatus.LOST and workload.status in releasable:
+        if workload_release_on_lost_node(workload, node):
+            return workload
+    elif node is None:
         if workload_transition(
             workload, to=S.RELEASED, allowed_from=releasable, reason="released", finished_at=timezone.now()
         ):

@@ -1,13 +1,16 @@
 """Batch jobs and preemption on a real worker and real containers."""
 
+import contextlib
+import threading
+
 import pytest
 from django.db import connection
 
 from billing.models import MeterSegment
 from portal.models import Instance, Job
 from scheduler.models import Workload
-from scheduler.node.agent import agent_reconcile
 from scheduler.node.launcher import docker_client
+from scheduler.node.reconcile import agent_reconcile, watch_container_exits
 from tests.conftest import TEST_IMAGE, wait_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,12 +76,56 @@ def test_a_job_runs_to_completion_and_keeps_exit_code_logs_and_its_distributed_e
     assert not job.workload.allocations.exists()
 
 
-def test_a_job_over_its_maximum_runtime_is_stopped(api, catalog, node_worker):
-    job = submit_job(api, catalog, command="sleep 600", max_runtime_s=60)
-    wait_status(job.workload, "running")
-    Workload.objects.filter(pk=job.workload.pk).update(max_runtime_s=1)
-    wait_status(job.workload, "failed", poke=reconcile(node_worker))
-    assert "maximum runtime" in job.workload.status_reason
+@contextlib.contextmanager
+def exit_watcher(node):
+    """The node agent's Docker-events watcher, running beside the test."""
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        # One more container event lets the watcher see ``stop``.
+        docker_client().containers.run(
+            TEST_IMAGE, ["true"], remove=True, network_mode="none", labels={"gpucloud.node": node.name}
+        )
+        watcher.join(10)
+
+
+def test_a_job_over_its_maximum_runtime_is_stopped_and_says_so_even_when_the_exit_watcher_sees_the_exit_first(
+    api, catalog, node_worker, settings, monkeypatch
+):
+    """The stop's own exit (137) must not be taken for a crash by the Docker-events watcher."""
+    from scheduler.node import launcher
+    from scheduler.node import reconcile as node_reconcile
+
+    settings.INSTANCE_STOP_GRACE_S = 1
+    watcher_reconciled = threading.Event()
+    reconcile_once, logs_tail = node_reconcile.agent_reconcile, launcher.container_logs_tail
+
+    def watcher_reconcile(name):
+        try:
+            return reconcile_once(name)
+        finally:
+            watcher_reconciled.set()
+
+    def slow_logs_tail(name):
+        # The over-runtime path reads the log after its stop: let the watcher act on the exit first.
+        if threading.current_thread() is threading.main_thread():
+            watcher_reconciled.wait(10)
+        return logs_tail(name)
+
+    monkeypatch.setattr(node_reconcile, "agent_reconcile", watcher_reconcile)
+    monkeypatch.setattr(launcher, "container_logs_tail", slow_logs_tail)
+    with exit_watcher(node_worker):
+        job = submit_job(api, catalog, command="sleep 600", max_runtime_s=60)
+        wait_status(job.workload, "running")
+        watcher_reconciled.clear()
+        Workload.objects.filter(pk=job.workload.pk).update(max_runtime_s=1)
+        wait_status(job.workload, "failed", poke=reconcile(node_worker))
+    assert watcher_reconciled.is_set()
+    assert "maximum runtime of 1 s" in job.workload.status_reason
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint_and_finishes(api, catalog, node_worker, settings):
@@ -151,21 +198,10 @@ def test_a_job_without_a_command_is_refused_naming_the_field(api, catalog, sim_n
 
 
 def test_a_finished_job_is_noticed_at_once_through_docker_events(api, catalog, node_worker):
-    import threading
-
-    from scheduler.node.agent import watch_container_exits
-
-    stop = threading.Event()
-    watcher = threading.Thread(target=watch_container_exits, args=(node_worker.name, stop), daemon=True)
-    watcher.start()
-    try:
+    with exit_watcher(node_worker):
         job = submit_job(api, catalog, command="sleep 1; echo finished")
         wait_status(job.workload, "succeeded", timeout=20)  # no reconcile poke: the die event does it
-        assert "finished" in job.workload.log_tail
-    finally:
-        stop.set()
-        submit_job(api, catalog, command="true")  # one more event lets the watcher see ``stop``
-        watcher.join(10)
+    assert "finished" in job.workload.log_tail
 
 
 def test_a_succeeded_job_can_be_released_and_its_checkpoint_volume_goes(api, catalog, node_worker):

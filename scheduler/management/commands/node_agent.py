@@ -1,5 +1,7 @@
 """Run this host's node agent: register its cards, heartbeat, and serve queue node.<name>."""
 
+import os
+import signal
 import socket
 import threading
 
@@ -8,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
 from scheduler.errors import ServiceError
-from scheduler.node.agent import agent_register, heartbeat_forever, watch_container_exits
+from scheduler.node.agent import agent_register
+from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 
 
 class Command(BaseCommand):
@@ -20,6 +23,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, name, concurrency, **options):
         try:
+            # Fence first: whatever this host runs that the database no longer assigns to it
+            # (work lost or released while the agent was away) stops before it takes new work.
+            agent_reconcile(name)
             node = agent_register(name)
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
@@ -27,8 +33,12 @@ class Command(BaseCommand):
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
         stop = threading.Event()
+        uuids = [] if node.simulated else [g.uuid for g in node.gpus.all()]
         threading.Thread(
-            target=heartbeat_forever, args=(node.name, stop), kwargs={"nvml": not node.simulated}, daemon=True
+            target=heartbeat_forever,
+            args=(node.name, node.epoch, stop),
+            kwargs={"uuids": uuids, "on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM)},
+            daemon=True,
         ).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
         try:

@@ -1,13 +1,19 @@
 """The node agent against the real Docker engine: what it promises and what it refuses."""
 
 import os
+from datetime import timedelta
 
 import pytest
+from django.conf import settings
+from django.utils import timezone
 
-from scheduler.models import WorkloadStatus
+from scheduler.models import Node, Workload, WorkloadStatus
 from scheduler.node import launcher
-from scheduler.node.agent import agent_launch, agent_reconcile, agent_register
+from scheduler.node.agent import agent_launch, agent_register
+from scheduler.node.reconcile import agent_reconcile
+from scheduler.services import lifecycle
 from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.nodes import nodes_mark_lost
 from tests.conftest import make_node, remove_node_containers
 from tests.scheduler.factories import workload
 
@@ -58,3 +64,109 @@ def test_shared_volumes_and_reconciliation_are_per_deployment(user, base_image, 
     finally:
         other.remove(force=True)
         remove_node_containers(node.name)
+
+
+def running_instance(user, node, image):
+    w = workload(user, image_ref=image, cpu=1)
+    card = node.gpus.get()
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    agent_launch(w.pk)
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.RUNNING, w.status_reason
+    return w
+
+
+def is_running(w) -> bool:
+    state = launcher.containers_on_node(w.node.name).get(w.uid)
+    return state is not None and state.running
+
+
+def test_a_returning_node_stops_containers_of_work_it_lost_but_keeps_their_disk(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
+        nodes_mark_lost(silent_for=timedelta(seconds=30))
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.FAILED and is_running(w)  # a partitioned host keeps running it
+
+        agent_reconcile(node.name)  # the fence the agent runs before it rejoins
+
+        assert not is_running(w)
+        assert w.container_name in {c.name for c in launcher.docker_client().containers.list(all=True)}
+        assert w.volume_name in launcher.volumes_on_node(node.name).values()
+    finally:
+        remove_node_containers(node.name)
+
+
+def test_containers_and_volumes_of_work_released_while_the_node_was_away_are_removed(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        Workload.objects.filter(pk=w.pk).update(status=WorkloadStatus.RELEASED)
+
+        agent_reconcile(node.name)
+
+        assert launcher.containers_on_node(node.name) == {}
+        assert launcher.volumes_on_node(node.name) == {}
+    finally:
+        remove_node_containers(node.name)
+
+
+@pytest.mark.parametrize("status", [WorkloadStatus.STARTING, WorkloadStatus.STOPPING, WorkloadStatus.RELEASING])
+def test_work_whose_task_died_in_a_transitional_state_is_settled_after_its_deadline(user, base_image, status):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        card = node.gpus.get()
+        # The task that should move it on was lost (worker killed): only the row says where it stands.
+        Workload.objects.filter(pk=w.pk).update(
+            status=status, status_changed_at=timezone.now() - timedelta(seconds=settings.TRANSITION_DEADLINE_S + 1)
+        )
+        if status == WorkloadStatus.RELEASING:
+            w.refresh_from_db()
+            lifecycle.allocations_free(w.pk)  # what stop did before the release was asked
+
+        agent_reconcile(node.name)
+
+        w.refresh_from_db()
+        card.refresh_from_db()
+        expected = {
+            WorkloadStatus.STARTING: WorkloadStatus.RUNNING,  # Docker shows it running: it did start
+            WorkloadStatus.STOPPING: WorkloadStatus.STOPPED,
+            WorkloadStatus.RELEASING: WorkloadStatus.RELEASED,
+        }[status]
+        assert w.status == expected, w.status_reason
+        if status != WorkloadStatus.STARTING:
+            assert not is_running(w) and card.allocated_milli == 0
+    finally:
+        remove_node_containers(node.name)
+
+
+def test_a_launch_that_never_started_its_container_fails_after_the_deadline_and_frees_its_cards(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    w = workload(user, image_ref=base_image)
+    card = node.gpus.get()
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    Workload.objects.filter(pk=w.pk).update(
+        status_changed_at=timezone.now() - timedelta(seconds=settings.TRANSITION_DEADLINE_S + 1)
+    )
+
+    agent_reconcile(node.name)
+
+    w.refresh_from_db()
+    card.refresh_from_db()
+    assert w.status == WorkloadStatus.FAILED and "did not finish" in w.status_reason
+    assert card.allocated_milli == 0
+
+
+def test_work_within_its_deadline_is_left_to_its_task(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    w = workload(user, image_ref=base_image)
+    card = node.gpus.get()
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+
+    agent_reconcile(node.name)
+
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.STARTING

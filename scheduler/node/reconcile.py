@@ -1,0 +1,217 @@
+"""Converging a node with the database: what Docker really has decides.
+
+``agent_reconcile`` runs on every reconcile beat, on every container exit
+(Docker events), and before a node (re)joins the cluster. It
+
+- records the end of running work whose container stopped (exit code, logs),
+  and stops jobs past their maximum runtime;
+- settles work stuck in a transitional state past ``TRANSITION_DEADLINE_S``
+  (its task died: worker killed, time limit, a timeout) from what Docker shows;
+- fences the node: a running container whose workload is not assigned to this
+  node in a holding state is stopped (its disk stays), and containers and
+  volumes of released or unknown work are removed.
+
+Docker is read first, the database second: work that starts after the read
+cannot be mistaken for an orphan.
+"""
+
+import logging
+import threading
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.models import Q
+from django.utils import timezone
+
+from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadStatus
+from scheduler.node import launcher
+from scheduler.node.agent import agent_release, agent_stop
+from scheduler.node.telemetry import nvml_samples, utilization_record
+from scheduler.services.lifecycle import workload_transition
+from scheduler.services.nodes import node_heartbeat, node_rejoin
+
+log = logging.getLogger(__name__)
+S = WorkloadStatus
+
+
+def agent_reconcile(node_name: str) -> list[int]:
+    """Converge the database with what Docker has on this node; returns the workloads changed."""
+    containers = launcher.containers_on_node(node_name)
+    volumes = launcher.volumes_on_node(node_name)
+    now = timezone.now()
+    changed = _settle_running(node_name, containers, now)
+    changed += _settle_overdue(node_name, containers, now)
+    _fence(node_name, containers, volumes)
+    return changed
+
+
+def _settle_running(node_name: str, containers: dict, now) -> list[int]:
+    changed = []
+    for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING):
+        state = containers.get(workload.uid)
+        if state is not None and state.running:
+            if _over_runtime(workload, now) and _end_over_runtime(workload):
+                changed.append(workload.pk)
+            continue
+        to, reason, code = _outcome(workload, state)
+        fields = dict(exit_code=code, finished_at=now)
+        if workload.kind == WorkloadKind.JOB and state is not None:
+            fields["log_tail"] = launcher.container_logs_tail(state.name)
+        if workload_transition(workload, to=to, allowed_from=[S.RUNNING], reason=reason, **fields):
+            changed.append(workload.pk)
+            if workload.kind == WorkloadKind.JOB and state is not None:
+                launcher.container_delete(state.name)  # logs are kept; the checkpoint volume stays
+    return changed
+
+
+def _outcome(workload: Workload, state) -> tuple[str, str, int | None]:
+    if state is None:
+        return S.FAILED, "container disappeared from the node", None
+    if state.exit_code == 0:
+        if workload.kind == WorkloadKind.JOB:
+            return S.SUCCEEDED, "finished (exit code 0)", 0
+        return S.STOPPED, "container exited (code 0)", 0
+    why = "out of memory" if state.oom_killed else "killed or crashed"
+    return S.FAILED, f"container exited with code {state.exit_code} ({why})", state.exit_code
+
+
+def _over_runtime(workload: Workload, now) -> bool:
+    return bool(
+        workload.max_runtime_s
+        and workload.started_at
+        and (now - workload.started_at).total_seconds() > workload.max_runtime_s
+    )
+
+
+def _end_over_runtime(workload: Workload) -> bool:
+    """Claim the work (running -> stopping) before touching its container, then stop it.
+
+    The claim comes first so the exit the stop causes is not read by a concurrent
+    reconcile (the Docker-events watcher) as a crash: only one of them can win it.
+    """
+    limit = f"exceeded its maximum runtime of {workload.max_runtime_s} s"
+    if not workload_transition(workload, to=S.STOPPING, allowed_from=[S.RUNNING], reason=f"stopping: {limit}"):
+        return False
+    exit_code = launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+    workload_transition(
+        workload,
+        to=S.FAILED,
+        allowed_from=[S.STOPPING],
+        finished_at=timezone.now(),
+        exit_code=exit_code,
+        log_tail=launcher.container_logs_tail(workload.container_name),
+        reason=f"stopped: {limit}",
+    )
+    launcher.container_delete(workload.container_name)
+    return True
+
+
+def _settle_overdue(node_name: str, containers: dict, now) -> list[int]:
+    """Work whose node task died in a transitional state: finish the move from what Docker shows."""
+    deadline = settings.TRANSITION_DEADLINE_S
+    overdue = Workload.objects.filter(
+        Q(node__name=node_name) | Q(node__isnull=True, pinned_node__name=node_name),
+        status__in=S.transitional(),
+        status_changed_at__lt=now - timedelta(seconds=deadline),
+    )
+    changed = []
+    for workload in overdue:
+        log.warning("workload %s has been %s for over %s s; settling it", workload.pk, workload.status, deadline)
+        if workload.status == S.STOPPING:
+            agent_stop(workload.pk)  # idempotent: stops the container if it still runs, records the end
+        elif workload.status == S.RELEASING:
+            agent_release(workload.pk)
+        else:
+            state = containers.get(workload.uid)
+            if state is not None and state.running:
+                workload_transition(
+                    workload,
+                    to=S.RUNNING,
+                    allowed_from=[S.STARTING],
+                    reason="container running (confirmed by reconciliation)",
+                    container_id=state.id,
+                    started_at=now,
+                )
+            else:
+                workload_transition(
+                    workload,
+                    to=S.FAILED,
+                    allowed_from=[S.STARTING],
+                    reason=f"failed to start: its launch did not finish within {deadline} s; start it again",
+                    finished_at=now,
+                )
+        changed.append(workload.pk)
+    return changed
+
+
+def _fence(node_name: str, containers: dict, volumes: dict) -> None:
+    """Stop what may not run here; remove what belongs to no live work."""
+    owners = {w.uid: w for w in Workload.objects.filter(uid__in={*containers, *volumes}).select_related("node")}
+    holding = set(S.holding_resources())
+    for uid, state in containers.items():
+        workload = owners.get(uid)
+        if workload is None or workload.status == S.RELEASED:
+            log.warning("removing orphan container %s", state.name)
+            launcher.container_delete(state.name)
+        elif state.running and not (workload.status in holding and workload.node and workload.node.name == node_name):
+            # Work that was lost, requeued elsewhere or stopped while this node was away: its disk stays.
+            log.warning(
+                "stopping container %s: its %s is %s, not running here", state.name, workload.kind, workload.status
+            )
+            launcher.container_stop(state.name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+    for uid, name in volumes.items():
+        workload = owners.get(uid)
+        if workload is None or workload.status == S.RELEASED:
+            log.warning("removing orphan volume %s", name)
+            launcher.volume_delete(name)
+
+
+def watch_container_exits(node_name: str, stop: threading.Event) -> None:
+    """Reconcile as soon as Docker reports one of this node's containers died (jobs finish, crashes)."""
+    filters = {"type": "container", "event": "die", "label": f"{launcher.LABEL}.node={node_name}"}
+    while not stop.is_set():
+        try:
+            for _ in launcher.docker_client().events(decode=True, filters=filters):
+                try:
+                    agent_reconcile(node_name)
+                except Exception:  # one failed reconcile must not end the event stream
+                    log.exception("reconcile of %s after a container exit failed", node_name)
+                finally:
+                    close_old_connections()
+                if stop.is_set():
+                    return
+        except Exception:  # Docker restarted or the stream broke: reconnect after a pause
+            log.exception("docker event stream of %s broke; reconnecting", node_name)
+            stop.wait(5)
+
+
+def heartbeat_forever(
+    node_name: str, epoch: int, stop: threading.Event, *, uuids: list[str], on_superseded=None
+) -> None:
+    """Every NODE_HEARTBEAT_S until ``stop``: heartbeat; on NVML hosts (``uuids``) sample utilization.
+
+    A node the control plane marked lost fences itself (stops every container
+    not assigned to it) before it rejoins. A heartbeat refused because a newer
+    agent registered this node (a higher epoch) ends this loop and calls
+    ``on_superseded`` (the agent command shuts its worker down).
+    """
+    while not stop.wait(settings.NODE_HEARTBEAT_S):
+        try:
+            status = node_heartbeat(name=node_name, epoch=epoch)
+            if status is None:
+                log.error("node %s was registered by a newer agent (epoch > %s): this agent stops", node_name, epoch)
+                stop.set()
+                if on_superseded is not None:
+                    on_superseded()
+                return
+            if status == NodeStatus.LOST:
+                log.warning("node %s was marked lost: fencing its containers before it rejoins", node_name)
+                agent_reconcile(node_name)
+                node_rejoin(name=node_name, epoch=epoch)
+            if uuids:
+                utilization_record(node_name=node_name, samples=nvml_samples(uuids))
+        except Exception:  # a database or driver blip must not kill the heartbeat thread
+            log.exception("heartbeat of %s failed", node_name)
+        finally:
+            close_old_connections()
