@@ -1,9 +1,24 @@
-"""Open and close meter segments; both are idempotent (safe to repeat after a crash)."""
+"""Open and close meter segments, and reconcile them with the workload event history.
+
+Segments start and end at the times of the events that record the container
+really running and really stopping. The live receivers open and close them as
+events happen; ``meter_reconcile`` rebuilds the same boundaries from the event
+history and repairs whatever a lost receiver call (a crash after commit) left
+behind. Every step is idempotent: safe to repeat after a crash.
+"""
+
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import MeterSegment
+from scheduler.models import WorkloadEvent, WorkloadStatus
+
+RUNNING = WorkloadStatus.RUNNING
+# A segment opened by the live receiver before its start was taken from the event
+# (older rows) matches an interval whose start is this close.
+MATCH_WITHIN = timedelta(seconds=5)
 
 
 def meter_open(*, workload_id: int, at=None) -> None:
@@ -11,10 +26,57 @@ def meter_open(*, workload_id: int, at=None) -> None:
         with transaction.atomic():
             MeterSegment.objects.create(workload_id=workload_id, started_at=at or timezone.now())
     except IntegrityError:
-        pass  # already open: the unique constraint on open segments makes this a no-op
+        pass  # already open (or already recorded): the unique constraints make this a no-op
 
 
 def meter_close(*, workload_id: int, reason: str, at=None) -> None:
     MeterSegment.objects.filter(workload_id=workload_id, ended_at__isnull=True).update(
         ended_at=at or timezone.now(), end_reason=reason[:255]
     )
+
+
+def running_intervals(events) -> list[tuple[datetime, datetime | None, str]]:
+    """(start, end or None while still running, end reason) for each stretch the events say ran."""
+    intervals = []
+    start = None
+    for event in events:
+        if event.to_status == RUNNING and event.from_status != RUNNING and start is None:
+            start = event.created_at
+        elif event.from_status == RUNNING and event.to_status != RUNNING and start is not None:
+            intervals.append((start, event.created_at, f"{event.to_status}: {event.reason}"))
+            start = None
+    if start is not None:
+        intervals.append((start, None, ""))
+    return intervals
+
+
+def meter_reconcile(*, since: datetime) -> int:
+    """Make the segments of work that changed since ``since`` (or is metered now) match its events.
+
+    Returns how many segments were created or closed.
+    """
+    workload_ids = set(WorkloadEvent.objects.filter(created_at__gte=since).values_list("workload_id", flat=True))
+    workload_ids |= set(MeterSegment.objects.filter(ended_at__isnull=True).values_list("workload_id", flat=True))
+    return sum(_reconcile_workload(workload_id) for workload_id in workload_ids)
+
+
+def _reconcile_workload(workload_id: int) -> int:
+    events = WorkloadEvent.objects.filter(workload_id=workload_id).order_by("created_at", "id")
+    segments = list(MeterSegment.objects.filter(workload_id=workload_id))
+    fixed = 0
+    for start, end, reason in running_intervals(events):
+        segment = next((s for s in segments if abs(s.started_at - start) <= MATCH_WITHIN), None)
+        if segment is None:
+            try:
+                with transaction.atomic():
+                    MeterSegment.objects.create(
+                        workload_id=workload_id, started_at=start, ended_at=end, end_reason=reason
+                    )
+                fixed += 1
+            except IntegrityError:
+                pass  # the live receiver recorded it meanwhile
+        elif segment.ended_at is None and end is not None:
+            fixed += MeterSegment.objects.filter(pk=segment.pk, ended_at__isnull=True).update(
+                ended_at=end, end_reason=reason[:255]
+            )
+    return fixed

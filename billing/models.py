@@ -18,6 +18,7 @@ class MeterSegment(models.Model):
         ordering = ["started_at"]
         constraints = [
             models.UniqueConstraint(fields=["workload"], condition=Q(ended_at__isnull=True), name="one_open_segment"),
+            models.UniqueConstraint(fields=["workload", "started_at"], name="one_segment_per_run"),
             models.CheckConstraint(
                 condition=Q(ended_at__isnull=True) | Q(ended_at__gte=models.F("started_at")),
                 name="segment_ends_after_start",

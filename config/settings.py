@@ -147,6 +147,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "scheduler.tasks.cluster_reconcile",
         "schedule": timedelta(seconds=env.int("RECONCILE_S", default=10)),
     },
+    "meter-reconcile": {
+        "task": "billing.tasks.meter_reconcile",
+        "schedule": timedelta(seconds=env.int("METER_RECONCILE_S", default=60)),
+    },
 }
 
 # GPU hosts. GPU_BACKEND is "nvml", "sim:<N>x<MODEL>,..." or "auto" (NVML, else simulated).

@@ -234,7 +234,7 @@ class WorkloadEvent(models.Model):
     from_status = models.CharField(max_length=16, choices=WorkloadStatus.choices, blank=True)
     to_status = models.CharField(max_length=16, choices=WorkloadStatus.choices)
     reason = models.CharField(max_length=255, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
         ordering = ["created_at", "id"]

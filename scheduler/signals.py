@@ -2,7 +2,9 @@
 
 ``workload_changed`` is sent after the transaction that made the change has
 committed, with keyword arguments ``workload_id``, ``owner_id``, ``kind``,
-``from_status``, ``to_status`` and ``reason``.
+``from_status``, ``to_status``, ``reason`` and ``at`` (the time of the event row that
+records the change). Receivers are called with ``send_robust``: each runs whatever
+the others do, so one must not rely on another.
 """
 
 from django.dispatch import Signal

@@ -5,6 +5,8 @@ stopping; a transition out of those states frees them in the same transaction,
 so no path can leave a share held by work that no longer runs.
 """
 
+import logging
+
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -13,6 +15,7 @@ from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent, Wor
 from scheduler.signals import workload_changed
 
 HOLDING = set(WorkloadStatus.holding_resources())
+log = logging.getLogger(__name__)
 
 
 def workload_transition(workload: Workload, *, to: str, allowed_from, reason: str = "", **fields) -> bool:
@@ -33,7 +36,9 @@ def workload_transition(workload: Workload, *, to: str, allowed_from, reason: st
             return False
         if current in HOLDING and to not in HOLDING:
             allocations_free(workload.pk)
-        WorkloadEvent.objects.create(workload_id=workload.pk, from_status=current, to_status=to, reason=reason[:255])
+        event = WorkloadEvent.objects.create(
+            workload_id=workload.pk, from_status=current, to_status=to, reason=reason[:255]
+        )
         payload = dict(
             workload_id=workload.pk,
             owner_id=workload.owner_id,
@@ -41,10 +46,19 @@ def workload_transition(workload: Workload, *, to: str, allowed_from, reason: st
             from_status=current,
             to_status=to,
             reason=reason,
+            at=event.created_at,
         )
-        transaction.on_commit(lambda: workload_changed.send(sender=Workload, **payload))
+        transaction.on_commit(lambda: workload_changed_send(payload), robust=True)
     workload.refresh_from_db()
     return True
+
+
+def workload_changed_send(payload: dict) -> None:
+    """Tell every receiver, each on its own: one that fails (Redis down for the live push or the
+    tick wake-up) is logged and never keeps the others (billing's metering) from running."""
+    for receiver, error in workload_changed.send_robust(sender=Workload, **payload):
+        if isinstance(error, Exception):
+            log.error("receiver %s of workload %s failed: %r", receiver, payload["workload_id"], error)
 
 
 def allocations_free(workload_id: int) -> None:
