@@ -1,14 +1,17 @@
 """The live scheduling tick: database rows -> policy objects -> ``decide`` -> rows.
 
-Only one tick decides at a time (a PostgreSQL advisory lock, held to commit).
-Service accrual, allocations, preemptions and the waiting reasons are written
-in one transaction; launches and stops go to node queues after commit.
+Only one tick decides at a time (a PostgreSQL advisory lock, held by the
+session, not a transaction). Service accrual, allocations (in batches),
+preemptions and the waiting reasons are each written in short transactions;
+launches and stops go to node queues after their commit.
 """
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import redis
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Prefetch
@@ -25,6 +28,9 @@ log = logging.getLogger(__name__)
 S = WorkloadStatus
 TICK_LOCK_KEY = 0x67707563  # "gpuc": one advisory lock id for the whole cluster
 MIX_WINDOW = 500  # recent submissions that define the expected task mix for FGD
+# Placements committed together: fewer commits, yet node and card rows are locked only briefly.
+PLACEMENTS_PER_TRANSACTION = 100
+MAX_RERUNS = 10  # a tick re-runs for wake-ups that came while it ran, at most this often in a row
 
 
 def mlfq_config() -> policy.MlfqConfig:
@@ -44,12 +50,60 @@ class TickResult:
     waiting: int = 0
 
 
-def _tick_lock() -> bool:
+@contextlib.contextmanager
+def tick_lock():
+    """Yield True when this tick may decide: one at a time across the cluster.
+
+    PostgreSQL: a session-level advisory lock, held for the tick but by no
+    transaction, so row locks stay short (heartbeats and agent transitions never
+    wait for a whole tick); released if the worker dies. SQLite (development,
+    one machine): BEGIN IMMEDIATE serialises the tick's writes instead.
+    """
     if connection.vendor != "postgresql":
-        return True  # SQLite: BEGIN IMMEDIATE already serialises writers
+        with transaction.atomic():
+            yield True
+        return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
-        return cursor.fetchone()[0]
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [TICK_LOCK_KEY])
+        held = cursor.fetchone()[0]
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [TICK_LOCK_KEY])
+
+
+def _wakeups():
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+
+
+def _wakeup_key() -> str:
+    return f"gpucloud:{settings.DEPLOYMENT_ID}:tick-wanted"
+
+
+def schedule_tick() -> TickResult:
+    """Run a tick; a wake-up that finds another tick running is not lost but makes it run again.
+
+    A tick that loses the lock raises a flag, then tries once more; the holder
+    checks the flag after it lets go. Either the holder sees the flag or the
+    late one gets the lock, so every wake-up is followed by a whole tick.
+    """
+    result = TickResult()
+    for attempt in range(MAX_RERUNS + 1):
+        with tick_lock() as held:
+            if held:
+                result = _tick()
+        if not held:
+            _wakeups().set(_wakeup_key(), 1)
+            with tick_lock() as held:
+                if not held:
+                    return result  # the holder will see the flag once it lets go
+                result = _tick()
+        if not _wakeups().getdel(_wakeup_key()):
+            return result
+        log.info("a wake-up came during the tick: ticking again (%d)", attempt + 1)
+    return result
 
 
 def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
@@ -61,6 +115,19 @@ def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
             w.attained_service += w.gpu_share * seconds * (config.idle_weight if idle else 1.0)
         w.accrued_at = now
     Workload.objects.bulk_update(running, ["attained_service", "accrued_at"])
+
+
+def _place(place, workload: Workload, cluster, levels: dict) -> bool:
+    shares = [
+        Share(cluster.card_ids[place.node][card], workload.gpu_milli, memory)
+        for card, memory in zip(place.cards, place.memory_mb, strict=True)
+    ]
+    if not allocation_create(workload=workload, node_id=cluster.node_ids[place.node], shares=shares):
+        return False
+    workload.queue_position = None
+    Workload.objects.filter(pk=workload.pk).update(queue_position=None, queue_level=levels[workload.pk])
+    send_to_node(workload, NodeTask.LAUNCH)
+    return True
 
 
 def _as_work(w: Workload, epoch) -> policy.Work:
@@ -125,84 +192,93 @@ def _estimated_starts(waiting: dict, by_id: dict, holding: list[Workload], clust
     return estimates
 
 
-def schedule_tick() -> TickResult:
-    """Place queued work that fits, evict what must make room, and say why the rest waits."""
+def _tick() -> TickResult:
+    """Place queued work that fits, evict what must make room, and say why the rest waits.
+
+    Call holding the tick lock. Each write is its own short transaction; the
+    allocation service re-checks capacity under row locks, so a change since the
+    tick's read (a stop, a heartbeat, a lost node) can only make a placement fail,
+    never over-allocate.
+    """
     result = TickResult()
     now = timezone.now()
     config = mlfq_config()
-    with transaction.atomic():
-        if not _tick_lock():
-            return result
-        holding = list(
-            Workload.objects.filter(status__in=HOLDING).prefetch_related(
-                Prefetch("allocations", Allocation.objects.order_by("gpu_id"))
-            )
+    holding = list(
+        Workload.objects.filter(status__in=HOLDING).prefetch_related(
+            Prefetch("allocations", Allocation.objects.order_by("gpu_id"))
         )
-        _accrue(holding, now, config)
-        queued = list(Workload.objects.filter(status=S.QUEUED))
-        if not queued:
-            return result
-        epoch = min(w.created_at for w in [*queued, *holding])
-        cluster = policy.ClusterState(cluster_capacity())
-        running = []
-        for w in holding:
-            work = _as_work(w, epoch)
-            work.node = cluster.node_index.get(w.node_id)
-            if work.node is None:
-                continue  # its node is not active: reconciliation deals with it
-            card_ids = cluster.card_ids[work.node]
-            work.cards = [card_ids.index(a.gpu_id) for a in w.allocations.all() if a.gpu_id in card_ids]
-            running.append(work)
-        by_id = {w.pk: w for w in [*queued, *holding]}
-        decisions = policy.decide(
-            [_as_work(w, epoch) for w in queued],
-            running,
-            cluster,
-            now=(now - epoch).total_seconds(),
-            discipline=policy.DISCIPLINES["mlfq"](config),
-            strategy=settings.SCHEDULER_PLACEMENT,
-            mix=_mix(),
-            quotas=_quotas(),
-        )
-        for place in decisions.place:
-            workload = by_id[place.work_id]
-            node_id = cluster.node_ids[place.node]
-            shares = [
-                Share(cluster.card_ids[place.node][card], workload.gpu_milli, memory)
-                for card, memory in zip(place.cards, place.memory_mb, strict=True)
-            ]
-            if allocation_create(workload=workload, node_id=node_id, shares=shares):
-                workload.queue_position = None
-                Workload.objects.filter(pk=workload.pk).update(
-                    queue_position=None, queue_level=decisions.levels[workload.pk]
-                )
-                result.placed.append(workload.pk)
-                send_to_node(workload, NodeTask.LAUNCH)
-        for preempt in decisions.preempt:
-            if workload_preempt(
-                by_id[preempt.work_id], reason=f"making room for higher-priority work #{preempt.for_work_id}"
-            ):
-                result.preempted.append(preempt.work_id)
-        # Batched and conditional: work that a concurrent transition moved on keeps its own status reason.
-        estimates = _estimated_starts(decisions.waiting, by_id, holding, cluster)
-        waiting_changed = []
-        for work_id, wait in decisions.waiting.items():
-            w = by_id[work_id]
-            fields = (wait.level, wait.position, wait.reason[:255], estimates.get(work_id))
-            if (w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at) != fields:
-                w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at = fields
-                waiting_changed.append(w)
-        Workload.objects.filter(status=S.QUEUED).bulk_update(
-            waiting_changed, ["queue_level", "queue_position", "status_reason", "estimated_start_at"], batch_size=500
-        )
-        levels_changed = []
-        for w in holding:
-            level = decisions.levels.get(w.pk, w.queue_level)
-            if level != w.queue_level:
-                w.queue_level = level
-                levels_changed.append(w)
-        Workload.objects.filter(status__in=HOLDING).bulk_update(levels_changed, ["queue_level"])
-        result.waiting = len(decisions.waiting)
+    )
+    _accrue(holding, now, config)
+    queued = list(Workload.objects.filter(status=S.QUEUED))
+    if not queued:
+        return result
+    epoch = min(w.created_at for w in [*queued, *holding])
+    cluster = policy.ClusterState(cluster_capacity())
+    by_id = {w.pk: w for w in [*queued, *holding]}
+    decisions = policy.decide(
+        [_as_work(w, epoch) for w in queued],
+        _running_works(holding, cluster, epoch),
+        cluster,
+        now=(now - epoch).total_seconds(),
+        discipline=policy.DISCIPLINES["mlfq"](config),
+        strategy=settings.SCHEDULER_PLACEMENT,
+        mix=_mix(),
+        quotas=_quotas(),
+    )
+    places = decisions.place
+    for start in range(0, len(places), PLACEMENTS_PER_TRANSACTION):
+        with transaction.atomic():
+            for place in places[start : start + PLACEMENTS_PER_TRANSACTION]:
+                if _place(place, by_id[place.work_id], cluster, decisions.levels):
+                    result.placed.append(place.work_id)
+    for preempt in decisions.preempt:
+        if workload_preempt(
+            by_id[preempt.work_id], reason=f"making room for higher-priority work #{preempt.for_work_id}"
+        ):
+            result.preempted.append(preempt.work_id)
+    _record_waiting(decisions, by_id, _estimated_starts(decisions.waiting, by_id, holding, cluster))
+    _record_levels(decisions, holding)
+    result.waiting = len(decisions.waiting)
     if result.placed or result.preempted:
         log.info("tick placed %s, preempted %s, %d waiting", result.placed, result.preempted, result.waiting)
     return result
+
+
+def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]:
+    running = []
+    for w in holding:
+        work = _as_work(w, epoch)
+        work.node = cluster.node_index.get(w.node_id)
+        if work.node is None:
+            continue  # its node is not active: reconciliation deals with it
+        card_ids = cluster.card_ids[work.node]
+        work.cards = [card_ids.index(a.gpu_id) for a in w.allocations.all() if a.gpu_id in card_ids]
+        running.append(work)
+    return running
+
+
+def _record_waiting(decisions, by_id: dict, estimates: dict) -> None:
+    """Queue level, position, reason and estimated start of waiting work, where they changed.
+
+    Conditional on the status: work that a concurrent transition moved on keeps its own reason.
+    """
+    changed = []
+    for work_id, wait in decisions.waiting.items():
+        w = by_id[work_id]
+        fields = (wait.level, wait.position, wait.reason[:255], estimates.get(work_id))
+        if (w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at) != fields:
+            w.queue_level, w.queue_position, w.status_reason, w.estimated_start_at = fields
+            changed.append(w)
+    Workload.objects.filter(status=S.QUEUED).bulk_update(
+        changed, ["queue_level", "queue_position", "status_reason", "estimated_start_at"], batch_size=500
+    )
+
+
+def _record_levels(decisions, holding: list[Workload]) -> None:
+    changed = []
+    for w in holding:
+        level = decisions.levels.get(w.pk, w.queue_level)
+        if level != w.queue_level:
+            w.queue_level = level
+            changed.append(w)
+    Workload.objects.filter(status__in=HOLDING).bulk_update(changed, ["queue_level"])

@@ -1,0 +1,79 @@
+"""The live tick: one at a time, short row locks, and no wake-up lost while another tick runs."""
+
+import contextlib
+import threading
+
+import pytest
+from django.db import connection
+
+from scheduler import tick
+from scheduler.models import Workload, WorkloadStatus
+from scheduler.services.allocation import Share, allocation_create
+from tests.conftest import make_node
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def postgresql():
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does): the tick's lock is a PostgreSQL advisory lock")
+
+
+@contextlib.contextmanager
+def tick_paused_in_policy(monkeypatch):
+    """A tick in another thread, held inside the policy (lock taken, rows read) for the block's length."""
+    inside, resume = threading.Event(), threading.Event()
+    decide = tick.policy.decide
+
+    def paused_decide(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread() and not inside.is_set():
+            inside.set()
+            assert resume.wait(20), "the test never resumed the paused tick"
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(tick.policy, "decide", paused_decide)
+
+    def run():
+        try:
+            tick.schedule_tick()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert inside.wait(20), "the tick never reached the policy"
+        yield
+    finally:
+        resume.set()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_a_wake_up_that_finds_a_tick_running_makes_it_run_again(user, monkeypatch):
+    make_node("sim:2xRTX3090", cpu_cores=8)
+    workload(user, name="first")
+    with tick_paused_in_policy(monkeypatch):
+        late = workload(user, name="late")  # submitted while the tick runs: its wake-up finds the lock taken
+        assert tick.schedule_tick().placed == []
+
+    late.refresh_from_db()
+    assert late.status == WorkloadStatus.STARTING, late.status_reason
+
+
+def test_a_running_tick_holds_no_lock_on_running_work(user, monkeypatch):
+    node = make_node("sim:2xRTX3090", cpu_cores=8)
+    card = node.gpus.first()
+    running = workload(user)
+    assert allocation_create(workload=running, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    Workload.objects.filter(pk=running.pk).update(status=WorkloadStatus.RUNNING)
+    workload(user, name="queued")
+
+    with tick_paused_in_policy(monkeypatch):
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a heartbeat or agent transition must not wait for the tick
+        assert Workload.objects.filter(pk=running.pk).update(gpu_utilization=0.5) == 1
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
