@@ -3,6 +3,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpucloud
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+# Tests run as production does (DEBUG off), with a throwaway key.
+test: export SECRET_KEY ?= test-only-$(shell python3 -c 'import secrets; print(secrets.token_hex(24))')
+test: export WHITENOISE_USE_FINDERS = true
 
 .PHONY: run test services lint bench
 

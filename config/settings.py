@@ -16,8 +16,16 @@ VAR_DIR = BASE_DIR / "var"
 
 env = environ.Env()
 
-DEBUG = env.bool("DEBUG", default=True)
-SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-key" if DEBUG else environ.Env.NOTSET)
+# Off unless the environment turns it on (make run does); production never runs with it.
+DEBUG = env.bool("DEBUG", default=False)
+DEV_SECRET_KEY = "dev-only-insecure-key"
+SECRET_KEY = env.str("SECRET_KEY", default=DEV_SECRET_KEY if DEBUG else "")
+if not DEBUG and (SECRET_KEY == DEV_SECRET_KEY or len(SECRET_KEY) < 32):
+    raise environ.ImproperlyConfigured(
+        "SECRET_KEY must be set to a random value of at least 32 characters when DEBUG is off "
+        "(make run and make test set their own; generate one with: "
+        "python3 -c 'import secrets; print(secrets.token_urlsafe(50))')"
+    )
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -101,8 +109,23 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "static_root")
-# Served by WhiteNoise from the web process (daphne does not serve static files).
-WHITENOISE_USE_FINDERS = DEBUG
+# Served by WhiteNoise from the web process; straight from the source folders until collected.
+WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=DEBUG or not Path(STATIC_ROOT).is_dir())
+
+# Cookies: HttpOnly and SameSite always; Secure, HSTS and the HTTPS redirect behind TLS
+# (TLS=true; a proxy that terminates it sets X-Forwarded-Proto).
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True  # pages send the token from the template (hx-headers), never read the cookie
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+TLS = env.bool("TLS", default=False)
+if TLS:
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
@@ -124,6 +147,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and docs list every operation: open in development, behind a login elsewhere.
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.AllowAny" if DEBUG else "rest_framework.permissions.IsAuthenticated"
+    ],
 }
 
 # Celery: Redis broker; results are not kept (tasks write their outcome to the DB).

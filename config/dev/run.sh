@@ -5,7 +5,7 @@
 set -euo pipefail
 PY=.venv/bin/python
 PORT=${PORT:-8000}
-export GPU_BACKEND=${GPU_BACKEND:-auto}
+export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
 mkdir -p var/log
 
 $PY manage.py migrate --no-input -v0
