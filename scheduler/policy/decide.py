@@ -71,8 +71,9 @@ class Discipline:
     def level(self, work: Work, now: float, *, waiting: bool) -> int:
         return level_of(work, now, self.config, waiting=waiting)
 
-    def key(self, work: Work, level: int, over_share: bool):
-        return (level, over_share, work.priority, work.submitted, str(work.id))
+    def key(self, work: Work, level: int, over_share: bool, arrival: float):
+        """``arrival``: the work's place in line once its owner's priorities reorder their own work."""
+        return (level, over_share, arrival, str(work.id))
 
     def may_preempt(self, waiter: Work, waiter_level: int, victim: Work, victim_level: int) -> bool:
         if not self.config.preemption or not victim.preemptible or victim.stopping:
@@ -91,7 +92,7 @@ class Fifo(Discipline):
     def level(self, work, now, *, waiting):
         return 0
 
-    def key(self, work, level, over_share):
+    def key(self, work, level, over_share, arrival):
         return (work.submitted, str(work.id))
 
     def may_preempt(self, waiter, waiter_level, victim, victim_level):
@@ -106,7 +107,7 @@ class Srtf(Discipline):
     def level(self, work, now, *, waiting):
         return 0
 
-    def key(self, work, level, over_share):
+    def key(self, work, level, over_share, arrival):
         return (work.remaining * work.request.gpus, work.submitted, str(work.id))
 
     def may_preempt(self, waiter, waiter_level, victim, victim_level):
@@ -183,13 +184,14 @@ def decide(
     # Projected holdings: a user's (and team's) earlier queued work counts against their later work.
     projected, team_projected = defaultdict(float, held), defaultdict(float, team_held)
     keyed = []
-    for work in sorted(waiting, key=lambda w: (wait_levels[w.id], w.priority, w.submitted, str(w.id))):
+    arrival = _arrivals_by_own_priority(waiting, wait_levels)
+    for work in sorted(waiting, key=lambda w: (wait_levels[w.id], arrival[w.id], str(w.id))):
         over = fair_share and (
             projected[work.user] >= fair or bool(work.team) and team_projected[work.team] >= team_fair
         )
         projected[work.user] += work.request.gpus
         team_projected[work.team] += work.request.gpus
-        keyed.append((discipline.key(work, wait_levels[work.id], over), work))
+        keyed.append((discipline.key(work, wait_levels[work.id], over, arrival[work.id]), work))
     keyed.sort(key=lambda pair: pair[0])
 
     positions: dict[int, int] = defaultdict(int)
@@ -252,6 +254,20 @@ def decide(
         if discipline.head_of_line_blocking:
             head_blocked = True
     return out
+
+
+def _arrivals_by_own_priority(waiting: list[Work], levels: dict) -> dict:
+    """A user's priority orders only their own work: in each queue, a user's works take that
+    user's arrival times in priority order, so "high" never jumps another user's work."""
+    groups: dict[tuple, list[Work]] = defaultdict(list)
+    for work in waiting:
+        groups[work.user, levels[work.id]].append(work)
+    arrival = {}
+    for group in groups.values():
+        times = sorted(w.submitted for w in group)
+        by_priority = sorted(group, key=lambda w: (w.priority, w.submitted, str(w.id)))
+        arrival.update((w.id, t) for w, t in zip(by_priority, times, strict=True))
+    return arrival
 
 
 def _over_quota(work, held, team_held, quotas) -> str:

@@ -7,7 +7,8 @@
 - Work that has waited ``starvation_s`` is promoted back to the top queue.
 - Within a queue: fair share first (a user holding less than an equal share of
   the cluster goes before one holding more, as Slurm's fair-share factor
-  does), then the user's priority (high, normal, low), then first come first served.
+  does), then first come first served, where a user's priority (high, normal, low)
+  reorders only that user's own work (it never jumps another user's).
 """
 
 from __future__ import annotations

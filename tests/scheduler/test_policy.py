@@ -282,3 +282,27 @@ def test_demotions_and_promotions_are_reported():
     starved = work("starved", attained=5000.0, level=2, submitted=0)
     d = decide([starved], [sinking], c, now=600, discipline=DISCIPLINES["mlfq"](CONFIG))
     assert d.demoted == ["sinking"] and d.promoted == ["starved"]
+
+
+def test_a_users_priority_orders_only_their_own_work_and_never_jumps_anothers():
+    c = cluster(node("n1", 1000))
+    alice_normal = work("alice", user="alice", submitted=1)
+    bob_low = work("bob-low", user="bob", submitted=0, priority=LOW)
+    bob_high = work("bob-high", user="bob", submitted=2, priority=HIGH)
+    d = decide(
+        [alice_normal, bob_low, bob_high], [], c, now=3, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit"
+    )
+    # Bob's high-priority work takes the place of his own earlier low-priority work, not Alice's.
+    assert [p.work_id for p in d.place] == ["bob-high"]
+    assert d.waiting["alice"].position == 1 and d.waiting["bob-low"].position == 2
+
+    later = work("bob-high-2", user="bob", submitted=2, priority=HIGH)
+    d = decide(
+        [alice_normal, later],
+        [],
+        cluster(node("n1", 1000)),
+        now=3,
+        discipline=DISCIPLINES["mlfq"](CONFIG),
+        strategy="bestfit",
+    )
+    assert [p.work_id for p in d.place] == ["alice"]
