@@ -129,6 +129,15 @@ X_FRAME_OPTIONS = "DENY"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
+# Shared by every web worker: request throttles count across all of them.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env.str("CACHE_URL", default=REDIS_URL),
+        "KEY_PREFIX": "gpucloud-cache",
+    }
+}
+
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
 
 REST_FRAMEWORK = {
@@ -139,7 +148,19 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env.str("THROTTLE_ANON", default="120/min"),
+        "user": env.str("THROTTLE_USER", default="6000/min"),
+        "create": env.str("THROTTLE_CREATE", default="60/min"),
+        "login": env.str("THROTTLE_LOGIN", default="10/min"),
+    },
 }
+# Queued instances and jobs one user may have at once; more is refused (429) with a sentence.
+MAX_QUEUED_PER_USER = env.int("MAX_QUEUED_PER_USER", default=100)
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU cloud API",
     "DESCRIPTION": "Rent GPUs: catalog, instances, nodes.",

@@ -5,9 +5,11 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from portal import views as portal_views
+
 urlpatterns = [
     path("", include("portal.urls")),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", portal_views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),

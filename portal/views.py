@@ -2,13 +2,33 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from portal import selectors, services
+from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
 from scheduler.errors import NotFound, ServiceError
+
+
+class ThrottledLoginView(LoginView):
+    """The sign-in form, with a limit on attempts per client address and username (429 past it)."""
+
+    def post(self, request, *args, **kwargs):
+        throttle = LoginRateThrottle()
+        if not throttle.allow_request(request, self):
+            wait = int(throttle.wait() or 60)
+            response = render(
+                request,
+                "registration/login.html",
+                {"form": self.get_form(), "throttled": f"Too many sign-in attempts: try again in {wait} s."},
+                status=429,
+            )
+            response["Retry-After"] = str(wait)
+            return response
+        return super().post(request, *args, **kwargs)
 
 
 def _create(request, form_class, template: str, create):

@@ -1,7 +1,8 @@
-"""The one application error type every service raises, and its three kinds.
+"""The one application error type every service raises, and its kinds.
 
 The API shapes them once (portal.api.errors): 400 naming the field, 404 for
-what the caller may not see, 409 for a conflict with the current state.
+what the caller may not see, 409 for a conflict with the current state, 429
+for a per-user limit reached.
 """
 
 
@@ -24,3 +25,9 @@ class NotFound(ServiceError):
 
 class Conflict(ServiceError):
     status_code = 409
+
+
+class TooMany(ServiceError):
+    """A per-user limit (queued work) is reached: 429, with a sentence saying what to do."""
+
+    status_code = 429

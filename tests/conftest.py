@@ -52,6 +52,15 @@ def real_services(django_db_setup, django_db_blocker):
         volume.remove(force=True)
 
 
+@pytest.fixture(autouse=True)
+def fresh_throttles(monkeypatch):
+    """Each test counts its own requests: throttle state never leaks from one test into the next."""
+    from django.core.cache.backends.locmem import LocMemCache
+    from rest_framework.throttling import SimpleRateThrottle
+
+    monkeypatch.setattr(SimpleRateThrottle, "cache", LocMemCache(f"throttles-{uuid.uuid4().hex}", {}))
+
+
 @pytest.fixture(scope="session")
 def base_image():
     if not image_exists(BASE_IMAGE):

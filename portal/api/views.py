@@ -9,7 +9,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal import limits, selectors, services
+from portal.api.pagination import page_of, paginated
 from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput, JobOutput
+from portal.api.throttles import CreateRateThrottle
 from portal.models import BillingMode
 from portal.recommend import BYTES, recommend
 from scheduler import selectors as cluster
@@ -95,26 +97,28 @@ class GpuTypeRecommendApi(APIView):
 
 
 class GpuTypeListApi(APIView):
-    @extend_schema(responses=GpuTypeOutput(many=True))
+    @extend_schema(responses=page_of(GpuTypeOutput))
     def get(self, request):
-        return Response(GpuTypeOutput(selectors.gpu_type_list(), many=True).data)
+        return paginated(self, selectors.gpu_type_list(), GpuTypeOutput)
 
 
 class ImageListApi(APIView):
-    @extend_schema(responses=ImageOutput(many=True))
+    @extend_schema(responses=page_of(ImageOutput))
     def get(self, request):
-        return Response(ImageOutput(selectors.image_list(user=request.user), many=True).data)
+        return paginated(self, selectors.image_list(user=request.user), ImageOutput)
 
 
 class InstanceListApi(APIView):
+    throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
+
     class InputSerializer(WorkInput):
         name = serializers.CharField(max_length=limits.NAME_CHARS, default="instance")
         disk_gb = serializers.IntegerField(min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, default=50)
         billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
 
-    @extend_schema(responses=InstanceOutput(many=True))
+    @extend_schema(responses=page_of(InstanceOutput))
     def get(self, request):
-        return Response(InstanceOutput(selectors.instance_list(user=request.user), many=True).data)
+        return paginated(self, selectors.instance_list(user=request.user), InstanceOutput)
 
     @extend_schema(request=InputSerializer, responses={201: InstanceOutput})
     def post(self, request):
@@ -169,12 +173,14 @@ class NodeListApi(APIView):
         last_heartbeat = serializers.DateTimeField()
         gpus = GpuOutput(many=True)
 
-    @extend_schema(responses=OutputSerializer(many=True))
+    @extend_schema(responses=page_of(OutputSerializer))
     def get(self, request):
-        return Response(self.OutputSerializer(cluster.node_list(), many=True).data)
+        return paginated(self, cluster.node_list(), self.OutputSerializer)
 
 
 class JobListApi(APIView):
+    throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
+
     class InputSerializer(WorkInput):
         name = serializers.CharField(max_length=limits.NAME_CHARS, default="job")
         command = serializers.CharField(max_length=limits.COMMAND_CHARS)
@@ -187,9 +193,9 @@ class JobListApi(APIView):
             default=None,
         )
 
-    @extend_schema(responses=JobOutput(many=True))
+    @extend_schema(responses=page_of(JobOutput))
     def get(self, request):
-        return Response(JobOutput(selectors.job_list(user=request.user), many=True).data)
+        return paginated(self, selectors.job_list(user=request.user), JobOutput)
 
     @extend_schema(request=InputSerializer, responses={201: JobOutput})
     def post(self, request):

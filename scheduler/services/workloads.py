@@ -8,10 +8,11 @@ import logging
 from enum import StrEnum
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.errors import Conflict, InvalidInput
+from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import NodeStatus, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.selectors import fit_problem
 from scheduler.services.lifecycle import workload_transition
@@ -56,6 +57,14 @@ def workload_submit(
     if problem:
         raise InvalidInput(problem[1], field=problem[0])
     with transaction.atomic():
+        # The owner's row lock serialises their submissions, so the queued-work limit holds under races.
+        get_user_model().objects.select_for_update().filter(pk=owner.pk).exists()
+        queued = Workload.objects.filter(owner=owner, status=S.QUEUED).count()
+        if queued >= settings.MAX_QUEUED_PER_USER:
+            raise TooMany(
+                f"you already have {queued} instances and jobs waiting in the queue (the limit is "
+                f"{settings.MAX_QUEUED_PER_USER}): wait for some to start, or stop some, then try again"
+            )
         workload = Workload.objects.create(
             owner=owner,
             kind=kind,

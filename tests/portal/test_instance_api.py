@@ -143,7 +143,7 @@ def test_bad_input_is_refused_naming_the_field_and_leaves_nothing_behind(api, ca
 @pytest.mark.django_db
 def test_an_outsider_can_neither_see_nor_touch_someone_elses_instance(api, outsider_api, catalog, sim_node):
     instance_id = create(api, catalog).data["id"]
-    assert outsider_api.get("/api/v1/instances/").data == []
+    assert outsider_api.get("/api/v1/instances/").data["results"] == []
     assert outsider_api.get(f"/api/v1/instances/{instance_id}/").status_code == 404
     for action in ["start", "stop", "restart", "release"]:
         assert outsider_api.post(f"/api/v1/instances/{instance_id}/{action}/").status_code == 404
@@ -160,13 +160,13 @@ def test_anonymous_requests_are_refused(catalog, sim_node):
 @pytest.mark.django_db
 def test_nodes_are_for_admins_only(api, admin_client, sim_node):
     assert api.get("/api/v1/nodes/").status_code == 403
-    nodes = admin_client.get("/api/v1/nodes/").json()
+    nodes = admin_client.get("/api/v1/nodes/").json()["results"]
     assert nodes[0]["simulated"] is True and len(nodes[0]["gpus"]) == 3
 
 
 @pytest.mark.django_db
 def test_the_catalog_shows_free_capacity_price_and_simulated(api, catalog, sim_node):
-    types = {t["name"]: t for t in api.get("/api/v1/gpu-types/").data}
+    types = {t["name"]: t for t in api.get("/api/v1/gpu-types/").data["results"]}
     assert types["RTX3090"]["capacity"]["cards"] == 2 and types["RTX3090"]["capacity"]["simulated"] is True
     assert Decimal(types["A100-80GB"]["price_per_hour"]) > Decimal(types["A100-80GB"]["spot_price_per_hour"])
     assert types["H100"]["capacity"]["cards"] == 0

@@ -182,7 +182,7 @@ def test_a_spot_instance_is_preempted_by_on_demand_work_gets_sigterm_and_stops_m
 
 def test_jobs_of_others_are_invisible_and_untouchable(api, outsider_api, catalog, sim_node):
     job = submit_job(api, catalog)
-    assert outsider_api.get("/api/v1/jobs/").data == []
+    assert outsider_api.get("/api/v1/jobs/").data["results"] == []
     assert outsider_api.get(f"/api/v1/jobs/{job.pk}/").status_code == 404
     assert outsider_api.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 404
 

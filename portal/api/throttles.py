@@ -1,0 +1,24 @@
+"""Request rate limits (DRF throttles on the shared Redis cache, so every web worker counts together)."""
+
+from rest_framework.throttling import SimpleRateThrottle, UserRateThrottle
+
+
+class CreateRateThrottle(UserRateThrottle):
+    """Creations per user (instances, jobs): POSTs only; reads are not limited by it."""
+
+    scope = "create"
+
+    def allow_request(self, request, view):
+        if request.method != "POST":
+            return True
+        return super().allow_request(request, view)
+
+
+class LoginRateThrottle(SimpleRateThrottle):
+    """Sign-in attempts per client address and username (the console's login form)."""
+
+    scope = "login"
+
+    def get_cache_key(self, request, view):
+        username = (request.POST.get("username") or "").lower()[:150]
+        return self.cache_format % {"scope": self.scope, "ident": f"{self.get_ident(request)}:{username}"}
