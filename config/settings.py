@@ -231,6 +231,7 @@ DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.soc
 INSTANCE_NETWORK_MODE = env.str("INSTANCE_NETWORK_MODE", default="none")
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
+INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)
 INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
 JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)

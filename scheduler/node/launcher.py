@@ -96,6 +96,9 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         nano_cpus=int(workload.cpu_cores * 1e9),
         mem_limit=f"{workload.memory_mb}m",
         pids_limit=settings.INSTANCE_PIDS_LIMIT,
+        # PyTorch data loaders pass tensors through /dev/shm (Docker's default is 64 MB); it counts
+        # against the memory limit, so it never exceeds half of it.
+        shm_size=f"{min(settings.INSTANCE_SHM_MB, workload.memory_mb // 2)}m",
         security_opt=["no-new-privileges"],
         cap_drop=["ALL"],
         cap_add=KEPT_CAPABILITIES,

@@ -1,0 +1,77 @@
+"""What runs in an instance stays in its cgroup: memory, processes, shared memory (real containers)."""
+
+import subprocess
+
+import pytest
+
+from scheduler.models import WorkloadStatus
+from scheduler.node import launcher
+from scheduler.node.agent import agent_launch, agent_stop
+from scheduler.node.reconcile import agent_reconcile
+from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.lifecycle import workload_transition
+from tests.conftest import make_node, remove_node_containers, wait_for, wait_status
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node():
+    node = make_node("sim:1xRTX3090")
+    yield node
+    remove_node_containers(node.name)
+
+
+def launched(w, node):
+    card = node.gpus.get()
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    agent_launch(w.pk)
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.RUNNING, w.status_reason
+    return launcher.docker_client().containers.get(w.container_name)
+
+
+def test_a_memory_hog_is_oom_killed_in_its_own_cgroup_and_says_out_of_memory(user, node, base_image):
+    hog = workload(
+        user,
+        kind="job",
+        image_ref=base_image,
+        memory_mb=64,
+        command=["sh", "-c", "head -c 400000000 /dev/zero | tail -c 300000000 > /dev/null"],
+    )
+    launched(hog, node)
+
+    wait_status(hog, "failed", timeout=30, poke=lambda: agent_reconcile(node.name))
+    assert hog.status_reason == "container exited with code 137 (out of memory)"
+    assert subprocess.run(["true"]).returncode == 0  # the host is untouched
+
+
+def test_a_fork_bomb_is_held_at_the_pids_limit_and_the_instance_still_stops(user, node, base_image, settings):
+    settings.INSTANCE_PIDS_LIMIT = 48
+    bomb = workload(user, image_ref=base_image, command=["sh", "-c", "f(){ f | f & }; f; sleep 600"])
+    container = launched(bomb, node)
+
+    wait_for(
+        lambda: (container.stats(stream=False).get("pids_stats", {}).get("current") or 0) >= 40,
+        timeout=30,
+        what="the fork bomb to fill its pids limit",
+    )
+    assert container.stats(stream=False)["pids_stats"]["current"] <= 48
+    assert subprocess.run(["sh", "-c", "for i in 1 2 3 4 5 6 7 8; do true & done; wait"]).returncode == 0
+
+    assert workload_transition(bomb, to=WorkloadStatus.STOPPING, allowed_from=[WorkloadStatus.RUNNING])
+    settings.INSTANCE_STOP_GRACE_S = 1
+    agent_stop(bomb.pk)
+    bomb.refresh_from_db()
+    assert bomb.status == WorkloadStatus.STOPPED
+    container.reload()
+    assert container.status != "running"
+
+
+def test_containers_get_a_shared_memory_size_within_their_memory_limit(user, node, base_image, settings):
+    settings.INSTANCE_SHM_MB = 8192
+    container = launched(workload(user, image_ref=base_image, memory_mb=1024), node)
+    assert container.attrs["HostConfig"]["ShmSize"] == 512 * 1024 * 1024  # half of its 1 GB
+    out = container.exec_run(["df", "-m", "/dev/shm"]).output.decode()
+    assert " 512 " in out, out
