@@ -3,6 +3,7 @@
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -113,3 +114,25 @@ class Job(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class IdempotencyKey(models.Model):
+    """A create request's ``Idempotency-Key`` and the answer it got: a retry gets that same answer.
+
+    The row is written in the transaction that creates the object, so either both
+    exist or neither does (a crash in between leaves the key free for the retry).
+    """
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    endpoint = models.CharField(max_length=64)
+    request_hash = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField(null=True)
+    response = models.JSONField(null=True, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="one_answer_per_idempotency_key")]
+
+    def __str__(self):
+        return f"{self.owner_id}: {self.key}"

@@ -2,13 +2,14 @@
 
 from decimal import Decimal
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal import limits, selectors, services
+from portal.api.idempotency import HEADER, idempotent
 from portal.api.pagination import page_of, paginated
 from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput, JobOutput
 from portal.api.throttles import CreateRateThrottle
@@ -17,6 +18,14 @@ from portal.recommend import BYTES, recommend
 from scheduler import selectors as cluster
 from scheduler.errors import InvalidInput
 from scheduler.models import Priority
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    HEADER,
+    str,
+    OpenApiParameter.HEADER,
+    description="A key of yours (e.g. a UUID): a retried request with the same key creates nothing new "
+    "and gets the first answer again.",
+)
 
 
 class ModelSizeInput(serializers.Serializer):
@@ -120,13 +129,16 @@ class InstanceListApi(APIView):
     def get(self, request):
         return paginated(self, selectors.instance_list(user=request.user), InstanceOutput)
 
-    @extend_schema(request=InputSerializer, responses={201: InstanceOutput})
+    @extend_schema(request=InputSerializer, responses={201: InstanceOutput}, parameters=[IDEMPOTENCY_KEY])
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = data.work_fields()
-        instance = services.instance_create(owner=request.user, **fields)
-        return Response(InstanceOutput(instance).data, status=status.HTTP_201_CREATED)
+
+        def create():
+            instance = services.instance_create(owner=request.user, **data.work_fields())
+            return Response(InstanceOutput(instance).data, status=status.HTTP_201_CREATED)
+
+        return idempotent(request, endpoint="instance-create", create=create)
 
 
 class InstanceDetailApi(APIView):
@@ -197,14 +209,18 @@ class JobListApi(APIView):
     def get(self, request):
         return paginated(self, selectors.job_list(user=request.user), JobOutput)
 
-    @extend_schema(request=InputSerializer, responses={201: JobOutput})
+    @extend_schema(request=InputSerializer, responses={201: JobOutput}, parameters=[IDEMPOTENCY_KEY])
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = data.work_fields()
-        fields["priority"] = Priority[fields["priority"].upper()].value
-        job = services.job_create(owner=request.user, **fields)
-        return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
+
+        def create():
+            fields = data.work_fields()
+            fields["priority"] = Priority[fields["priority"].upper()].value
+            job = services.job_create(owner=request.user, **fields)
+            return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
+
+        return idempotent(request, endpoint="job-create", create=create)
 
 
 class JobDetailApi(APIView):
