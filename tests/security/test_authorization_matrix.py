@@ -1,0 +1,180 @@
+"""Who may use which route: every REST, console and WebSocket route x {owner, other user, anonymous, staff}.
+
+The routes are read from the URL conf and the WebSocket routing, so a route added
+without a row in MATRIX fails ``test_every_route_is_in_the_matrix``.
+"""
+
+import asyncio
+from decimal import Decimal
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+from django.urls import URLResolver, get_resolver, reverse
+
+from config.asgi import application
+from portal import services
+from portal.routing import websocket_urlpatterns
+
+ALLOWED, HIDDEN, DENIED = "allowed", "404", "denied"
+ROLES = ("owner", "other", "anonymous", "staff")
+MINE = (ALLOWED, ALLOWED, DENIED, ALLOWED)  # a list or form: everyone signed in sees their own
+OWNED = (ALLOWED, HIDDEN, DENIED, ALLOWED)  # one object: its owner and staff; others get 404
+STAFF_ONLY = (DENIED, DENIED, DENIED, ALLOWED)
+OPEN = (ALLOWED, ALLOWED, ALLOWED, ALLOWED)
+SIGNED_OUT = "signed out"
+SIGNS_OUT = (SIGNED_OUT,) * 4  # sign-out answers everyone alike: now you are signed out
+
+# route name -> (method, extra URL kwargs, query string, expected outcome per role in ROLES order)
+MATRIX = {
+    "console-instances": ("get", {}, "", MINE),
+    "console-instance-create": ("get", {}, "", MINE),
+    "console-instance-action": ("post", {"action": "stop"}, "", OWNED),
+    "console-jobs": ("get", {}, "", MINE),
+    "console-job-create": ("get", {}, "", MINE),
+    "console-job": ("get", {}, "", OWNED),
+    "console-job-action": ("post", {"action": "cancel"}, "", OWNED),
+    "login": ("get", {}, "", OPEN),
+    "logout": ("post", {}, "", SIGNS_OUT),
+    "api-gpu-types": ("get", {}, "", MINE),
+    "api-gpu-types-recommend": ("get", {}, "?model_params_b=7", MINE),
+    "api-images": ("get", {}, "", MINE),
+    "api-instances": ("get", {}, "", MINE),
+    "api-instance": ("get", {}, "", OWNED),
+    "api-instance-start": ("post", {}, "", OWNED),
+    "api-instance-stop": ("post", {}, "", OWNED),
+    "api-instance-restart": ("post", {}, "", OWNED),
+    "api-instance-release": ("post", {}, "", OWNED),
+    "api-nodes": ("get", {}, "", STAFF_ONLY),
+    "api-jobs": ("get", {}, "", MINE),
+    "api-job": ("get", {}, "", OWNED),
+    "api-job-cancel": ("post", {}, "", OWNED),
+    "api-job-release": ("post", {}, "", OWNED),
+    "api-schema": ("get", {}, "", MINE),
+    "api-docs": ("get", {}, "", MINE),
+}
+WEBSOCKET_MATRIX = {"ws/instances/": MINE}
+# Django's admin: every page is for staff, but for these.
+ADMIN_EXPECTED = {
+    "admin:login": OPEN,
+    "admin:logout": SIGNS_OUT,
+    # Staff only; it answers 403 to anything but a configured autocomplete field (we configure none).
+    "admin:autocomplete": (DENIED, DENIED, DENIED, DENIED),
+    # Staff reach it; our objects have no public page to send them to.
+    "admin:view_on_site": (DENIED, DENIED, DENIED, HIDDEN),
+    # The catch-all for unknown admin pages: staff get a 404, others the sign-in page.
+    "admin:None": (DENIED, DENIED, DENIED, HIDDEN),
+}
+
+
+def url_routes():
+    def walk(patterns, namespace=None):
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                yield from walk(pattern.url_patterns, pattern.namespace or namespace)
+            else:
+                yield (f"{namespace}:{pattern.name}" if namespace else pattern.name), pattern
+
+    return dict(walk(get_resolver().url_patterns))
+
+
+ROUTES = url_routes()
+ADMIN_ROUTES = sorted(name for name in ROUTES if name.startswith("admin:"))
+
+
+def test_every_route_is_in_the_matrix():
+    plain = {name for name in ROUTES if not name.startswith("admin:")}
+    assert plain == set(MATRIX), "add the new route to MATRIX with who may use it (or drop a stale row)"
+    assert {str(p.pattern) for p in websocket_urlpatterns} == set(WEBSOCKET_MATRIX)
+
+
+@pytest.fixture
+def people(django_user_model, user, outsider):
+    staff = django_user_model.objects.create_user("root", password="root-pass-123", is_staff=True, is_superuser=True)
+    return {"owner": user, "other": outsider, "anonymous": None, "staff": staff}
+
+
+def client_for(person) -> Client:
+    client = Client()
+    if person is not None:
+        client.force_login(person)
+    return client
+
+
+def owned_objects(owner, catalog) -> dict:
+    common = dict(owner=owner, name="x", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk)
+    common |= dict(gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1)
+    instance = services.instance_create(**common, disk_gb=10)
+    job = services.job_create(**common, command="true")
+    return {
+        "instance_id": instance.pk,
+        "job_id": job.pk,
+        "portal_instance": instance.pk,
+        "portal_job": job.pk,
+        "scheduler_workload": instance.workload_id,
+        "auth_user": owner.pk,
+    }
+
+
+def outcome(response, route: str) -> str:
+    if route in ("logout", "admin:logout") and response.status_code in (200, 302):
+        return SIGNED_OUT
+    location = response.get("Location", "")
+    if response.status_code in (401, 403) or (response.status_code == 302 and "login/" in location):
+        return DENIED
+    if response.status_code == 404:
+        return HIDDEN
+    assert response.status_code < 500, response.content[:500]
+    return ALLOWED
+
+
+def url_for(route: str, objects: dict, extra: dict) -> str:
+    if route == "admin:None":
+        return "/admin/no-such-page/"
+    names = ROUTES[route].pattern.regex.groupindex.keys()
+    kwargs = {name: objects[name] for name in names if name in objects} | extra
+    for name in {"object_id", "id"} & set(names):  # the admin's pages of one real object
+        page = route.removeprefix("admin:")
+        kwargs[name] = next((pk for model, pk in objects.items() if page.startswith(f"{model}_")), 1)
+    if "app_label" in names:
+        kwargs["app_label"] = "portal"
+    kwargs |= {name: 1 for name in names if name not in kwargs}
+    return reverse(route, kwargs=kwargs)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("route", sorted(MATRIX))
+def test_route_allows_exactly_whom_it_should(route, people, catalog, sim_node):
+    method, extra, query, expected = MATRIX[route]
+    seen = []
+    for role in ROLES:
+        objects = owned_objects(people["owner"], catalog)  # fresh per role: an action changes state
+        url = url_for(route, objects, extra) + query
+        seen.append(outcome(getattr(client_for(people[role]), method)(url), route))
+    assert dict(zip(ROLES, seen, strict=True)) == dict(zip(ROLES, expected, strict=True))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("route", ADMIN_ROUTES)
+def test_admin_pages_are_for_staff_only(route, people, catalog, sim_node):
+    url = url_for(route, owned_objects(people["owner"], catalog), {})
+    method = "post" if route == "admin:logout" else "get"
+    seen = {role: outcome(getattr(client_for(people[role]), method)(url), route) for role in ROLES}
+    assert seen == dict(zip(ROLES, ADMIN_EXPECTED.get(route, STAFF_ONLY), strict=True))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", sorted(WEBSOCKET_MATRIX))
+def test_websocket_route_accepts_exactly_whom_it_should(route, people):
+    async def connects(cookie: str | None) -> bool:
+        headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+        if cookie is not None:
+            headers.append((b"cookie", f"sessionid={cookie}".encode()))
+        communicator = WebsocketCommunicator(application, f"/{route}", headers=headers)
+        connected, _ = await communicator.connect(timeout=10)
+        await communicator.disconnect()
+        return connected
+
+    cookies = {role: p and client_for(p).cookies["sessionid"].value for role, p in people.items()}
+    seen = tuple(ALLOWED if asyncio.run(connects(cookies[role])) else DENIED for role in ROLES)
+    assert dict(zip(ROLES, seen, strict=True)) == dict(zip(ROLES, WEBSOCKET_MATRIX[route], strict=True))
