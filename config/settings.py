@@ -134,7 +134,7 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": env.str("CACHE_URL", default=REDIS_URL),
-        "KEY_PREFIX": "gpucloud-cache",
+        "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default=f"gpucloud-{DEPLOYMENT_ID}"),
     }
 }
 

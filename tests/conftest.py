@@ -202,6 +202,8 @@ def web_server(transactional_db):
         "DATABASE_URL": database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "SCHEDULER_QUEUE": settings.SCHEDULER_QUEUE,
+        "DEPLOYMENT_ID": settings.DEPLOYMENT_ID,
+        "CACHE_KEY_PREFIX": f"{settings.DEPLOYMENT_ID}-{port}",  # its own throttle counts
     }
     log_path = settings.VAR_DIR / "log" / f"test-daphne-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,11 @@
 """One place that shapes errors for the API.
 
 Service errors become 400 ``{"<field>": ["message"], "detail": "message"}``,
-404 ``{"detail": ...}`` or 409 ``{"detail": ...}``; DRF's own errors keep its shape.
+404 ``{"detail": ...}`` or 409 ``{"detail": ...}``; DRF's own errors keep its shape, and a body
+that is not JSON names ``body`` as the field at fault.
 """
 
+from rest_framework.exceptions import ParseError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -16,4 +18,7 @@ def exception_handler(exc, context):
         if exc.field:
             body[exc.field] = [exc.message]
         return Response(body, status=exc.status_code)
-    return drf_exception_handler(exc, context)
+    response = drf_exception_handler(exc, context)
+    if isinstance(exc, ParseError) and response is not None:
+        response.data["body"] = [response.data["detail"]]  # the field at fault is the request body itself
+    return response
