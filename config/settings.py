@@ -62,7 +62,10 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
-WSGI_APPLICATION = None
+WSGI_APPLICATION = "config.wsgi.application"
+# Where pages open their WebSocket: "" is the page's own origin (a proxy sends /ws/ to daphne);
+# make run serves HTTP with gunicorn and WebSockets with daphne on the next port.
+WEBSOCKET_URL = env.str("WEBSOCKET_URL", default="")
 
 TEMPLATES = [
     {
@@ -74,6 +77,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.websocket_url",
             ]
         },
     }

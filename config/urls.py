@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from portal import views as portal_views
 
 urlpatterns = [
+    path("healthz/", portal_views.healthz, name="healthz"),
     path("", include("portal.urls")),
     path("login/", portal_views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

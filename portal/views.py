@@ -3,7 +3,7 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -11,6 +11,11 @@ from portal import selectors, services
 from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
 from scheduler.errors import NotFound, ServiceError
+
+
+def healthz(request):
+    """A constant answer for load balancers (and the baseline of bench/api_load.py)."""
+    return JsonResponse({"ok": True})
 
 
 class ThrottledLoginView(LoginView):

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Start the whole platform on this machine: web (daphne, HTTP + WebSocket),
-# the scheduler worker with beat, and one node agent with simulated GPUs.
+# Start the whole platform on this machine: web (gunicorn workers for HTTP,
+# daphne for WebSockets on the next port), the scheduler worker with beat, and
+# one node agent with simulated GPUs.
 # Ctrl-C stops them all.
 set -euo pipefail
 PY=.venv/bin/python
 PORT=${PORT:-8000}
+WS_PORT=${WS_PORT:-$((PORT + 1))}
+export WEBSOCKET_URL=${WEBSOCKET_URL:-ws://127.0.0.1:$WS_PORT}
 export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
 mkdir -p var/log
 
@@ -20,7 +23,8 @@ trap cleanup INT TERM EXIT
 $PY manage.py node_agent --name "${NODE_NAME:-local-node}" >var/log/node-agent.log 2>&1 & pids+=($!)
 .venv/bin/celery -A config worker -B -Q scheduler -n "scheduler@%h" --pool threads --concurrency 2 \
   -s var/celerybeat-schedule >var/log/worker.log 2>&1 & pids+=($!)
-.venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application >var/log/web.log 2>&1 & pids+=($!)
+WEB_BIND=127.0.0.1:$PORT .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:application >var/log/web.log 2>&1 & pids+=($!)
+.venv/bin/daphne -b 127.0.0.1 -p "$WS_PORT" config.asgi:application >var/log/websocket.log 2>&1 & pids+=($!)
 
 for _ in $(seq 60); do curl -fs -o /dev/null "http://127.0.0.1:$PORT/login/" && break; sleep 0.5; done
 sleep 2
@@ -30,7 +34,7 @@ cat <<MSG
   GPU cloud is running:  http://127.0.0.1:$PORT/
   sign in as  demo / demo-pass-123   (admin: admin / admin-pass-123, at /admin/)
   API docs:   http://127.0.0.1:$PORT/api/docs/   (tokens in var/log/demo-users.txt)
-  logs:       var/log/{web,worker,node-agent}.log      Ctrl-C stops everything.
+  logs:       var/log/{web,websocket,worker,node-agent}.log      Ctrl-C stops everything.
 
 MSG
 wait -n "${pids[@]}"

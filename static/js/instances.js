@@ -4,7 +4,8 @@
   let delay = 1000;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const socket = new WebSocket(`${scheme}://${location.host}/ws/instances/`);
+    const base = document.querySelector('meta[name="websocket-url"]').content || `${scheme}://${location.host}`;
+    const socket = new WebSocket(`${base}/ws/instances/`);
     socket.onopen = () => { state.textContent = "Live updates: on"; delay = 1000; };
     socket.onmessage = () => document.body.dispatchEvent(new Event("instances-changed"));
     socket.onclose = () => {

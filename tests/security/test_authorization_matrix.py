@@ -34,6 +34,7 @@ MATRIX = {
     "console-job-create": ("get", {}, "", MINE),
     "console-job": ("get", {}, "", OWNED),
     "console-job-action": ("post", {"action": "cancel"}, "", OWNED),
+    "healthz": ("get", {}, "", OPEN),
     "login": ("get", {}, "", OPEN),
     "logout": ("post", {}, "", SIGNS_OUT),
     "api-gpu-types": ("get", {}, "", MINE),
