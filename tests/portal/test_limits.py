@@ -1,7 +1,9 @@
 """Bounded inputs: paginated lists, a queued-work limit per user, rate limits on sign-in and creation."""
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from rest_framework.throttling import SimpleRateThrottle
 
 from portal.models import Instance
@@ -43,3 +45,16 @@ def test_sign_in_attempts_are_throttled_per_address_and_username(user, monkeypat
     refused = client.post("/login/", {"username": "alice", "password": "alice-pass-123"})
     assert refused.status_code == 429 and "Too many sign-in attempts" in refused.content.decode()
     assert client.post("/login/", {"username": "bob", "password": "x"}).status_code == 200
+
+
+def test_listing_costs_the_same_queries_for_one_instance_or_twenty(api, catalog, sim_node):
+    def queries_for_list() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert api.get("/api/v1/instances/").status_code == 200
+        return len(captured)
+
+    create(api, catalog)
+    one = queries_for_list()
+    for _ in range(19):
+        create(api, catalog)
+    assert queries_for_list() == one <= 3  # the page and its count: no query per instance
