@@ -6,6 +6,7 @@ from portal.api import views
 from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
+    path("me/", views.MeApi.as_view(), name="api-me"),
     path("gpu-types/", views.GpuTypeListApi.as_view(), name="api-gpu-types"),
     path("gpu-types/recommend/", views.GpuTypeRecommendApi.as_view(), name="api-gpu-types-recommend"),
     path("images/", views.ImageListApi.as_view(), name="api-images"),

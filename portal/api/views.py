@@ -10,7 +10,8 @@ from rest_framework.views import APIView
 
 from portal import limits, selectors, services
 from portal.api.idempotency import HEADER, idempotent
-from portal.api.pagination import page_of, paginated
+from portal.api.pagination import page_of, paginated, paginated_rows
+from portal.api.rows import Rows
 from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput, JobOutput
 from portal.api.throttles import CreateRateThrottle
 from portal.models import BillingMode
@@ -105,6 +106,18 @@ class GpuTypeRecommendApi(APIView):
         return Response(self.OutputSerializer(choice).data)
 
 
+class MeApi(APIView):
+    """GET /me/: who the credentials belong to (check a token; the cheapest authenticated call)."""
+
+    class OutputSerializer(serializers.Serializer):
+        username = serializers.CharField()
+        is_staff = serializers.BooleanField()
+
+    @extend_schema(responses=OutputSerializer)
+    def get(self, request):
+        return Response({"username": request.user.username, "is_staff": request.user.is_staff})
+
+
 class GpuTypeListApi(APIView):
     @extend_schema(responses=page_of(GpuTypeOutput))
     def get(self, request):
@@ -125,9 +138,11 @@ class InstanceListApi(APIView):
         disk_gb = serializers.IntegerField(min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, default=50)
         billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
 
+    rows = Rows(InstanceOutput)
+
     @extend_schema(responses=page_of(InstanceOutput))
     def get(self, request):
-        return paginated(self, selectors.instance_list(user=request.user), InstanceOutput)
+        return paginated_rows(self, selectors.instance_list(user=request.user), self.rows)
 
     @extend_schema(request=InputSerializer, responses={201: InstanceOutput}, parameters=[IDEMPOTENCY_KEY])
     def post(self, request):

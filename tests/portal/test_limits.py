@@ -58,3 +58,18 @@ def test_listing_costs_the_same_queries_for_one_instance_or_twenty(api, catalog,
     for _ in range(19):
         create(api, catalog)
     assert queries_for_list() == one <= 3  # the page and its count: no query per instance
+
+
+def test_the_fast_list_answers_exactly_what_the_serializer_would(api, catalog, sim_node, user):
+    from portal import selectors
+    from portal.api.rows import Rows
+    from portal.api.serializers import InstanceOutput
+    from scheduler.models import Workload
+
+    create(api, catalog)
+    create(api, catalog, billing_mode="spot", gpus="1")
+    Workload.objects.filter(pk=Workload.objects.first().pk).update(node=sim_node, exit_code=3, queue_position=2)
+    listed = api.get("/api/v1/instances/").data["results"]
+    queryset = selectors.instance_list(user=user)
+    assert listed == InstanceOutput(queryset, many=True).data
+    assert Rows(InstanceOutput).build(Rows(InstanceOutput).values(queryset)) == listed

@@ -37,6 +37,7 @@ MATRIX = {
     "healthz": ("get", {}, "", OPEN),
     "login": ("get", {}, "", OPEN),
     "logout": ("post", {}, "", SIGNS_OUT),
+    "api-me": ("get", {}, "", MINE),
     "api-gpu-types": ("get", {}, "", MINE),
     "api-gpu-types-recommend": ("get", {}, "?model_params_b=7", MINE),
     "api-images": ("get", {}, "", MINE),

@@ -1,0 +1,239 @@
+"""Control-plane HTTP speed: the real server on PostgreSQL, served as in production (gunicorn).
+
+An account holds 20 instances. In one run, beside the trivial view served the
+same way (/api/v1/me/: the same token authentication, throttles and DRF stack,
+a constant answer; /healthz/, with no authentication, is shown too):
+(1) closed loop, 1 and 50 clients: capacity (requests/s) of the instance list
+    and of the trivial view;
+(2) open loop (Poisson arrivals) at half the list's measured capacity, mixed
+    list / detail / create / release, for --seconds: latency percentiles,
+    measured from each request's scheduled time (so queueing counts).
+
+    python bench/api_load.py [--seconds 30] [--closed-seconds 8]
+
+The load generator is a raw asyncio HTTP/1.1 client with keep-alive, on the same
+machine (it takes part of a core: the numbers are a floor). Uses its own
+PostgreSQL database (gpucloud_bench, recreated) and Redis database 14.
+Ends with {"rps", "ratio_vs_trivial", "scaling_1_to_50", "p50_ms", "p99_ms"}.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import time
+
+import _setup
+
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud_bench")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+INSTANCE_BODY = {"image": 0, "gpu_type": 0, "gpus": "0.1", "cpu_cores": 1, "memory_gb": 1, "disk_gb": 10}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env(port: int) -> dict:
+    return {
+        **os.environ,
+        "DATABASE_URL": DATABASE_URL,
+        "REDIS_URL": REDIS_URL,
+        "SECRET_KEY": secrets.token_urlsafe(40),
+        "DEBUG": "false",
+        "WEB_BIND": f"127.0.0.1:{port}",
+        "SCHEDULER_QUEUE": "bench-scheduler",
+        "THROTTLE_USER": "100000000/min",
+        "THROTTLE_CREATE": "100000000/min",
+        "THROTTLE_ANON": "100000000/min",
+        "MAX_QUEUED_PER_USER": "100000",
+    }
+
+
+def prepare(env: dict) -> dict:
+    """A fresh database with the demo catalog, a simulated node and an account holding 20 instances."""
+    database = DATABASE_URL.rsplit("/", 1)
+    subprocess.run(["psql", database[0] + "/postgres", "-qc", f"DROP DATABASE IF EXISTS {database[1]}"], check=True)
+    subprocess.run(["psql", database[0] + "/postgres", "-qc", f"CREATE DATABASE {database[1]}"], check=True)
+    manage = [sys.executable, str(_setup.ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "--no-input", "-v0"], env=env, check=True)
+    script = """
+from decimal import Decimal
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from portal import services
+from portal.demo import catalog_load
+from portal.models import GpuType, Image
+from scheduler.node.gpus import simulated_inventory
+from scheduler.services.nodes import node_register
+catalog_load()
+node_register(name="bench-node", hostname="bench", cpu_cores=512, memory_mb=1 << 21,
+              gpus=simulated_inventory("sim:8xRTX3090", "bench-node"), simulated=True, nvidia_runtime=False)
+user = get_user_model().objects.create_user("bench", password="bench-pass-123")
+image, gpu_type = Image.objects.filter(visibility="official").first(), GpuType.objects.get(name="RTX3090")
+ids = [services.instance_create(owner=user, name=f"i{n}", image_id=image.pk, gpu_type_id=gpu_type.pk,
+       gpus=Decimal("0.1"), cpu_cores=1, memory_gb=1, disk_gb=10).pk for n in range(20)]
+print(Token.objects.create(user=user).key, image.pk, gpu_type.pk, ",".join(map(str, ids)))
+"""
+    out = subprocess.run([*manage, "shell", "-c", script], env=env, check=True, capture_output=True, text=True)
+    token, image, gpu_type, ids = out.stdout.split()[-4:]
+    return {"token": token, "image": int(image), "gpu_type": gpu_type, "ids": [int(i) for i in ids.split(",")]}
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; ``request`` returns (status, body)."""
+
+    def __init__(self, port: int, headers: str):
+        self.port, self.headers = port, headers
+        self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{self.headers}Content-Length: {len(body)}\r\n"
+        if body:
+            head += "Content-Type: application/json\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)
+        status_line = await self.reader.readline()
+        if not status_line:  # the server closed an idle keep-alive connection: reconnect once
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+            self.writer.write(head.encode() + b"\r\n" + body)
+            status_line = await self.reader.readline()
+        length, close = 0, False
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection" and value.strip().lower() == "close":
+                close = True
+        data = await self.reader.readexactly(length)
+        if close:
+            self.writer.close()
+            self.reader = self.writer = None
+        return int(status_line.split()[1]), data
+
+
+async def closed_loop(port: int, headers: str, path: str, clients: int, seconds: float) -> float:
+    """Requests per second with ``clients`` each sending its next request when the last one answered."""
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def client():
+        nonlocal done
+        connection = Connection(port, headers)
+        while time.monotonic() < deadline:
+            status, _ = await connection.request("GET", path)
+            assert status == 200, status
+            done += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return done / (time.monotonic() - started)
+
+
+async def open_loop(port: int, headers: str, data: dict, rate: float, seconds: float) -> list[float]:
+    """Poisson arrivals at ``rate``/s of a list / detail / create / release mix; latency from the scheduled time."""
+    idle: list[Connection] = []
+    latencies: list[float] = []
+    created: list[int] = []
+    errors = []
+    body = json.dumps(INSTANCE_BODY | {"image": data["image"], "gpu_type": data["gpu_type"]}).encode()
+    rng = random.Random(7)
+
+    async def one(scheduled: float, kind: str):
+        connection = idle.pop() if idle else Connection(port, headers)
+        if kind == "list":
+            status, _ = await connection.request("GET", "/api/v1/instances/")
+        elif kind == "detail":
+            status, _ = await connection.request("GET", f"/api/v1/instances/{rng.choice(data['ids'])}/")
+        elif kind == "create":
+            status, answer = await connection.request("POST", "/api/v1/instances/", body)
+            if status == 201:
+                created.append(json.loads(answer)["id"])
+        elif created:
+            status, _ = await connection.request("POST", f"/api/v1/instances/{created.pop()}/release/")
+        else:
+            status, _ = await connection.request("GET", "/api/v1/instances/")
+        latencies.append(time.monotonic() - scheduled)
+        if status >= 400:
+            errors.append((kind, status))
+        idle.append(connection)
+
+    tasks = []
+    start = time.monotonic()
+    at = start
+    while at < start + seconds:
+        at += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        kind = rng.choices(["list", "detail", "create", "release"], weights=[70, 20, 5, 5])[0]
+        tasks.append(asyncio.create_task(one(at, kind)))
+    await asyncio.gather(*tasks)
+    if errors:
+        print(f"warning: {len(errors)} error answers, e.g. {errors[:3]}", file=sys.stderr)
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--closed-seconds", type=float, default=8)
+    args = parser.parse_args()
+    port = free_port()
+    env = server_env(port)
+    data = prepare(env)
+    server = subprocess.Popen(
+        [str(_setup.ROOT / ".venv/bin/gunicorn"), "-c", "config/gunicorn.py", "config.wsgi:application"],
+        env=env,
+        cwd=_setup.ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        auth = f"Authorization: Token {data['token']}\r\n"
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        asyncio.run(closed_loop(port, auth, "/api/v1/instances/", 4, 2))  # warm every worker
+        capacity = {}
+        for path in ("/healthz/", "/api/v1/me/", "/api/v1/instances/"):
+            for clients in (1, 50):
+                rps = asyncio.run(closed_loop(port, auth, path, clients, args.closed_seconds))
+                capacity[path, clients] = rps
+                print(f"closed loop {path} x{clients} clients: {rps:.0f} requests/s", file=sys.stderr)
+        list_rps = capacity["/api/v1/instances/", 50]
+        latencies = asyncio.run(open_loop(port, auth, data, list_rps / 2, args.seconds))
+    finally:
+        server.terminate()
+        server.wait(20)
+    result = {
+        "rps": round(list_rps, 1),
+        "trivial_rps": round(capacity["/api/v1/me/", 50], 1),
+        "ratio_vs_trivial": round(list_rps / capacity["/api/v1/me/", 50], 2),
+        "healthz_rps": round(capacity["/healthz/", 50], 1),
+        "rps_1_client": round(capacity["/api/v1/instances/", 1], 1),
+        "scaling_1_to_50": round(list_rps / capacity["/api/v1/instances/", 1], 2),
+        "open_loop_rate": round(list_rps / 2, 1),
+        "requests": len(latencies),
+        "p50_ms": round(1000 * percentile(latencies, 0.50), 1),
+        "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
