@@ -6,6 +6,8 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # Tests run as production does (DEBUG off), with a throwaway key.
 test: export SECRET_KEY ?= test-only-$(shell python3 -c 'import secrets; print(secrets.token_hex(24))')
 test: export WHITENOISE_USE_FINDERS = true
+# Threads the tests start (workers, WebSocket consumers) must not keep the test database open.
+test: export DB_CONN_MAX_AGE = 0
 
 .PHONY: run test services lint bench
 

@@ -5,6 +5,7 @@ from channels.layers import get_channel_layer
 from django.dispatch import receiver
 
 from portal.models import Instance
+from scheduler.models import WorkloadKind
 from scheduler.signals import workload_changed
 
 
@@ -13,7 +14,9 @@ def user_group(user_id: int) -> str:
 
 
 @receiver(workload_changed)
-def push_instance_status(sender, workload_id, owner_id, to_status, reason, **kwargs):
+def push_instance_status(sender, workload_id, owner_id, kind, to_status, reason, **kwargs):
+    if kind != WorkloadKind.INSTANCE:
+        return  # jobs have their own page, refreshed by htmx
     instance_id = Instance.objects.filter(workload_id=workload_id).values_list("pk", flat=True).first()
     if instance_id is None:
         return

@@ -20,16 +20,16 @@ from django.utils import timezone
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadStatus
 from scheduler.selectors import cluster_capacity
-from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.allocation import Placement, Share, allocations_create
 from scheduler.services.lifecycle import HOLDING
-from scheduler.services.workloads import NodeTask, send_to_node, workload_preempt
+from scheduler.services.workloads import NodeTask, send_to_nodes, workload_preempt
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
 TICK_LOCK_KEY = 0x67707563  # "gpuc": one advisory lock id for the whole cluster
 MIX_WINDOW = 500  # recent submissions that define the expected task mix for FGD
-# Placements committed together: fewer commits, yet node and card rows are locked only briefly.
-PLACEMENTS_PER_TRANSACTION = 100
+# Placements committed together: few statements per placement, yet rows are locked only briefly.
+PLACEMENTS_PER_TRANSACTION = 200
 MAX_RERUNS = 10  # a tick re-runs for wake-ups that came while it ran, at most this often in a row
 
 
@@ -115,19 +115,6 @@ def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
             w.attained_service += w.gpu_share * seconds * (config.idle_weight if idle else 1.0)
         w.accrued_at = now
     Workload.objects.bulk_update(running, ["attained_service", "accrued_at"])
-
-
-def _place(place, workload: Workload, cluster, levels: dict) -> bool:
-    shares = [
-        Share(cluster.card_ids[place.node][card], workload.gpu_milli, memory)
-        for card, memory in zip(place.cards, place.memory_mb, strict=True)
-    ]
-    if not allocation_create(workload=workload, node_id=cluster.node_ids[place.node], shares=shares):
-        return False
-    workload.queue_position = None
-    Workload.objects.filter(pk=workload.pk).update(queue_position=None, queue_level=levels[workload.pk])
-    send_to_node(workload, NodeTask.LAUNCH)
-    return True
 
 
 def _as_work(w: Workload, epoch) -> policy.Work:
@@ -225,12 +212,12 @@ def _tick() -> TickResult:
         mix=_mix(),
         quotas=_quotas(),
     )
-    places = decisions.place
-    for start in range(0, len(places), PLACEMENTS_PER_TRANSACTION):
+    placements = [_placement(place, by_id[place.work_id], cluster, decisions.levels) for place in decisions.place]
+    for start in range(0, len(placements), PLACEMENTS_PER_TRANSACTION):
         with transaction.atomic():
-            for place in places[start : start + PLACEMENTS_PER_TRANSACTION]:
-                if _place(place, by_id[place.work_id], cluster, decisions.levels):
-                    result.placed.append(place.work_id)
+            placed = allocations_create(placements[start : start + PLACEMENTS_PER_TRANSACTION])
+            send_to_nodes([p.workload for p in placed], NodeTask.LAUNCH)
+        result.placed += [p.workload.pk for p in placed]
     for preempt in decisions.preempt:
         if workload_preempt(
             by_id[preempt.work_id], reason=f"making room for higher-priority work #{preempt.for_work_id}"
@@ -242,6 +229,14 @@ def _tick() -> TickResult:
     if result.placed or result.preempted:
         log.info("tick placed %s, preempted %s, %d waiting", result.placed, result.preempted, result.waiting)
     return result
+
+
+def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
+    shares = [
+        Share(cluster.card_ids[place.node][card], workload.gpu_milli, memory)
+        for card, memory in zip(place.cards, place.memory_mb, strict=True)
+    ]
+    return Placement(workload, cluster.node_ids[place.node], shares, levels[workload.pk])
 
 
 def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]:

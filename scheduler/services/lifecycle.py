@@ -36,21 +36,32 @@ def workload_transition(workload: Workload, *, to: str, allowed_from, reason: st
             return False
         if current in HOLDING and to not in HOLDING:
             allocations_free(workload.pk)
-        event = WorkloadEvent.objects.create(
-            workload_id=workload.pk, from_status=current, to_status=to, reason=reason[:255]
-        )
-        payload = dict(
-            workload_id=workload.pk,
-            owner_id=workload.owner_id,
-            kind=workload.kind,
-            from_status=current,
-            to_status=to,
-            reason=reason,
-            at=event.created_at,
-        )
-        transaction.on_commit(lambda: workload_changed_send(payload), robust=True)
+        workload.status, workload.status_reason = to, reason[:255]
+        transitions_recorded([workload], from_status=current)
     workload.refresh_from_db()
     return True
+
+
+def transitions_recorded(workloads: list[Workload], *, from_status: str) -> None:
+    """Write the event rows of transitions just made (each workload holds its new status and reason)
+    and announce them after commit. Call inside the transaction that changed the rows."""
+    events = WorkloadEvent.objects.bulk_create(
+        WorkloadEvent(workload_id=w.pk, from_status=from_status, to_status=w.status, reason=w.status_reason)
+        for w in workloads
+    )
+    payloads = [
+        dict(
+            workload_id=w.pk,
+            owner_id=w.owner_id,
+            kind=w.kind,
+            from_status=from_status,
+            to_status=w.status,
+            reason=w.status_reason,
+            at=event.created_at,
+        )
+        for w, event in zip(workloads, events, strict=True)
+    ]
+    transaction.on_commit(lambda: [workload_changed_send(payload) for payload in payloads], robust=True)
 
 
 def workload_changed_send(payload: dict) -> None:
@@ -67,7 +78,7 @@ def allocations_free(workload_id: int) -> None:
     if not allocations:
         return
     workload = Workload.objects.only("node_id", "cpu_cores", "memory_mb").get(pk=workload_id)
-    # Lock order everywhere: node row, then its card rows by id (see allocation.py).
+    # Lock order everywhere: the workload row (updated by the caller), its node, its cards by id.
     list(Node.objects.select_for_update().filter(pk=workload.node_id))
     list(Gpu.objects.select_for_update().filter(id__in=[a.gpu_id for a in allocations]).order_by("id"))
     for a in allocations:

@@ -160,6 +160,20 @@ def send_to_node(workload: Workload, task_name: str, *, node=None) -> None:
     transaction.on_commit(lambda: app.send_task(task_name, args=[workload.pk], queue=queue))
 
 
+def send_to_nodes(workloads: list[Workload], task_name: str) -> None:
+    """After commit, send one node-agent task per workload to its node's queue, over one connection."""
+    from config.celery import app
+
+    messages = [(w.pk, w.node.queue) for w in workloads]
+
+    def publish():
+        with app.producer_or_acquire() as producer:
+            for workload_id, queue in messages:
+                app.send_task(task_name, args=[workload_id], queue=queue, producer=producer)
+
+    transaction.on_commit(publish)
+
+
 def tick_soon() -> None:
     from config.celery import app
 

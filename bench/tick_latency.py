@@ -1,0 +1,146 @@
+"""The live tick on PostgreSQL: 10,000 queued requests over 1,000 nodes x 8 GPUs, placed and committed.
+
+Unlike bench/scheduler_throughput.py (the pure policy), this runs
+``scheduler.tick.schedule_tick`` against the database: it reads the queue and
+the cluster, decides, and commits every allocation (row locks, re-checks,
+events) and sends every launch message to its node's queue on Redis.
+
+    python bench/tick_latency.py [--requests 10000] [--nodes 1000]
+
+Uses its own PostgreSQL database (gpucloud_bench_tick, recreated) and Redis
+database 14 (its node queues are deleted afterwards). Ends with
+{"tick_ms", "placements_per_s", "queries_per_placement"}.
+"""
+
+import argparse
+import json
+import os
+import random
+import secrets
+import subprocess
+import sys
+import time
+
+import _setup
+
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud_bench_tick")
+SHAPES = [(1, 1000), (1, 500), (1, 250), (1, 300), (1, 100), (1, 700), (2, 1000)]  # (cards, thousandths)
+
+
+def setup_database():
+    server, name = DATABASE_URL.rsplit("/", 1)
+    subprocess.run(["psql", f"{server}/postgres", "-qc", f"DROP DATABASE IF EXISTS {name}"], check=True)
+    subprocess.run(["psql", f"{server}/postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
+    os.environ.update(
+        DATABASE_URL=DATABASE_URL,
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
+        SECRET_KEY=secrets.token_urlsafe(40),
+        DJANGO_SETTINGS_MODULE="config.settings",
+        SCHEDULER_QUEUE="bench-scheduler",
+        LOG_LEVEL="WARNING",
+    )
+    sys.path.insert(0, str(_setup.ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", "--no-input", verbosity=0)
+
+
+def populate(requests: int, nodes: int) -> None:
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from scheduler.models import Gpu, Node, Workload, WorkloadStatus
+
+    now = timezone.now()
+    Node.objects.bulk_create(
+        Node(name=f"n{i:04d}", cpu_cores=128, memory_mb=1 << 20, simulated=True, last_heartbeat=now)
+        for i in range(nodes)
+    )
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=k, uuid=f"GPU-{node.name}-{k}", model="A100-80GB", memory_mb=81920)
+        for node in Node.objects.all()
+        for k in range(8)
+    )
+    users = [get_user_model().objects.create_user(f"u{i}") for i in range(50)]
+    rng = random.Random(1)
+    workloads = []
+    for i in range(requests):
+        cards, milli = rng.choice(SHAPES)
+        workloads.append(
+            Workload(
+                owner=users[i % len(users)],
+                kind="job",
+                name=f"w{i}",
+                image_ref="gpucloud/base:latest",
+                gpu_model="A100-80GB",
+                gpu_count=cards,
+                gpu_milli=milli,
+                cpu_cores=1,
+                memory_mb=1024,
+                disk_gb=10,
+                preemptible=True,
+                status=WorkloadStatus.QUEUED,
+                queued_at=now,
+            )
+        )
+    Workload.objects.bulk_create(workloads, batch_size=2000)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=1_000)
+    args = parser.parse_args()
+    setup_database()
+    populate(args.requests, args.nodes)
+
+    import redis
+    from django.conf import settings
+    from django.db import connection
+
+    from scheduler.models import Node
+    from scheduler.tick import schedule_tick
+
+    queries = 0
+
+    def count(execute, sql, params, many, context):
+        nonlocal queries
+        queries += 1
+        return execute(sql, params, many, context)
+
+    profile = os.environ.get("BENCH_PROFILE")
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    with connection.execute_wrapper(count):
+        started = time.perf_counter()
+        result = schedule_tick()
+        seconds = time.perf_counter() - started
+    if profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(*[node.queue for node in Node.objects.all()], settings.SCHEDULER_QUEUE)
+    placed = len(result.placed)
+    print(
+        json.dumps(
+            {
+                "requests": args.requests,
+                "gpus": 8 * args.nodes,
+                "placed": placed,
+                "waiting": result.waiting,
+                "tick_ms": round(1000 * seconds, 1),
+                "placements_per_s": round(placed / seconds, 1),
+                "queries_per_placement": round(queries / max(placed, 1), 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
