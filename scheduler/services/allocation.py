@@ -94,8 +94,10 @@ def _take(placement: Placement, node: Node | None, cards: dict) -> bool:
         return False
     if node.memory_mb - node.allocated_memory_mb < workload.memory_mb:
         return False
-    if len({s.gpu_id for s in placement.shares}) != len(placement.shares):
+    if len({s.gpu_id for s in placement.shares}) != workload.gpu_count or len(placement.shares) != workload.gpu_count:
         return False
+    if any(s.milli != workload.gpu_milli for s in placement.shares):
+        return False  # exactly the share asked for (and billed), on as many distinct cards as asked
     for share in placement.shares:
         card = cards.get(share.gpu_id)
         if card is None or card.node_id != node.pk or card.model != workload.gpu_model:

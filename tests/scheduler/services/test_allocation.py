@@ -149,7 +149,7 @@ def test_waiting_work_gets_an_estimated_start_from_running_jobs_maximum_runtimes
     from django.utils import timezone
 
     card = node.gpus.get()
-    job = workload(user, kind="job", max_runtime_s=3600)
+    job = workload(user, kind="job", gpu_milli=500, max_runtime_s=3600)
     allocation_create(workload=job, **half(card))
     started = timezone.now()
     type(job).objects.filter(pk=job.pk).update(status=WorkloadStatus.RUNNING, started_at=started)
@@ -239,3 +239,20 @@ def test_a_tick_does_not_overwrite_the_reason_of_work_that_moved_on_while_it_dec
     schedule_tick()
     waiting.refresh_from_db()
     assert (waiting.status, waiting.status_reason) == ("stopped", "stopped while queued")
+
+
+def test_a_batch_re_checks_each_placement_against_those_before_it(user, node):
+    from scheduler.services.allocation import Placement, allocations_create
+
+    card = node.gpus.get()
+    first, second, third = (workload(user, gpu_milli=600) for _ in range(3))
+    plan = [Placement(w, node.pk, [Share(card.pk, 600, card.memory_mb // 2)]) for w in (first, second)]
+    plan.append(Placement(third, node.pk, [Share(card.pk, 400, 1)]))  # a stale plan: would fit the rest
+
+    placed = allocations_create(plan)
+
+    assert [p.workload.pk for p in placed] == [first.pk]  # the 2nd overflows; the 3rd asks 400 but is a 600 job
+    card.refresh_from_db()
+    assert card.allocated_milli == 600 and Allocation.objects.filter(gpu=card).count() == 1
+    second.refresh_from_db()
+    assert second.status == WorkloadStatus.QUEUED
