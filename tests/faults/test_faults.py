@@ -1,0 +1,157 @@
+"""Fault injection with real processes and signals (docs/reliability.md lists what each shows).
+
+For each fault: the cluster converges within the bound in conftest (two reconciliation
+periods past the deadline the fault needs), no container is left running orphaned, no
+card is over-allocated, meter segments match the event history of what ran, and no
+queued work is lost.
+"""
+
+import signal
+import threading
+import time
+
+import pytest
+import redis
+from django.db import connection, transaction
+
+from billing.models import MeterSegment
+from scheduler.models import Node, Workload, WorkloadStatus
+from scheduler.node import launcher
+from tests.conftest import wait_for, wait_status
+from tests.faults.conftest import LOST_AFTER_S, dockerd_pid
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def running_container(w: Workload):
+    return launcher.docker_client().containers.get(w.container_name)
+
+
+def test_kill_9_of_the_scheduler_worker_in_the_middle_of_a_tick(cluster, catalog):
+    node = Node.objects.get(name=cluster.node_name)
+    holding, locked = threading.Event(), threading.Event()
+
+    def hold_the_node_row():  # the tick will wait on this lock, half way through its placements
+        try:
+            with transaction.atomic():
+                list(Node.objects.select_for_update().filter(pk=node.pk))
+                locked.set()
+                holding.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_node_row)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        w = cluster.create_instance(catalog)
+
+        def tick_waits_on_the_lock():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                return cursor.fetchone()[0] > 0
+
+        wait_for(tick_waits_on_the_lock, timeout=20, what="the tick to block in its placement")
+        cluster.kill("scheduler")  # kill -9, mid-transaction
+    finally:
+        holding.set()
+        holder.join(10)
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.QUEUED  # the killed tick's writes never committed
+    cluster.start("scheduler")
+    wait_status(w, "running", timeout=30)
+    assert w.events.filter(to_status="starting").count() == 1  # placed exactly once
+    cluster.wait_converged()
+
+
+def test_kill_9_of_the_node_agent_in_the_middle_of_a_launch(cluster, catalog):
+    dockerd = dockerd_pid()
+    r = redis.Redis(port=cluster.redis_port)
+    queue = Node.objects.get(name=cluster.node_name).queue
+    try:
+        import os
+
+        os.kill(dockerd, signal.SIGSTOP)  # every Docker call of the agent now hangs
+        w = cluster.create_instance(catalog)
+        wait_status(w, "starting", timeout=30)
+        wait_for(lambda: r.llen(queue) == 0, timeout=20, what="the agent to take the launch")
+        cluster.kill("agent")
+    finally:
+        os.kill(dockerd, signal.SIGCONT)
+    cluster.start("agent")
+    wait_for(lambda: w.refresh_from_db() or w.status != "starting", timeout=30, what="the launch to be settled")
+    assert w.status == WorkloadStatus.FAILED and "did not finish" in w.status_reason
+    cluster.wait_converged()
+    assert cluster.api("post", f"instances/{w.instance.pk}/start/").status_code == 202
+    wait_status(w, "running", timeout=30)  # and it can be started again
+    cluster.wait_converged()
+
+
+def test_kill_9_of_the_node_agent_in_the_middle_of_a_stop(cluster, catalog):
+    import os
+
+    w = cluster.create_instance(catalog)
+    wait_status(w, "running", timeout=30)
+    dockerd = dockerd_pid()
+    try:
+        os.kill(dockerd, signal.SIGSTOP)
+        assert cluster.api("post", f"instances/{w.instance.pk}/stop/").status_code == 202
+        r = redis.Redis(port=cluster.redis_port)
+        queue = Node.objects.get(name=cluster.node_name).queue
+        wait_for(lambda: r.llen(queue) == 0, timeout=20, what="the agent to take the stop")
+        cluster.kill("agent")
+    finally:
+        os.kill(dockerd, signal.SIGCONT)
+    cluster.start("agent")
+    wait_status(w, "stopped", timeout=30)
+    assert not running_container(w).attrs["State"]["Running"]
+    cluster.wait_converged()
+
+
+def test_docker_kill_of_a_container(cluster, catalog):
+    w = cluster.create_instance(catalog)
+    wait_status(w, "running", timeout=30)
+    running_container(w).kill()
+    wait_status(w, "failed", timeout=15)
+    assert "137" in w.status_reason
+    cluster.wait_converged()
+
+
+def test_a_silent_node_agent_is_lost_then_fences_itself_when_it_speaks_again(cluster, catalog):
+    instance = cluster.create_instance(catalog)
+    job = cluster.create_job(catalog, "sleep 600")
+    wait_status(instance, "running", timeout=30)
+    wait_status(job, "running", timeout=30)
+    cluster.signal("agent", signal.SIGSTOP)  # no heartbeat, no reconcile: a partitioned host
+    try:
+        wait_status(instance, "failed", timeout=LOST_AFTER_S + 15)
+        assert instance.status_reason.startswith("node lost")
+        wait_for(lambda: job.refresh_from_db() or job.status in ("queued", "starting"), timeout=10, what="requeue")
+        assert running_container(instance).attrs["State"]["Running"]  # the host still runs it, unmetered
+        assert MeterSegment.objects.get(workload=instance).ended_at is not None
+    finally:
+        cluster.signal("agent", signal.SIGCONT)
+    # It speaks again: it fences itself (stops what it no longer owns), rejoins, and takes the job back.
+    wait_for(lambda: not running_container(instance).attrs["State"]["Running"], timeout=20, what="the fence")
+    wait_status(job, "running", timeout=30)
+    cluster.wait_converged()
+
+
+def test_restarting_redis_while_instances_run(cluster, catalog):
+    w = cluster.create_instance(catalog)
+    wait_status(w, "running", timeout=30)
+    cluster.kill("redis", signal.SIGTERM)
+    cluster.start("redis")
+    started = time.monotonic()
+    # The cluster's processes reconnect to the new Redis and go on: a stop reaches the agent.
+    wait_for(
+        lambda: cluster.api("post", f"instances/{w.instance.pk}/stop/").status_code == 202,
+        timeout=30,
+        what="the API to accept a stop after the restart",
+    )
+    wait_status(w, "stopped", timeout=30)
+    assert time.monotonic() - started < 60
+    cluster.wait_converged()
+    second = cluster.create_instance(catalog)  # queued work placed after the restart
+    wait_status(second, "running", timeout=30)
+    cluster.wait_converged()
