@@ -6,7 +6,9 @@ card is over-allocated, meter segments match the event history of what ran, and 
 queued work is lost.
 """
 
+import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -69,8 +71,6 @@ def test_kill_9_of_the_node_agent_in_the_middle_of_a_launch(cluster, catalog):
     r = redis.Redis(port=cluster.redis_port)
     queue = Node.objects.get(name=cluster.node_name).queue
     try:
-        import os
-
         os.kill(dockerd, signal.SIGSTOP)  # every Docker call of the agent now hangs
         w = cluster.create_instance(catalog)
         wait_status(w, "starting", timeout=30)
@@ -88,8 +88,6 @@ def test_kill_9_of_the_node_agent_in_the_middle_of_a_launch(cluster, catalog):
 
 
 def test_kill_9_of_the_node_agent_in_the_middle_of_a_stop(cluster, catalog):
-    import os
-
     w = cluster.create_instance(catalog)
     wait_status(w, "running", timeout=30)
     dockerd = dockerd_pid()
@@ -154,4 +152,51 @@ def test_restarting_redis_while_instances_run(cluster, catalog):
     cluster.wait_converged()
     second = cluster.create_instance(catalog)  # queued work placed after the restart
     wait_status(second, "running", timeout=30)
+    cluster.wait_converged()
+
+
+def test_restarting_postgresql_while_instances_run(cluster, catalog):
+    w = cluster.create_instance(catalog)
+    job = cluster.create_job(catalog, "sleep 600")
+    wait_status(w, "running", timeout=30)
+    wait_status(job, "running", timeout=30)
+    version = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True).stdout.split()[0]
+    connection.close()
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True, timeout=120)
+    connection.close()
+    # Every process reconnects: heartbeats go on (the node is not lost), the API answers, a stop works.
+    wait_for(
+        lambda: cluster.api("post", f"instances/{w.instance.pk}/stop/").status_code == 202,
+        timeout=30,
+        what="the API to accept a stop after the restart",
+    )
+    wait_status(w, "stopped", timeout=30)
+    job.refresh_from_db()
+    assert job.status == WorkloadStatus.RUNNING
+    assert Node.objects.get(name=cluster.node_name).status == "active"
+    cluster.wait_converged()
+
+
+def test_restarting_dockerd_while_instances_run(cluster, catalog):
+    w = cluster.create_instance(catalog)
+    wait_status(w, "running", timeout=30)
+    pid = dockerd_pid()
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        command = [part.decode() for part in f.read().split(b"\0") if part]
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=60, what="dockerd to stop")
+    log = open(cluster.logs + "/dockerd-restarted.log", "a")  # noqa: SIM115  (kept by dockerd)
+    subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(
+        lambda: subprocess.run(["docker", "info"], capture_output=True).returncode == 0,
+        timeout=60,
+        what="dockerd to come back",
+    )
+    launcher.docker_client.cache_clear()
+    # Its containers stopped with the engine: reconciliation says so, and the instance starts again.
+    wait_for(lambda: w.refresh_from_db() or w.status != "running", timeout=30, what="the stop to be noticed")
+    assert w.status in ("stopped", "failed") and "container exited" in w.status_reason
+    cluster.wait_converged()
+    assert cluster.api("post", f"instances/{w.instance.pk}/start/").status_code == 202
+    wait_status(w, "running", timeout=30)
     cluster.wait_converged()
