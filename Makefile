@@ -26,6 +26,7 @@ run: $(VENV)/.installed services
 
 test: $(VENV)/.installed
 	@DATABASE_URL=$(TEST_DATABASE_URL) WITH_BROWSER=1 bash config/dev/services.sh
+	@$(PY) manage.py make_signing_keys
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) DJANGO_ALLOW_ASYNC_UNSAFE=true \
 		$(PY) -m pytest -m browser tests/browser

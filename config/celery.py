@@ -9,5 +9,24 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("gpucloud")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@app.on_after_configure.connect
+def _sign_messages(sender, **kwargs):
+    """Sign every message and refuse unsigned ones (settings.CELERY_MESSAGE_SIGNING)."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not settings.CELERY_MESSAGE_SIGNING:
+        return
+    for path in (settings.CELERY_SECURITY_KEY, settings.CELERY_SECURITY_CERTIFICATE):
+        if not os.path.exists(path):
+            raise ImproperlyConfigured(
+                f"Celery messages are signed but {path} is missing: run `python manage.py make_signing_keys` "
+                "(make run and make test do), or copy the deployment's keys to this host"
+            )
+    sender.setup_security()
+
+
 # The node agent's tasks live one level down (scheduler/node/tasks.py).
 app.autodiscover_tasks(["scheduler.node"])

@@ -194,6 +194,17 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 TRANSITION_DEADLINE_S = env.int("TRANSITION_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Signed messages (Celery's "auth" serializer): a task a tenant or anyone else writes into Redis
+# is refused, because it does not carry a signature from a key in the certificate store.
+CELERY_MESSAGE_SIGNING = env.bool("CELERY_MESSAGE_SIGNING", default=True)
+KEYS_DIR = Path(env.str("KEYS_DIR", default=str(VAR_DIR / "keys")))
+CELERY_SECURITY_KEY = env.str("CELERY_SECURITY_KEY", default=str(KEYS_DIR / "celery.key"))
+CELERY_SECURITY_CERTIFICATE = env.str("CELERY_SECURITY_CERTIFICATE", default=str(KEYS_DIR / "certs" / "celery.pem"))
+CELERY_SECURITY_CERT_STORE = env.str("CELERY_SECURITY_CERT_STORE", default=str(KEYS_DIR / "certs" / "*.pem"))
+CELERY_SECURITY_DIGEST = "sha256"
+if CELERY_MESSAGE_SIGNING:
+    CELERY_TASK_SERIALIZER = CELERY_EVENT_SERIALIZER = "auth"
+    CELERY_ACCEPT_CONTENT = ["auth"]
 CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
         "task": "scheduler.tasks.schedule_tick",

@@ -11,6 +11,7 @@ export WEBSOCKET_URL=${WEBSOCKET_URL:-ws://127.0.0.1:$WS_PORT}
 export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
 mkdir -p var/log
 
+$PY manage.py make_signing_keys
 $PY manage.py migrate --no-input -v0
 $PY manage.py load_demo >var/log/demo-users.txt
 $PY manage.py build_images

@@ -7,6 +7,7 @@ published by the cluster's own processes, on the cluster's own Redis.
 """
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+import redis
 import requests
 from django.conf import settings
 from django.db import connection
@@ -43,6 +45,7 @@ def free_port() -> int:
 class Cluster:
     node_name: str
     redis_port: int
+    redis_password: str
     web_port: int
     env: dict
     token: str
@@ -63,6 +66,8 @@ class Cluster:
                 "",
                 "--appendonly",
                 "no",
+                "--requirepass",
+                self.redis_password,
             ],
             "web": [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port), "config.asgi:application"],
             "scheduler": [
@@ -97,6 +102,9 @@ class Cluster:
         )
         self.processes[role] = process
         return process
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis(port=self.redis_port, password=self.redis_password)
 
     def kill(self, role: str, sig=signal.SIGKILL) -> None:
         process = self.processes[role]
@@ -195,11 +203,11 @@ def cluster(transactional_db, user, catalog, base_image, tmp_path):
     if connection.vendor != "postgresql":
         pytest.fail("run on PostgreSQL (make test does)")
     name = f"fault-{uuid.uuid4().hex[:6]}"
-    redis_port, web_port = free_port(), free_port()
+    redis_port, web_port, redis_password = free_port(), free_port(), secrets.token_hex(16)
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
-        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "REDIS_URL": f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",  # as production: a password
         "SCHEDULER_QUEUE": f"scheduler-{name}",
         "DEPLOYMENT_ID": settings.DEPLOYMENT_ID,
         "CACHE_KEY_PREFIX": name,
@@ -217,7 +225,7 @@ def cluster(transactional_db, user, catalog, base_image, tmp_path):
     }
     logs = str(settings.VAR_DIR / "log")
     os.makedirs(logs, exist_ok=True)
-    c = Cluster(name, redis_port, web_port, env, Token.objects.create(user=user).key, logs)
+    c = Cluster(name, redis_port, redis_password, web_port, env, Token.objects.create(user=user).key, logs)
     try:
         c.start("redis")
         wait_for(lambda: _listening(redis_port), timeout=10, what="redis")

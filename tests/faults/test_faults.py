@@ -68,7 +68,7 @@ def test_kill_9_of_the_scheduler_worker_in_the_middle_of_a_tick(cluster, catalog
 
 def test_kill_9_of_the_node_agent_in_the_middle_of_a_launch(cluster, catalog):
     dockerd = dockerd_pid()
-    r = redis.Redis(port=cluster.redis_port)
+    r = cluster.redis()
     queue = Node.objects.get(name=cluster.node_name).queue
     try:
         os.kill(dockerd, signal.SIGSTOP)  # every Docker call of the agent now hangs
@@ -94,7 +94,7 @@ def test_kill_9_of_the_node_agent_in_the_middle_of_a_stop(cluster, catalog):
     try:
         os.kill(dockerd, signal.SIGSTOP)
         assert cluster.api("post", f"instances/{w.instance.pk}/stop/").status_code == 202
-        r = redis.Redis(port=cluster.redis_port)
+        r = cluster.redis()
         queue = Node.objects.get(name=cluster.node_name).queue
         wait_for(lambda: r.llen(queue) == 0, timeout=20, what="the agent to take the stop")
         cluster.kill("agent")
@@ -104,6 +104,12 @@ def test_kill_9_of_the_node_agent_in_the_middle_of_a_stop(cluster, catalog):
     wait_status(w, "stopped", timeout=30)
     assert not running_container(w).attrs["State"]["Running"]
     cluster.wait_converged()
+
+
+def test_the_clusters_redis_refuses_clients_without_its_password(cluster):
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=cluster.redis_port).ping()
+    assert cluster.redis().ping()
 
 
 def test_docker_kill_of_a_container(cluster, catalog):
@@ -126,7 +132,8 @@ def test_a_silent_node_agent_is_lost_then_fences_itself_when_it_speaks_again(clu
         assert instance.status_reason.startswith("node lost")
         wait_for(lambda: job.refresh_from_db() or job.status in ("queued", "starting"), timeout=10, what="requeue")
         assert running_container(instance).attrs["State"]["Running"]  # the host still runs it, unmetered
-        assert MeterSegment.objects.get(workload=instance).ended_at is not None
+        # Metering closes right after the commit that failed it (billing's receiver, after commit).
+        wait_for(lambda: MeterSegment.objects.get(workload=instance).ended_at, timeout=10, what="metering to close")
     finally:
         cluster.signal("agent", signal.SIGCONT)
     # It speaks again: it fences itself (stops what it no longer owns), rejoins, and takes the job back.
