@@ -8,6 +8,7 @@ test: export SECRET_KEY ?= test-only-$(shell python3 -c 'import secrets; print(s
 test: export WHITENOISE_USE_FINDERS = true
 # Threads the tests start (workers, WebSocket consumers) must not keep the test database open.
 test: export DB_CONN_MAX_AGE = 0
+test: export TEST_FAST_PASSWORD_HASHER = true
 
 .PHONY: run test services lint bench
 

@@ -104,6 +104,10 @@ if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", DEPLOYMENT_ID):
         f"DEPLOYMENT_ID must be 1-32 lowercase letters, digits or dashes, not {DEPLOYMENT_ID!r}"
     )
 
+# make test sets TEST_FAST_PASSWORD_HASHER: the suite creates hundreds of users, and its web-server
+# subprocesses must check their passwords the same way. Never set it anywhere else.
+if env.bool("TEST_FAST_PASSWORD_HASHER", default=False):
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console-instances"

@@ -1,4 +1,4 @@
-"""The console's create-instance form; the service does the real checks."""
+"""The console's create forms (instances, jobs); the services do the real checks."""
 
 from decimal import Decimal
 
@@ -8,8 +8,10 @@ from portal import limits
 from portal.models import BillingMode
 
 
-class InstanceCreateForm(forms.Form):
-    name = forms.CharField(max_length=limits.NAME_CHARS, initial="my-instance")
+class WorkForm(forms.Form):
+    """What instances and jobs ask for alike (as the API's WorkInput): image, GPUs, CPU and memory."""
+
+    name = forms.CharField(max_length=limits.NAME_CHARS)
     gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
     image = forms.TypedChoiceField(coerce=int)
     gpus = forms.DecimalField(
@@ -27,10 +29,6 @@ class InstanceCreateForm(forms.Form):
         max_value=limits.MEMORY_GB.max,
         initial=limits.DEFAULT_MEMORY_GB,
     )
-    disk_gb = forms.IntegerField(
-        label="Data disk (GB)", min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, initial=50
-    )
-    billing_mode = forms.ChoiceField(choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
 
     def __init__(self, *args, gpu_types, images, **kwargs):
         super().__init__(*args, **kwargs)
@@ -46,38 +44,24 @@ class InstanceCreateForm(forms.Form):
         self.fields["image"].choices = [(i.pk, f"{i.name} (CUDA {i.cuda_version})") for i in images]
 
 
-class JobCreateForm(forms.Form):
-    name = forms.CharField(max_length=limits.NAME_CHARS, initial="train")
-    gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
-    image = forms.TypedChoiceField(coerce=int)
-    gpus = forms.DecimalField(
-        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=limits.GPU_FRACTION_STEP
+class InstanceCreateForm(WorkForm):
+    name = forms.CharField(max_length=limits.NAME_CHARS, initial="my-instance")
+    disk_gb = forms.IntegerField(
+        label="Data disk (GB)", min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, initial=50
     )
+    billing_mode = forms.ChoiceField(choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
+
+
+class JobCreateForm(WorkForm):
+    field_order = ["name", "gpu_type", "image", "gpus", "command"]
+
+    name = forms.CharField(max_length=limits.NAME_CHARS, initial="train")
     command = forms.CharField(
         max_length=limits.COMMAND_CHARS,
         widget=forms.Textarea(attrs={"rows": 4}),
         initial="python train.py --ckpt $GPUCLOUD_CHECKPOINT_DIR",
     )
-    cpu_cores = forms.IntegerField(
-        label="CPU cores",
-        min_value=limits.CPU_CORES.min,
-        max_value=limits.CPU_CORES.max,
-        initial=limits.DEFAULT_CPU_CORES,
-    )
-    memory_gb = forms.IntegerField(
-        label="Memory (GB)",
-        min_value=limits.MEMORY_GB.min,
-        max_value=limits.MEMORY_GB.max,
-        initial=limits.DEFAULT_MEMORY_GB,
-    )
     priority = forms.TypedChoiceField(coerce=int, choices=[(0, "High"), (1, "Normal"), (2, "Low")], initial=1)
     max_runtime_s = forms.IntegerField(
         label="Max runtime (s)", min_value=limits.MAX_RUNTIME_S.min, max_value=limits.MAX_RUNTIME_S.max, required=False
     )
-
-    def __init__(self, *args, gpu_types, images, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["gpu_type"].choices = (
-            InstanceCreateForm(gpu_types=gpu_types, images=images).fields["gpu_type"].choices
-        )
-        self.fields["image"].choices = [(i.pk, f"{i.name} (CUDA {i.cuda_version})") for i in images]

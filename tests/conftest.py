@@ -41,7 +41,6 @@ def real_services(django_db_setup, django_db_blocker):
         pytest.exit("CI must run the suite on PostgreSQL: set DATABASE_URL", 3)
     settings.SCHEDULER_QUEUE = f"scheduler-test-{uuid.uuid4().hex[:8]}"
     settings.DEPLOYMENT_ID = f"test-{uuid.uuid4().hex[:8]}"  # never the dev deployment's volumes
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast users; not a secret here
     yield
     redis.Redis.from_url(settings.REDIS_URL).delete(settings.SCHEDULER_QUEUE)
     client = docker_client()
