@@ -51,6 +51,7 @@ class Cluster:
     token: str
     logs: str
     processes: dict = field(default_factory=dict)
+    env_for: dict = field(default_factory=dict)  # per-role overrides, e.g. the agent's own database role
 
     # --- processes -------------------------------------------------------------------------
     def start(self, role: str) -> subprocess.Popen:
@@ -94,7 +95,7 @@ class Cluster:
         log = open(f"{self.logs}/{self.node_name}-{role}.log", "a")  # noqa: SIM115  (kept for the process)
         process = subprocess.Popen(
             commands[role],
-            env=self.env,
+            env=self.env | self.env_for.get(role, {}),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=settings.BASE_DIR,

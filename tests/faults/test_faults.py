@@ -207,3 +207,29 @@ def test_restarting_dockerd_while_instances_run(cluster, catalog):
     assert cluster.api("post", f"instances/{w.instance.pk}/start/").status_code == 202
     wait_status(w, "running", timeout=30)
     cluster.wait_converged()
+
+
+def test_a_node_agent_runs_its_whole_lifecycle_on_its_least_privilege_database_role(cluster, catalog):
+    from django.core.management import call_command
+
+    from tests.conftest import database_url
+
+    prefix = f"gpuc_{cluster.node_name.replace('-', '_')}"
+    call_command("db_roles", prefix=prefix, web_password="w", node_password="n")
+    try:
+        cluster.kill("agent", signal.SIGTERM)
+        cluster.env_for["agent"] = {"DATABASE_URL": f"postgres://{prefix}_node:n@{database_url().split('@', 1)[1]}"}
+        cluster.start("agent")  # registers (a new epoch), fences, heartbeats: as the node role
+        instance = cluster.create_instance(catalog)
+        job = cluster.create_job(catalog, "sleep 1; echo done")
+        wait_status(instance, "running", timeout=30)
+        wait_status(job, "succeeded", timeout=30)
+        assert cluster.api("post", f"instances/{instance.instance.pk}/stop/").status_code == 202
+        wait_status(instance, "stopped", timeout=30)
+        cluster.wait_converged()
+    finally:
+        cluster.stop_all()
+        with connection.cursor() as cursor:
+            for role in (f"{prefix}_web", f"{prefix}_node"):
+                cursor.execute(f'DROP OWNED BY "{role}"')
+                cursor.execute(f'DROP ROLE "{role}"')
