@@ -22,7 +22,7 @@ from scheduler.models import Allocation, Quota, Workload, WorkloadStatus
 from scheduler.selectors import cluster_capacity
 from scheduler.services.allocation import Placement, Share, allocations_create
 from scheduler.services.lifecycle import HOLDING
-from scheduler.services.workloads import NodeTask, send_to_nodes, workload_preempt
+from scheduler.services.workloads import launches_send, workload_preempt
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
@@ -216,7 +216,7 @@ def _tick() -> TickResult:
     for start in range(0, len(placements), PLACEMENTS_PER_TRANSACTION):
         with transaction.atomic():
             placed = allocations_create(placements[start : start + PLACEMENTS_PER_TRANSACTION])
-            send_to_nodes([p.workload for p in placed], NodeTask.LAUNCH)
+            launches_send([p.workload for p in placed])
         result.placed += [p.workload.pk for p in placed]
     for preempt in decisions.preempt:
         if workload_preempt(

@@ -16,6 +16,13 @@ def agent_launch(workload_id: int):
     agent.agent_launch(workload_id)
 
 
+@shared_task(ignore_result=True)
+def agent_launch_many(workload_ids: list[int], queue: str):
+    """The tick's launches for this node, one message: each becomes its own launch task here."""
+    for workload_id in workload_ids:
+        agent_launch.apply_async(args=[workload_id], queue=queue)
+
+
 @shared_task(**NODE_TASK)
 def agent_stop(workload_id: int):
     agent.agent_stop(workload_id)

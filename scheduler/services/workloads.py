@@ -25,7 +25,7 @@ S = WorkloadStatus
 class NodeTask(StrEnum):
     """Names of the node agent's tasks (``scheduler.node.tasks``), sent to queue ``node.<name>``."""
 
-    LAUNCH = "scheduler.node.tasks.agent_launch"
+    LAUNCH_MANY = "scheduler.node.tasks.agent_launch_many"
     STOP = "scheduler.node.tasks.agent_stop"
     RESTART = "scheduler.node.tasks.agent_restart"
     RELEASE = "scheduler.node.tasks.agent_release"
@@ -160,16 +160,22 @@ def send_to_node(workload: Workload, task_name: str, *, node=None) -> None:
     transaction.on_commit(lambda: app.send_task(task_name, args=[workload.pk], queue=queue))
 
 
-def send_to_nodes(workloads: list[Workload], task_name: str) -> None:
-    """After commit, send one node-agent task per workload to its node's queue, over one connection."""
+def launches_send(workloads: list[Workload]) -> None:
+    """After commit, tell each node which of these workloads to launch: one message per node.
+
+    Every message is signed (an RSA signature costs about a millisecond), so the tick sends
+    one per node and the node fans the launches out on its own queue.
+    """
     from config.celery import app
 
-    messages = [(w.pk, w.node.queue) for w in workloads]
+    by_queue: dict[str, list[int]] = {}
+    for w in workloads:
+        by_queue.setdefault(w.node.queue, []).append(w.pk)
 
     def publish():
         with app.producer_or_acquire() as producer:
-            for workload_id, queue in messages:
-                app.send_task(task_name, args=[workload_id], queue=queue, producer=producer)
+            for queue, ids in by_queue.items():
+                app.send_task(NodeTask.LAUNCH_MANY, args=[ids, queue], queue=queue, producer=producer)
 
     transaction.on_commit(publish)
 
