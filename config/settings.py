@@ -251,7 +251,14 @@ if SCHEDULER_THRESHOLDS_GPU_S != sorted(SCHEDULER_THRESHOLDS_GPU_S):
 
 # Containers.
 DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.sock")
+# "none" (development and tests: no network at all), "fenced" (production: the tenants' bridge
+# network, fenced off from the control plane, the host, metadata and private ranges; see
+# scheduler/node/network.py), or any Docker network mode you fence yourself.
 INSTANCE_NETWORK_MODE = env.str("INSTANCE_NETWORK_MODE", default="none")
+INSTANCE_NETWORK = env.str("INSTANCE_NETWORK", default="gpucloud-tenants")
+INSTANCE_BRIDGE = env.str("INSTANCE_BRIDGE", default="gpucloud0")
+INSTANCE_SUBNET = env.str("INSTANCE_SUBNET", default="10.213.0.0/16")
+FENCE_EXTRA_CIDRS = env.list("FENCE_EXTRA_CIDRS", default=[])
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, Workload, WorkloadKind, WorkloadStatus
-from scheduler.node import launcher
+from scheduler.node import launcher, network
 from scheduler.node.gpus import discover
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
@@ -33,6 +33,8 @@ def agent_launch(workload_id: int) -> None:
     if workload is None or workload.status != S.STARTING:
         return
     try:
+        if settings.INSTANCE_NETWORK_MODE == "fenced":
+            network.fence_check()
         spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
         container_id = launcher.container_launch(workload, spec)
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting

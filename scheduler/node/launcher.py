@@ -103,8 +103,11 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         cap_drop=["ALL"],
         cap_add=KEPT_CAPABILITIES,
         volumes=volumes,
-        network_mode=settings.INSTANCE_NETWORK_MODE,
     )
+    if settings.INSTANCE_NETWORK_MODE == "fenced":
+        spec["network"] = settings.INSTANCE_NETWORK
+    else:
+        spec["network_mode"] = settings.INSTANCE_NETWORK_MODE
     if node.nvidia_runtime and not node.simulated:
         spec["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
     return spec

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from config.celery import app
 from scheduler.errors import ServiceError
 from scheduler.node.agent import agent_register
+from scheduler.node.network import fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 
 
@@ -26,6 +27,8 @@ class Command(BaseCommand):
             # Fence first: whatever this host runs that the database no longer assigns to it
             # (work lost or released while the agent was away) stops before it takes new work.
             agent_reconcile(name)
+            if settings.INSTANCE_NETWORK_MODE == "fenced":
+                fence_install()  # tenants' network fenced off before any of them runs here
             node = agent_register(name)
         except ServiceError as exc:
             raise CommandError(exc.message) from exc

@@ -1,0 +1,161 @@
+"""The tenants' network fence, with test hosts the test makes itself (a network namespace, containers).
+
+A "control plane" server lives in a network namespace behind a veth pair. Before the
+fence an instance reaches it, the host and another tenant (so the test can fail);
+with the fence it reaches none of them, while the host (the agent) still reaches
+the control plane. Every address used here is one the test created.
+"""
+
+import os
+import socket
+import subprocess
+import threading
+import urllib.request
+import uuid
+
+import pytest
+
+from scheduler.node import launcher, network
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db
+
+SUBNET, GATEWAY = "10.213.77.0/24", "10.213.77.1"
+CP_HOST, CP_SERVER = "10.214.77.1", "10.214.77.2"  # the veth pair to the "control plane" namespace
+
+
+def sh(*command: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, check=check, timeout=60)
+
+
+@pytest.fixture
+def fenced(settings, base_image):
+    if os.geteuid() != 0:
+        pytest.fail("the fence test needs root (iptables, network namespaces): make test runs as root in CI")
+    tag = uuid.uuid4().hex[:5]
+    settings.INSTANCE_NETWORK_MODE = "fenced"
+    settings.INSTANCE_NETWORK, settings.INSTANCE_BRIDGE = f"gpuc-test-{tag}", f"gpuct{tag}"
+    settings.INSTANCE_SUBNET = SUBNET
+    namespace, host_end, ns_end = f"gpuc-cp-{tag}", f"gcp{tag}h", f"gcp{tag}n"
+    forwarding = open("/proc/sys/net/ipv4/ip_forward").read().strip()
+    server = None
+    try:
+        sh("ip", "netns", "add", namespace)
+        sh("ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+        sh("ip", "link", "set", ns_end, "netns", namespace)
+        sh("ip", "addr", "add", f"{CP_HOST}/30", "dev", host_end)
+        sh("ip", "link", "set", host_end, "up")
+        sh("ip", "netns", "exec", namespace, "ip", "addr", "add", f"{CP_SERVER}/30", "dev", ns_end)
+        sh("ip", "netns", "exec", namespace, "ip", "link", "set", ns_end, "up")
+        sh("ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up")
+        sh("ip", "netns", "exec", namespace, "ip", "route", "add", "default", "via", CP_HOST)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, "python3", "-m", "http.server", "18080", "--bind", CP_SERVER],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
+            f.write("1")  # so that without the fence the control plane *is* reachable from an instance
+        network.network_ensure()
+        wait_for(lambda: reachable_from_host(), timeout=20, what="the control-plane server")
+        yield settings
+    finally:
+        for container in launcher.docker_client().containers.list(all=True, filters={"label": "gpuc-fence-test"}):
+            container.remove(force=True)
+        remove_fence(settings)
+        try:
+            launcher.docker_client().networks.get(settings.INSTANCE_NETWORK).remove()
+        except Exception:  # noqa: BLE001  (never created)
+            pass
+        if server is not None:
+            server.kill()
+            server.wait(10)
+        sh("ip", "link", "del", host_end, check=False)
+        sh("ip", "netns", "del", namespace, check=False)
+        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
+            f.write(forwarding)
+
+
+def remove_fence(settings):
+    for chain, rule in network._jumps():
+        while network._iptables("-D", chain, *rule, check=False).returncode == 0:
+            pass
+    network._iptables("-F", network.CHAIN, check=False)
+    network._iptables("-X", network.CHAIN, check=False)
+
+
+def reachable_from_host() -> bool:
+    try:
+        return urllib.request.urlopen(f"http://{CP_SERVER}:18080/", timeout=3).status == 200
+    except OSError:
+        return False
+
+
+def tenant(settings, image, command, name):
+    return launcher.docker_client().containers.run(
+        image, command, detach=True, network=settings.INSTANCE_NETWORK, labels={"gpuc-fence-test": name}
+    )
+
+
+def reaches(settings, image, address: str) -> bool:
+    """Whether a fresh instance on the tenants' network gets an HTTP answer from ``host:port``."""
+    host, port = address.rsplit(":", 1)
+    request = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {host} {port} | grep -q '^HTTP/1'"
+    probe = tenant(settings, image, ["sh", "-c", request], "probe")
+    return probe.wait(timeout=30)["StatusCode"] == 0
+
+
+@pytest.fixture
+def host_listener():
+    """A TCP server on the host's bridge address, as the agent's own services would be."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((GATEWAY, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+                conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        yield f"{GATEWAY}:{port}"
+
+
+def test_instances_reach_no_control_plane_host_or_other_tenant_once_fenced(fenced, base_image, host_listener):
+    settings = fenced
+    other = tenant(
+        settings,
+        base_image,
+        ["sh", "-c", "mkdir -p /www && echo ok > /www/index.html && httpd -f -p 8080 -h /www"],
+        "other",
+    )
+    other.reload()
+    other_url = f"{other.attrs['NetworkSettings']['Networks'][settings.INSTANCE_NETWORK]['IPAddress']}:8080"
+    control_plane = f"{CP_SERVER}:18080"
+    # Unfenced, everything is in reach: the checks below can fail.
+    assert reaches(settings, base_image, control_plane)
+    assert reaches(settings, base_image, host_listener)
+    wait_for(lambda: reaches(settings, base_image, other_url), timeout=20, what="the other tenant's server")
+
+    network.fence_install()
+    assert network.fence_problem() is None
+
+    assert not reaches(settings, base_image, control_plane)
+    assert not reaches(settings, base_image, host_listener)
+    assert not reaches(settings, base_image, other_url)
+    assert reachable_from_host()  # the agent itself still reaches the control plane
+
+
+def test_a_launch_is_refused_when_the_fence_is_missing(fenced):
+    network.fence_install()
+    assert network.fence_problem() is None
+    network._iptables("-D", "FORWARD", "-i", fenced.INSTANCE_BRIDGE, "-j", network.CHAIN)
+    assert "does not send traffic" in network.fence_problem()
+    with pytest.raises(network.InvalidInput, match="fence is not in place"):
+        network.fence_check()
