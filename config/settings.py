@@ -262,6 +262,10 @@ FENCE_EXTRA_CIDRS = env.list("FENCE_EXTRA_CIDRS", default=[])
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)
+# Data volumes of exactly disk_gb (loop-mounted ext4 in sparse files under VOLUMES_DIR; the agent
+# needs root). Off by default in development; production turns it on (docker-compose does).
+INSTANCE_DISK_QUOTA = env.bool("INSTANCE_DISK_QUOTA", default=False)
+VOLUMES_DIR = env.str("VOLUMES_DIR", default=str(VAR_DIR / "volumes"))
 INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
 JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)

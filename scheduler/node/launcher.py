@@ -17,6 +17,7 @@ from django.conf import settings
 
 from scheduler.errors import InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadKind
+from scheduler.node import disks
 
 LABEL = "gpucloud"
 SNAPSHOT_REPOSITORY = "gpucloud-snapshot"
@@ -125,12 +126,14 @@ def _find(name: str):
         return None
 
 
-def _ensure_volume(name: str, labels: dict) -> None:
+def _ensure_volume(name: str, labels: dict, *, size_gb: int | None = None) -> None:
+    """Create the Docker volume if missing; with ``size_gb`` (and INSTANCE_DISK_QUOTA) it is a fixed-size disk."""
     client = docker_client()
+    options = disks.disk_ensure(name, size_gb) if size_gb and settings.INSTANCE_DISK_QUOTA else None
     try:
         client.volumes.get(name)
     except docker.errors.NotFound:
-        client.volumes.create(name=name, labels=labels)
+        client.volumes.create(name=name, labels=labels, driver="local", driver_opts=options or {})
 
 
 def container_launch(workload, spec: dict) -> str:
@@ -162,7 +165,7 @@ def container_launch(workload, spec: dict) -> str:
         f"{LABEL}.node": spec["labels"][f"{LABEL}.node"],
         f"{LABEL}.disk_gb": str(workload.disk_gb),
     }
-    _ensure_volume(workload.volume_name, volume_labels)
+    _ensure_volume(workload.volume_name, volume_labels, size_gb=workload.disk_gb)
     _ensure_volume(
         shared_volume_name(workload.owner_id),
         {f"{LABEL}.deployment": settings.DEPLOYMENT_ID, f"{LABEL}.owner": str(workload.owner_id)},
@@ -222,6 +225,7 @@ def volume_delete(name: str) -> None:
         docker_client().volumes.get(name).remove(force=True)
     except docker.errors.NotFound:
         pass
+    disks.disk_delete(name)
 
 
 def container_restart(name: str, *, grace_s: int) -> bool:

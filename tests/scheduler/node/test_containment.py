@@ -75,3 +75,29 @@ def test_containers_get_a_shared_memory_size_within_their_memory_limit(user, nod
     assert container.attrs["HostConfig"]["ShmSize"] == 512 * 1024 * 1024  # half of its 1 GB
     out = container.exec_run(["df", "-m", "/dev/shm"]).output.decode()
     assert " 512 " in out, out
+
+
+def test_the_data_volume_holds_disk_gb_and_writing_past_it_says_no_space_left(
+    user, node, base_image, settings, tmp_path
+):
+    settings.INSTANCE_DISK_QUOTA, settings.VOLUMES_DIR = True, str(tmp_path)
+    filler = workload(
+        user,
+        kind="job",
+        image_ref=base_image,
+        command=[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=$GPUCLOUD_CHECKPOINT_DIR/fill bs=1M count=1200; df -m $GPUCLOUD_CHECKPOINT_DIR",
+        ],
+    )
+    type(filler).objects.filter(pk=filler.pk).update(disk_gb=1)
+    filler.refresh_from_db()
+    try:
+        launched(filler, node)
+        wait_status(filler, "succeeded", timeout=60, poke=lambda: agent_reconcile(node.name))  # its df ran last
+        assert "No space left on device" in filler.log_tail
+        assert (tmp_path / f"{filler.volume_name}.img").stat().st_blocks * 512 < 1.2 * 1024**3  # sparse, ≤ 1 GB used
+    finally:
+        launcher.container_remove(filler)
+    assert not (tmp_path / filler.volume_name).exists() and not (tmp_path / f"{filler.volume_name}.img").exists()
