@@ -190,6 +190,27 @@ def database_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+def url_as(role: str, password: str) -> str:
+    """The test database's URL, logging in as ``role``."""
+    return f"postgres://{role}:{password}@{database_url().split('@', 1)[1]}"
+
+
+@pytest.fixture
+def roles(transactional_db):
+    """The least-privilege roles (manage.py db_roles) under a fresh prefix; dropped afterwards."""
+    from django.core.management import call_command
+
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    prefix = f"gpuc_{uuid.uuid4().hex[:6]}"
+    call_command("db_roles", prefix=prefix, web_password="web-pw", node_password="node-pw")
+    yield {"web": f"{prefix}_web", "node": f"{prefix}_node"}
+    with connection.cursor() as cursor:
+        for role in (f"{prefix}_web", f"{prefix}_node"):
+            cursor.execute(f'DROP OWNED BY "{role}"')
+            cursor.execute(f'DROP ROLE "{role}"')
+
+
 @pytest.fixture
 def web_server(transactional_db):
     """daphne serving config.asgi on a free loopback port, on the test database; yields "127.0.0.1:<port>"."""

@@ -129,8 +129,7 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
     for p in placed:
         w = p.workload
         w.status, w.status_reason, w.status_changed_at = S.STARTING, f"placed on {nodes[p.node_id].name}", now
-        w.node_id, w.started_at, w.finished_at, w.queue_position = p.node_id, None, None, None
-        w.node = nodes[p.node_id]
+        w.node, w.started_at, w.finished_at, w.queue_position = nodes[p.node_id], None, None, None
         if p.queue_level is not None:
             w.queue_level = p.queue_level
         workloads.append(w)

@@ -160,15 +160,16 @@ class Cluster:
         problems = []
         connection.close()  # a fresh view of the database
         holding = set(WorkloadStatus.holding_resources())
+        containers = launcher.containers_on_node(self.node_name)  # read once: Docker first, then the database
         workloads = {w.uid: w for w in Workload.objects.select_related("node")}
-        for uid, state in launcher.containers_on_node(self.node_name).items():
+        for uid, state in containers.items():
             w = workloads.get(uid)
             if state.running and (w is None or w.status not in holding or w.node.name != self.node_name):
                 problems.append(f"orphan: container {state.name} runs for {w.status if w else 'nothing'}")
         for w in workloads.values():
             if w.status in (WorkloadStatus.STARTING, WorkloadStatus.STOPPING, WorkloadStatus.RELEASING):
                 problems.append(f"workload {w.pk} still {w.status}")
-            state = launcher.containers_on_node(self.node_name).get(w.uid)
+            state = containers.get(w.uid)
             if w.status == WorkloadStatus.RUNNING and (state is None or not state.running):
                 problems.append(f"workload {w.pk} is running with no running container")
             if w.status not in holding and Allocation.objects.filter(workload=w).exists():

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from billing.models import MeterSegment
 from scheduler.models import Node, Workload, WorkloadStatus
 from scheduler.node import launcher
-from tests.conftest import wait_for, wait_status
+from tests.conftest import url_as, wait_for, wait_status
 from tests.faults.conftest import LOST_AFTER_S, dockerd_pid
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -209,27 +209,15 @@ def test_restarting_dockerd_while_instances_run(cluster, catalog):
     cluster.wait_converged()
 
 
-def test_a_node_agent_runs_its_whole_lifecycle_on_its_least_privilege_database_role(cluster, catalog):
-    from django.core.management import call_command
-
-    from tests.conftest import database_url
-
-    prefix = f"gpuc_{cluster.node_name.replace('-', '_')}"
-    call_command("db_roles", prefix=prefix, web_password="w", node_password="n")
-    try:
-        cluster.kill("agent", signal.SIGTERM)
-        cluster.env_for["agent"] = {"DATABASE_URL": f"postgres://{prefix}_node:n@{database_url().split('@', 1)[1]}"}
-        cluster.start("agent")  # registers (a new epoch), fences, heartbeats: as the node role
-        instance = cluster.create_instance(catalog)
-        job = cluster.create_job(catalog, "sleep 1; echo done")
-        wait_status(instance, "running", timeout=30)
-        wait_status(job, "succeeded", timeout=30)
-        assert cluster.api("post", f"instances/{instance.instance.pk}/stop/").status_code == 202
-        wait_status(instance, "stopped", timeout=30)
-        cluster.wait_converged()
-    finally:
-        cluster.stop_all()
-        with connection.cursor() as cursor:
-            for role in (f"{prefix}_web", f"{prefix}_node"):
-                cursor.execute(f'DROP OWNED BY "{role}"')
-                cursor.execute(f'DROP ROLE "{role}"')
+def test_a_node_agent_runs_its_whole_lifecycle_on_its_least_privilege_database_role(roles, cluster, catalog):
+    # ``roles`` comes first, so it is dropped only after the cluster (and its agent) has stopped.
+    cluster.kill("agent", signal.SIGTERM)
+    cluster.env_for["agent"] = {"DATABASE_URL": url_as(roles["node"], "node-pw")}
+    cluster.start("agent")  # registers (a new epoch), fences, heartbeats: as the node role
+    instance = cluster.create_instance(catalog)
+    job = cluster.create_job(catalog, "sleep 1; echo done")
+    wait_status(instance, "running", timeout=30)
+    wait_status(job, "succeeded", timeout=30)
+    assert cluster.api("post", f"instances/{instance.instance.pk}/stop/").status_code == 202
+    wait_status(instance, "stopped", timeout=30)
+    cluster.wait_converged()

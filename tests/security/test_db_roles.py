@@ -1,33 +1,11 @@
 """Least-privilege PostgreSQL roles: a node agent's role reads no users, password hashes, tokens or sessions."""
 
-import uuid
-
 import psycopg
 import pytest
-from django.core.management import call_command
-from django.db import connection
 
-from tests.conftest import database_url
+from tests.conftest import url_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def roles():
-    if connection.vendor != "postgresql":
-        pytest.fail("run on PostgreSQL (make test does)")
-    prefix = f"gpuc_{uuid.uuid4().hex[:6]}"
-    call_command("db_roles", prefix=prefix, web_password="web-pw", node_password="node-pw")
-    yield {"web": f"{prefix}_web", "node": f"{prefix}_node"}
-    with connection.cursor() as cursor:
-        for role in (f"{prefix}_web", f"{prefix}_node"):
-            cursor.execute(f'DROP OWNED BY "{role}"')
-            cursor.execute(f'DROP ROLE "{role}"')
-
-
-def url_as(role: str, password: str) -> str:
-    rest = database_url().split("@", 1)[1]
-    return f"postgres://{role}:{password}@{rest}"
 
 
 @pytest.mark.parametrize("table", ["auth_user", "authtoken_token", "django_session", "portal_idempotencykey"])
