@@ -150,7 +150,20 @@ CACHES = {
     }
 }
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+# "redis" (channels-redis's RedisChannelLayer) or "pubsub" (RedisPubSubChannelLayer): see
+# bench/ws_fanout.py for what each costs when many browsers watch the same group.
+CHANNEL_LAYER = env.str("CHANNEL_LAYER", default="redis")
+if CHANNEL_LAYER not in ("redis", "pubsub"):
+    raise environ.ImproperlyConfigured(f"CHANNEL_LAYER must be redis or pubsub, not {CHANNEL_LAYER!r}")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": {
+            "redis": "channels_redis.core.RedisChannelLayer",
+            "pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        }[CHANNEL_LAYER],
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -222,6 +235,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "billing.tasks.meter_reconcile",
         "schedule": timedelta(seconds=env.int("METER_RECONCILE_S", default=60)),
     },
+    "telemetry-prune": {"task": "scheduler.tasks.telemetry_prune", "schedule": timedelta(hours=1)},
 }
 
 # GPU hosts. GPU_BACKEND is "nvml", "sim:<N>x<MODEL>,..." or "auto" (NVML, else simulated).
@@ -232,6 +246,16 @@ NODE_CPUS = env.int("NODE_CPUS", default=0)  # 0: the host's own count
 NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memory
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
 NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=30)
+
+# Live GPU monitoring (scheduler/node/sampler.py, scheduler/monitoring.py).
+TELEMETRY_INTERVAL_S = env.float("TELEMETRY_INTERVAL_S", default=1.0)
+if TELEMETRY_INTERVAL_S < 0.25:
+    raise environ.ImproperlyConfigured(f"TELEMETRY_INTERVAL_S must be at least 0.25, not {TELEMETRY_INTERVAL_S}")
+TELEMETRY_HISTORY_S = env.int("TELEMETRY_HISTORY_S", default=15 * 60)  # full rate, in Redis
+TELEMETRY_RETENTION_DAYS = env.int("TELEMETRY_RETENTION_DAYS", default=90)  # minute rollups, in the database
+TELEMETRY_NVML_PCIE = env.bool("TELEMETRY_NVML_PCIE", default=True)  # 2 x 20 ms per card per sample
+# Bearer token Prometheus sends to /metrics; empty: /metrics answers only to staff sessions.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 
 # Scheduler policy (see scheduler/policy/mlfq.py for what each knob does).
 SCHEDULER_THRESHOLDS_GPU_S = [float(x) for x in env.list("SCHEDULER_THRESHOLDS_GPU_S", default=["3600", "28800"])]

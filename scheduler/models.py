@@ -262,3 +262,38 @@ class Quota(models.Model):
 
     def __str__(self):
         return f"{self.user or 'team ' + self.team}: {self.max_cards} cards"
+
+
+class MinuteRollup(models.Model):
+    """One minute of GPU samples folded: what long charts, idle detection and billing read."""
+
+    minute = models.DateTimeField(help_text="Start of the minute (UTC).")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    samples = models.PositiveSmallIntegerField()
+    util_avg = models.FloatField(null=True, blank=True, help_text="0..1")
+    util_max = models.FloatField(null=True, blank=True)
+    mem_max_mb = models.PositiveIntegerField(null=True, blank=True)
+    power_avg_w = models.FloatField(null=True, blank=True, help_text="The card's.")
+
+    class Meta:
+        abstract = True
+
+
+class GpuMinute(MinuteRollup):
+    """A whole card's minute."""
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="gpu_minute_once")]
+        indexes = [models.Index(fields=["minute"])]
+
+
+class WorkloadGpuMinute(MinuteRollup):
+    """A workload's minute on one card: utilization of its share, its own memory."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="gpu_minutes")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workload", "gpu", "minute"], name="workload_gpu_minute_once")
+        ]
+        indexes = [models.Index(fields=["minute"])]

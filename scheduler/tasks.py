@@ -9,9 +9,10 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from scheduler import tick
-from scheduler.models import Node, NodeStatus
+from scheduler.models import GpuMinute, Node, NodeStatus, WorkloadGpuMinute
 from scheduler.services.nodes import nodes_mark_lost
 from scheduler.services.workloads import NodeTask
 
@@ -28,3 +29,12 @@ def cluster_reconcile():
     nodes_mark_lost(silent_for=timedelta(seconds=settings.NODE_LOST_AFTER_S))
     for node in Node.objects.filter(status=NodeStatus.ACTIVE):
         app.send_task(NodeTask.RECONCILE, args=[node.name], queue=node.queue, expires=settings.NODE_LOST_AFTER_S)
+
+
+@shared_task(ignore_result=True)
+def telemetry_prune() -> int:
+    """Delete GPU minute rollups older than TELEMETRY_RETENTION_DAYS."""
+    cutoff = timezone.now() - timedelta(days=settings.TELEMETRY_RETENTION_DAYS)
+    cards, _ = GpuMinute.objects.filter(minute__lt=cutoff).delete()
+    shares, _ = WorkloadGpuMinute.objects.filter(minute__lt=cutoff).delete()
+    return cards + shares

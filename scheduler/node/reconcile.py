@@ -27,7 +27,6 @@ from django.utils import timezone
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import launcher
 from scheduler.node.agent import agent_release, agent_stop
-from scheduler.node.telemetry import nvml_samples, utilization_record
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_heartbeat, node_rejoin
 
@@ -186,10 +185,8 @@ def watch_container_exits(node_name: str, stop: threading.Event) -> None:
             stop.wait(5)
 
 
-def heartbeat_forever(
-    node_name: str, epoch: int, stop: threading.Event, *, uuids: list[str], on_superseded=None
-) -> None:
-    """Every NODE_HEARTBEAT_S until ``stop``: heartbeat; on NVML hosts (``uuids``) sample utilization.
+def heartbeat_forever(node_name: str, epoch: int, stop: threading.Event, *, on_superseded=None) -> None:
+    """Every NODE_HEARTBEAT_S until ``stop``: heartbeat (GPU sampling is ``sampler.py``'s own loop).
 
     A node the control plane marked lost fences itself (stops every container
     not assigned to it) before it rejoins. A heartbeat refused because a newer
@@ -209,8 +206,6 @@ def heartbeat_forever(
                 log.warning("node %s was marked lost: fencing its containers before it rejoins", node_name)
                 agent_reconcile(node_name)
                 node_rejoin(name=node_name, epoch=epoch)
-            if uuids:
-                utilization_record(node_name=node_name, samples=nvml_samples(uuids))
         except Exception:  # a database or driver blip must not kill the heartbeat thread
             log.exception("heartbeat of %s failed", node_name)
         finally:

@@ -1,59 +1,152 @@
-"""GPU utilization as the node agent measures it, and what the scheduler keeps of it.
+"""What one sample of a node's GPUs holds, and the documents it is published as.
 
-On an NVML host each card is sampled (compute utilization, memory); simulated
-cards have no measurement and report nothing, so their work accrues service at
-the full rate (the idle weighting needs a real measurement).
+A backend (``nvml.py`` on a GPU host, ``simgpu.py`` elsewhere) reads each card
+and attributes what it can to the tenants holding a share of it. The sampler
+(``sampler.py``) turns a sample into one document for the node and one per
+running workload, in the versioned compact shape the README documents
+(``"v": 1``): short keys, SI-ish units (MiB, W, °C, MHz, KB/s), utilization
+as a 0..1 fraction, ``null`` for what the card does not report.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
-from django.db.models import Prefetch
-
-from scheduler.models import Allocation, Workload, WorkloadStatus
-
-EMA_WEIGHT = 0.2  # each new sample's weight in the running mean
+DOCUMENT_VERSION = 1
 
 
 @dataclass(frozen=True)
-class GpuSample:
+class Card:
+    index: int
     uuid: str
-    utilization: float  # 0..1
-    memory_used_mb: int
+    model: str
+    memory_mb: int
 
 
-def nvml_samples(uuids: list[str]) -> list[GpuSample]:
-    """One sample per card, through NVML. Raises pynvml.NVMLError where there is no driver."""
-    import pynvml
+@dataclass(frozen=True)
+class TenantShare:
+    """One running workload's hold on one card."""
 
-    pynvml.nvmlInit()
-    try:
-        samples = []
-        for uuid in uuids:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            samples.append(GpuSample(uuid, rates.gpu / 100.0, int(memory.used // (1024 * 1024))))
-        return samples
-    finally:
-        pynvml.nvmlShutdown()
+    uuid: str
+    milli: int  # thousandths of the card
+    memory_mb: int  # its memory cap on that card
 
 
-def utilization_record(*, node_name: str, samples: list[GpuSample]) -> int:
-    """Fold samples into each running workload's mean utilization on this node; returns how many changed."""
-    by_uuid = {s.uuid: s.utilization for s in samples}
-    running = Workload.objects.filter(node__name=node_name, status=WorkloadStatus.RUNNING).prefetch_related(
-        Prefetch("allocations", Allocation.objects.select_related("gpu"))
-    )
-    changed = []
-    for workload in running:
-        values = [by_uuid[a.gpu.uuid] for a in workload.allocations.all() if a.gpu.uuid in by_uuid]
-        if not values:
-            continue
-        now = sum(values) / len(values)
-        previous = workload.gpu_utilization
-        workload.gpu_utilization = now if previous is None else (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * now
-        changed.append(workload)
-    Workload.objects.bulk_update(changed, ["gpu_utilization"])
-    return len(changed)
+@dataclass(frozen=True)
+class Tenant:
+    workload_id: int
+    uid: str
+    name: str
+    kind: str
+    owner: str
+    container_id: str
+    cpu_cores: int
+    memory_mb: int
+    shares: tuple[TenantShare, ...]
+
+
+@dataclass(frozen=True)
+class ContainerUsage:
+    cpu: float | None  # cores busy since the previous sample (None on the first one)
+    memory_mb: int
+
+
+@dataclass
+class CardReading:
+    index: int
+    uuid: str
+    model: str
+    util: float | None  # SM (compute) utilization, 0..1
+    mem_util: float | None = None  # memory-controller utilization, 0..1
+    mem_used: int | None = None  # MiB
+    mem_total: int | None = None
+    temp: float | None = None  # °C
+    power: float | None = None  # W
+    power_limit: float | None = None
+    sm_clock: int | None = None  # MHz
+    mem_clock: int | None = None
+    fan: int | None = None  # %
+    pcie_rx: int | None = None  # KB/s
+    pcie_tx: int | None = None
+    ecc_dbe: int | None = None  # volatile double-bit ECC errors
+    xid: int | None = None  # last XID error seen, where the driver reports one
+    tenants: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TenantReading:
+    """A workload's own part of a card: its utilization of its share, its memory against its cap."""
+
+    util: float | None  # of its share, 0..1 (a 0.3 share fully busy reads 1.0)
+    mem_used: int | None  # MiB
+
+
+def tenant_holder(tenant: Tenant, share: TenantShare, reading: TenantReading | None) -> dict:
+    """A tenant as the node document lists it under the card it holds a share of."""
+    return {
+        "workload": tenant.workload_id,
+        "name": tenant.name,
+        "owner": tenant.owner,
+        "share": share.milli / 1000,
+        "util": _round(reading.util) if reading else None,
+        "mem_used": reading.mem_used if reading else None,
+        "mem_cap": share.memory_mb,
+    }
+
+
+def node_document(*, t: float, node: str, simulated: bool, cards: list[CardReading]) -> dict:
+    return {"v": DOCUMENT_VERSION, "t": round(t, 3), "node": node, "simulated": simulated, "gpus": [_compact(c) for c in cards]}
+
+
+def workload_document(
+    *,
+    t: float,
+    node: str,
+    simulated: bool,
+    tenant: Tenant,
+    cards: dict[str, CardReading],
+    readings: dict[str, TenantReading],
+    usage: ContainerUsage | None,
+) -> dict:
+    gpus = []
+    for share in tenant.shares:
+        card = cards.get(share.uuid)
+        own = readings.get(share.uuid)
+        gpus.append(
+            {
+                "i": card.index if card else None,
+                "uuid": share.uuid,
+                "model": card.model if card else None,
+                "share": share.milli / 1000,
+                "util": _round(own.util) if own else None,
+                "mem_used": own.mem_used if own else None,
+                "mem_cap": share.memory_mb,
+                "card_util": _round(card.util) if card else None,
+                "power": card.power if card else None,
+                "temp": card.temp if card else None,
+            }
+        )
+    return {
+        "v": DOCUMENT_VERSION,
+        "t": round(t, 3),
+        "node": node,
+        "simulated": simulated,
+        "workload": tenant.workload_id,
+        "cpu": _round(usage.cpu) if usage and usage.cpu is not None else None,
+        "cpu_limit": tenant.cpu_cores,
+        "mem_used": usage.memory_mb if usage else None,
+        "mem_limit": tenant.memory_mb,
+        "gpus": gpus,
+    }
+
+
+def _compact(card: CardReading) -> dict:
+    doc = {k: v for k, v in asdict(card).items() if k not in ("index",)}
+    doc["i"] = card.index
+    for key in ("util", "mem_util"):
+        doc[key] = _round(doc[key])
+    return doc
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -11,7 +11,9 @@ from django.core.management.base import BaseCommand, CommandError
 from config.celery import app
 from scheduler.errors import ServiceError
 from scheduler.node.agent import agent_register
+from scheduler.node import launcher
 from scheduler.node.network import fence_install
+from scheduler.node.sampler import sampler_for
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 
 
@@ -36,13 +38,14 @@ class Command(BaseCommand):
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
         stop = threading.Event()
-        uuids = [] if node.simulated else [g.uuid for g in node.gpus.all()]
         threading.Thread(
             target=heartbeat_forever,
             args=(node.name, node.epoch, stop),
-            kwargs={"uuids": uuids, "on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM)},
+            kwargs={"on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM)},
             daemon=True,
         ).start()
+        sampler = sampler_for(node, launcher.docker_client())
+        threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
         try:
             app.worker_main(
