@@ -278,6 +278,9 @@ class MinuteRollup(models.Model):
     class Meta:
         abstract = True
 
+    def __str__(self):
+        return f"{self.gpu_id} @ {self.minute:%Y-%m-%d %H:%M}: {self.util_avg}"
+
 
 class GpuMinute(MinuteRollup):
     """A whole card's minute."""
@@ -293,7 +296,5 @@ class WorkloadGpuMinute(MinuteRollup):
     workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="gpu_minutes")
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["workload", "gpu", "minute"], name="workload_gpu_minute_once")
-        ]
+        constraints = [models.UniqueConstraint(fields=["workload", "gpu", "minute"], name="workload_gpu_minute_once")]
         indexes = [models.Index(fields=["minute"])]

@@ -58,9 +58,7 @@ def _cgroup_paths(pid: int) -> _Paths | None:
         for controller in controllers.split(",") if controllers else [""]:
             by_controller[controller] = path.lstrip("/")
     if "cpuacct" in by_controller and "memory" in by_controller:
-        cpu_dir = next(
-            (d for d in ("cpu,cpuacct", "cpuacct,cpu", "cpuacct") if (CGROUP_ROOT / d).is_dir()), "cpuacct"
-        )
+        cpu_dir = next((d for d in ("cpu,cpuacct", "cpuacct,cpu", "cpuacct") if (CGROUP_ROOT / d).is_dir()), "cpuacct")
         memory = CGROUP_ROOT / "memory" / by_controller["memory"]
         return _Paths(
             CGROUP_ROOT / cpu_dir / by_controller["cpuacct"] / "cpuacct.usage",

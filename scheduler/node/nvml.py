@@ -91,13 +91,16 @@ class NvmlBackend:
             sm_clock=self._call(n.nvmlDeviceGetClockInfo, handle, n.NVML_CLOCK_SM),
             mem_clock=self._call(n.nvmlDeviceGetClockInfo, handle, n.NVML_CLOCK_MEM),
             fan=self._call(n.nvmlDeviceGetFanSpeed, handle),
-            pcie_rx=self._call(n.nvmlDeviceGetPcieThroughput, handle, n.NVML_PCIE_UTIL_RX_BYTES) if self._pcie else None,
-            pcie_tx=self._call(n.nvmlDeviceGetPcieThroughput, handle, n.NVML_PCIE_UTIL_TX_BYTES) if self._pcie else None,
+            pcie_rx=self._pcie_kbs(handle, n.NVML_PCIE_UTIL_RX_BYTES),
+            pcie_tx=self._pcie_kbs(handle, n.NVML_PCIE_UTIL_TX_BYTES),
             ecc_dbe=self._call(
                 n.nvmlDeviceGetTotalEccErrors, handle, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
             ),
             xid=self._xid.get(card.uuid),
         )
+
+    def _pcie_kbs(self, handle, counter) -> int | None:
+        return self._call(self._nvml.nvmlDeviceGetPcieThroughput, handle, counter) if self._pcie else None
 
     def _processes(self, card: Card, handle, by_container: dict[str, Tenant]) -> dict[int, tuple[float | None, int]]:
         """workload id -> (SM fraction of the whole card, GPU memory bytes) of its processes on this card."""

@@ -101,4 +101,3 @@ class SimulatedBackend:
         current += (target - current) * step
         self._temperature[uuid] = (now, current)
         return current
-

@@ -95,7 +95,13 @@ def tenant_holder(tenant: Tenant, share: TenantShare, reading: TenantReading | N
 
 
 def node_document(*, t: float, node: str, simulated: bool, cards: list[CardReading]) -> dict:
-    return {"v": DOCUMENT_VERSION, "t": round(t, 3), "node": node, "simulated": simulated, "gpus": [_compact(c) for c in cards]}
+    return {
+        "v": DOCUMENT_VERSION,
+        "t": round(t, 3),
+        "node": node,
+        "simulated": simulated,
+        "gpus": [_compact(c) for c in cards],
+    }
 
 
 def workload_document(

@@ -10,11 +10,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
 from scheduler.errors import ServiceError
-from scheduler.node.agent import agent_register
 from scheduler.node import launcher
+from scheduler.node.agent import agent_register
 from scheduler.node.network import fence_install
-from scheduler.node.sampler import sampler_for
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
+from scheduler.node.sampler import sampler_for
 
 
 class Command(BaseCommand):

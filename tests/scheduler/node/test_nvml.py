@@ -70,8 +70,17 @@ def proc(tmp_path):
 
 def tenant(workload_id, container_id, milli):
     cap = 24576 * milli // 1000
-    return Tenant(workload_id, f"u{workload_id}", f"w{workload_id}", "instance", "alice", container_id, 2, 4096,
-                  (TenantShare(UUID, milli, cap),))
+    return Tenant(
+        workload_id,
+        f"u{workload_id}",
+        f"w{workload_id}",
+        "instance",
+        "alice",
+        container_id,
+        2,
+        4096,
+        (TenantShare(UUID, milli, cap),),
+    )
 
 
 CARD = Card(0, UUID, "RTX3090", 24576)
