@@ -1,15 +1,34 @@
-"""WebSocket: a signed-in user's live instance status changes."""
+"""WebSockets: a user's instance status changes, and live GPU stats for those who may see them.
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+Monitor sockets first send ``{"type": "history", "samples": [...]}`` (the
+recent documents from Redis, so a chart draws at once on open and on
+reconnect), then each new sample document as it is published. They refuse
+with a close code: 4401 not signed in, 4403 not staff, 4404 no such instance
+of yours.
+"""
 
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+
+from portal.models import Instance
 from portal.receivers import user_group
+from scheduler import monitoring
+from scheduler.models import Node
+
+NOT_SIGNED_IN, NOT_STAFF, NOT_FOUND = 4401, 4403, 4404
+
+
+async def refuse(consumer, code: int) -> None:
+    """Accept, then close with ``code``: a close before the handshake reaches a browser as a bare 403."""
+    await consumer.accept()
+    await consumer.close(code=code)
 
 
 class InstanceEventsConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await refuse(self, NOT_SIGNED_IN)
             return
         self.group = user_group(user.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -21,3 +40,82 @@ class InstanceEventsConsumer(AsyncJsonWebsocketConsumer):
 
     async def instance_status(self, event):
         await self.send_json({k: event[k] for k in ("instance", "status", "reason")})
+
+
+class MonitorConsumer(AsyncWebsocketConsumer):
+    """Joins the groups ``subscriptions`` names, sends their history, then relays samples verbatim."""
+
+    staff_only = False
+    groups_joined: list[str]
+
+    async def connect(self):
+        self.groups_joined = []
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await refuse(self, NOT_SIGNED_IN)
+            return
+        if self.staff_only and not user.is_staff:
+            await refuse(self, NOT_STAFF)
+            return
+        subscriptions = await database_sync_to_async(self.subscriptions)(user)
+        if subscriptions is None:
+            await refuse(self, NOT_FOUND)
+            return
+        groups, history = subscriptions
+        for group in groups:  # joined before the history is read: a sample in between is sent twice, not lost
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        await self.accept()
+        samples = await database_sync_to_async(history)()
+        await self.send(text_data='{"type":"history","samples":[' + ",".join(samples) + "]}")
+
+    def subscriptions(self, user):
+        """(groups to join, a function reading their history), or None to refuse."""
+        raise NotImplementedError
+
+    async def disconnect(self, code):
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def telemetry_sample(self, event):
+        await self.send(text_data=event["doc"])
+
+
+class InstanceMonitorConsumer(MonitorConsumer):
+    """One instance's GPUs and container: its owner (and staff)."""
+
+    def subscriptions(self, user):
+        instances = Instance.objects.all() if user.is_staff else Instance.objects.filter(owner=user)
+        workload_id = instances.filter(pk=self.scope["url_route"]["kwargs"]["instance_id"]).values_list(
+            "workload_id", flat=True
+        )
+        workload_id = workload_id.first()
+        if workload_id is None:
+            return None
+        return [monitoring.workload_group(workload_id)], lambda: monitoring.history_read(
+            monitoring.workload_stream(workload_id)
+        )
+
+
+class NodeMonitorConsumer(MonitorConsumer):
+    """One node's cards at full rate: staff."""
+
+    staff_only = True
+
+    def subscriptions(self, user):
+        name = self.scope["url_route"]["kwargs"]["node"]
+        if not Node.objects.filter(name=name).exists():
+            return None
+        return [monitoring.node_group(name)], lambda: monitoring.history_read(monitoring.node_stream(name))
+
+
+class ClusterMonitorConsumer(MonitorConsumer):
+    """Every node's cards (the latest sample of each as history): staff."""
+
+    staff_only = True
+
+    def subscriptions(self, user):
+        names = list(Node.objects.order_by("name").values_list("name", flat=True))
+        return [monitoring.node_group(n) for n in names], lambda: [
+            text for n in names for text in monitoring.history_read(monitoring.node_stream(n), count=1)
+        ]

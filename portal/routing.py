@@ -2,6 +2,11 @@
 
 from django.urls import path
 
-from portal.consumers import InstanceEventsConsumer
+from portal import consumers
 
-websocket_urlpatterns = [path("ws/instances/", InstanceEventsConsumer.as_asgi())]
+websocket_urlpatterns = [
+    path("ws/instances/", consumers.InstanceEventsConsumer.as_asgi()),
+    path("ws/monitor/instances/<int:instance_id>/", consumers.InstanceMonitorConsumer.as_asgi()),
+    path("ws/monitor/nodes/<slug:node>/", consumers.NodeMonitorConsumer.as_asgi()),
+    path("ws/monitor/cluster/", consumers.ClusterMonitorConsumer.as_asgi()),
+]

@@ -62,5 +62,6 @@ def test_an_anonymous_websocket_is_refused(web_server):
         ) as ws:
             await ws.recv()
 
-    with pytest.raises((websockets.exceptions.InvalidStatus, websockets.exceptions.ConnectionClosed)):
+    with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
         asyncio.run(connect())
+    assert refused.value.rcvd.code == 4401

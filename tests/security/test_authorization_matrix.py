@@ -5,6 +5,7 @@ without a row in MATRIX fails ``test_every_route_is_in_the_matrix``.
 """
 
 import asyncio
+import re
 from decimal import Decimal
 
 import pytest
@@ -55,7 +56,14 @@ MATRIX = {
     "api-schema": ("get", {}, "", MINE),
     "api-docs": ("get", {}, "", MINE),
 }
-WEBSOCKET_MATRIX = {"ws/instances/": MINE}
+# WebSocket route -> expected outcome per role; refusals close with 4401 (anonymous), 4403 (not staff), 4404 (hidden)
+WEBSOCKET_MATRIX = {
+    "ws/instances/": MINE,
+    "ws/monitor/instances/<int:instance_id>/": OWNED,
+    "ws/monitor/nodes/<slug:node>/": STAFF_ONLY,
+    "ws/monitor/cluster/": STAFF_ONLY,
+}
+CLOSE_CODES = {4401: DENIED, 4403: DENIED, 4404: HIDDEN}
 # Django's admin: every page is for staff, but for these.
 ADMIN_EXPECTED = {
     "admin:login": OPEN,
@@ -167,16 +175,24 @@ def test_admin_pages_are_for_staff_only(route, people, catalog, sim_node):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("route", sorted(WEBSOCKET_MATRIX))
-def test_websocket_route_accepts_exactly_whom_it_should(route, people):
-    async def connects(cookie: str | None) -> bool:
+def test_websocket_route_accepts_exactly_whom_it_should(route, people, catalog, sim_node):
+    objects = owned_objects(people["owner"], catalog) | {"node": sim_node.name}
+    path = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: str(objects[m[1]]), route)
+
+    async def connects(cookie: str | None) -> str:
         headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
         if cookie is not None:
             headers.append((b"cookie", f"sessionid={cookie}".encode()))
-        communicator = WebsocketCommunicator(application, f"/{route}", headers=headers)
+        communicator = WebsocketCommunicator(application, f"/{path}", headers=headers)
         connected, _ = await communicator.connect(timeout=10)
+        assert connected, "refusals are a close code after the handshake, which a browser can read"
+        if await communicator.receive_nothing(timeout=1):
+            await communicator.disconnect()
+            return ALLOWED  # open, and quiet until something happens
+        first = await communicator.receive_output(timeout=10)
         await communicator.disconnect()
-        return connected
+        return CLOSE_CODES[first["code"]] if first["type"] == "websocket.close" else ALLOWED
 
     cookies = {role: p and client_for(p).cookies["sessionid"].value for role, p in people.items()}
-    seen = tuple(ALLOWED if asyncio.run(connects(cookies[role])) else DENIED for role in ROLES)
+    seen = tuple(asyncio.run(connects(cookies[role])) for role in ROLES)
     assert dict(zip(ROLES, seen, strict=True)) == dict(zip(ROLES, WEBSOCKET_MATRIX[route], strict=True))

@@ -1,5 +1,6 @@
 """Run this host's node agent: register its cards, heartbeat, and serve queue node.<name>."""
 
+import logging
 import os
 import signal
 import socket
@@ -44,8 +45,13 @@ class Command(BaseCommand):
             kwargs={"on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM)},
             daemon=True,
         ).start()
-        sampler = sampler_for(node, launcher.docker_client())
-        threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
+        try:
+            sampler = sampler_for(node, launcher.docker_client())
+        except Exception:  # NVML gone since registration: the node still runs work, without live stats
+            self.stderr.write("GPU sampling could not start; this node runs without live stats (see the log)")
+            logging.getLogger(__name__).exception("GPU sampler on %s", node.name)
+        else:
+            threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
         try:
             app.worker_main(
