@@ -5,10 +5,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from portal import metrics
 from portal import views as portal_views
 
 urlpatterns = [
     path("healthz/", portal_views.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),  # Prometheus's default path
     path("", include("portal.urls")),
     path("login/", portal_views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

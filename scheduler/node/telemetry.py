@@ -85,6 +85,7 @@ def tenant_holder(tenant: Tenant, share: TenantShare, reading: TenantReading | N
     """A tenant as the node document lists it under the card it holds a share of."""
     return {
         "workload": tenant.workload_id,
+        "kind": tenant.kind,
         "name": tenant.name,
         "owner": tenant.owner,
         "share": share.milli / 1000,

@@ -36,6 +36,7 @@ MATRIX = {
     "console-job": ("get", {}, "", OWNED),
     "console-job-action": ("post", {"action": "cancel"}, "", OWNED),
     "healthz": ("get", {}, "", OPEN),
+    "metrics": ("get", {}, "", STAFF_ONLY),  # or a bearer token: tests/monitoring/test_metrics.py
     "login": ("get", {}, "", OPEN),
     "logout": ("post", {}, "", SIGNS_OUT),
     "api-me": ("get", {}, "", MINE),
