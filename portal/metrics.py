@@ -38,7 +38,12 @@ def _percent(value):
 
 # name, help, how to read it from a card (node document) and from a tenant of the card
 CARD_METRICS = [
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda c: _percent(c["util"]), lambda t, c: _percent(t["util"])),
+    (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "GPU utilization (in %).",
+        lambda c: _percent(c["util"]),
+        lambda t, c: _percent(t["util"]),
+    ),
     (
         "DCGM_FI_DEV_MEM_COPY_UTIL",
         "Memory utilization (in %).",
