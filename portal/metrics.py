@@ -44,12 +44,7 @@ CARD_METRICS = [
         lambda c: _percent(c["util"]),
         lambda t, c: _percent(t["util"]),
     ),
-    (
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "Memory utilization (in %).",
-        lambda c: _percent(c["mem_util"]),
-        lambda t, c: None,
-    ),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda c: _percent(c["mem_util"]), lambda t, c: None),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda c: c["mem_used"], lambda t, c: t["mem_used"]),
     (
         "DCGM_FI_DEV_FB_FREE",
@@ -112,9 +107,7 @@ class ClusterCollector:
         queued = GaugeMetricFamily(
             "gpucloud_queued_workloads", "Work waiting for GPUs, per MLFQ queue level.", labels=["queue_level"]
         )
-        waiting = (
-            Workload.objects.filter(status=WorkloadStatus.QUEUED).values("queue_level").annotate(n=Count("id"))
-        )
+        waiting = Workload.objects.filter(status=WorkloadStatus.QUEUED).values("queue_level").annotate(n=Count("id"))
         for row in waiting:
             queued.add_metric([str(row["queue_level"])], row["n"])
         running = GaugeMetricFamily("gpucloud_running_workloads", "Work running, per kind.", labels=["kind"])

@@ -2,12 +2,14 @@
 
 from django.urls import path
 
-from portal import views
+from portal import monitor_views, views
 
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
     path("instances/new/", views.instance_create, name="console-instance-create"),
+    path("instances/<int:instance_id>/monitor/", monitor_views.instance_monitor, name="console-instance-monitor"),
     path("instances/<int:instance_id>/<str:action>/", views.instance_action, name="console-instance-action"),
+    path("cluster/", monitor_views.cluster_monitor, name="console-cluster"),
     path("jobs/", views.job_list, name="console-jobs"),
     path("jobs/new/", views.job_create, name="console-job-create"),
     path("jobs/<int:job_id>/", views.job_detail, name="console-job"),

@@ -24,3 +24,6 @@ def browser_type_launch_args():
             "--disable-sync",
         ],
     }
+
+
+from tests.faults.conftest import cluster  # noqa: E402, F401  (a fixture: the real-process cluster)

@@ -24,8 +24,14 @@ def sampled(settings, user, catalog):
     node = make_node("sim:2xRTX3090")
     card, spare = node.gpus.order_by("index")
     instance = services.instance_create(
-        owner=user, name="train", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk,
-        gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1, disk_gb=10,
+        owner=user,
+        name="train",
+        image_id=catalog["image"].pk,
+        gpu_type_id=catalog["rtx3090"].pk,
+        gpus=Decimal("0.5"),
+        cpu_cores=1,
+        memory_gb=1,
+        disk_gb=10,
     )
     w = instance.workload
     share = TenantShare(card.uuid, 500, 12288)
@@ -59,7 +65,10 @@ def test_cards_export_dcgm_exporter_series_and_tenants_their_own_share(sampled, 
     assert labels["gpucloud_instance"] == f"instance-{instance.pk}" and labels["gpucloud_owner"] == user.username
     assert labels["namespace"] == user.username and labels["container"] == instance.workload.container_name
     assert (labels["gpu"], labels["device"], labels["modelName"], labels["Hostname"]) == (
-        "0", "nvidia0", "NVIDIA RTX3090", node.name
+        "0",
+        "nvidia0",
+        "NVIDIA RTX3090",
+        node.name,
     )
     assert labels["simulated"] == "true"
     assert {lb["gpu"] for lb, _ in series["DCGM_FI_DEV_POWER_USAGE"] if lb["pod"] == ""} == {"0", "1"}

@@ -31,6 +31,8 @@ MATRIX = {
     "console-instances": ("get", {}, "", MINE),
     "console-instance-create": ("get", {}, "", MINE),
     "console-instance-action": ("post", {"action": "stop"}, "", OWNED),
+    "console-instance-monitor": ("get", {}, "", OWNED),
+    "console-cluster": ("get", {}, "", STAFF_ONLY),
     "console-jobs": ("get", {}, "", MINE),
     "console-job-create": ("get", {}, "", MINE),
     "console-job": ("get", {}, "", OWNED),

@@ -1,0 +1,60 @@
+"""Monitoring pages: an instance's live GPUs (its owner) and the whole cluster (staff).
+
+The pages render what the database knows (cards, shares, the last day of
+minute rollups); the live numbers come over the monitor WebSockets
+(``portal/consumers.py``) into ``static/js/monitor.js``.
+"""
+
+from datetime import timedelta
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import render
+from django.utils import timezone
+
+from portal import selectors
+from scheduler.errors import NotFound
+from scheduler.models import Allocation, WorkloadGpuMinute
+from scheduler.selectors import gpu_models_summary, node_list
+
+LONG_CHART = timedelta(hours=24)
+
+
+@login_required
+def instance_monitor(request, instance_id: int):
+    try:
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    workload = instance.workload
+    shares = Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index")
+    minutes = WorkloadGpuMinute.objects.filter(workload=workload, minute__gte=timezone.now() - LONG_CHART)
+    config = {
+        "socket": f"/ws/monitor/instances/{instance.pk}/",
+        "window_s": 15 * 60,
+        "gpus": [{"uuid": a.gpu.uuid, "i": a.gpu.index, "model": a.gpu.model, "mem_cap": a.memory_mb} for a in shares],
+        "cpu_limit": workload.cpu_cores,
+        "mem_limit": workload.memory_mb,
+        "minutes": [
+            [m.minute.timestamp(), m.gpu.uuid, m.util_avg, m.util_max, m.mem_max_mb]
+            for m in minutes.select_related("gpu").order_by("minute")
+        ],
+    }
+    return render(request, "portal/instance_monitor.html", {"instance": instance, "config": config})
+
+
+@staff_member_required
+def cluster_monitor(request):
+    nodes = node_list().order_by("name")
+    holders = {}
+    for a in Allocation.objects.select_related("workload__owner", "workload__instance").filter(gpu__node__in=nodes):
+        holders.setdefault(a.gpu_id, []).append(a)
+    for node in nodes:
+        for gpu in node.gpus.all():
+            gpu.holders = holders.get(gpu.pk, [])
+    return render(
+        request,
+        "portal/cluster_monitor.html",
+        {"nodes": nodes, "models": sorted(gpu_models_summary().items()), "config": {"socket": "/ws/monitor/cluster/"}},
+    )
