@@ -142,20 +142,21 @@ def _card_labels(doc: dict, card: dict) -> list[str]:
     ]
 
 
-def _tenant_names(docs) -> dict[int, tuple[str, str]]:
-    """workload id -> (gpucloud_instance label, container name), for the tenants in these documents."""
+def _tenant_names(docs) -> dict[int, tuple[str, str, str]]:
+    """workload id -> (gpucloud_instance label, container name, owner), for the tenants in these documents."""
     ids = {t["workload"] for doc in docs for card in doc["gpus"] for t in card["tenants"]}
     names = {}
-    for w in Workload.objects.filter(pk__in=ids).select_related("instance", "job"):
+    for w in Workload.objects.filter(pk__in=ids).select_related("instance", "job", "owner"):
         portal_object = getattr(w, w.kind, None)
         label = f"{w.kind}-{portal_object.pk}" if portal_object is not None else f"workload-{w.pk}"
-        names[w.pk] = (label, w.container_name)
+        names[w.pk] = (label, w.container_name, w.owner.username)
     return names
 
 
-def _tenant_labels(tenant: dict, names: dict[int, tuple[str, str]]) -> list[str]:
-    label, container = names.get(tenant["workload"], (f"workload-{tenant['workload']}", ""))
-    return [tenant["name"], tenant["owner"], container, label, tenant["owner"]]
+def _tenant_labels(tenant: dict, names: dict[int, tuple[str, str, str]]) -> list[str]:
+    fallback = (f"workload-{tenant['workload']}", "", f"user-{tenant['owner']}")
+    label, container, owner = names.get(tenant["workload"], fallback)
+    return [tenant["name"], owner, container, label, owner]
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value) -> None:

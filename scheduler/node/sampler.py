@@ -41,10 +41,8 @@ def node_cards(node_name: str) -> list[Card]:
 
 
 def node_tenants(node_name: str) -> list[Tenant]:
-    running = (
-        Workload.objects.filter(node__name=node_name, status=WorkloadStatus.RUNNING)
-        .select_related("owner")
-        .prefetch_related(Prefetch("allocations", Allocation.objects.select_related("gpu").order_by("gpu__index")))
+    running = Workload.objects.filter(node__name=node_name, status=WorkloadStatus.RUNNING).prefetch_related(
+        Prefetch("allocations", Allocation.objects.select_related("gpu").order_by("gpu__index"))
     )
     return [
         Tenant(
@@ -52,7 +50,7 @@ def node_tenants(node_name: str) -> list[Tenant]:
             uid=w.uid,
             name=w.name,
             kind=w.kind,
-            owner=w.owner.username,
+            owner_id=w.owner_id,
             container_id=w.container_id,
             cpu_cores=w.cpu_cores,
             memory_mb=w.memory_mb,

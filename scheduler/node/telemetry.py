@@ -38,7 +38,7 @@ class Tenant:
     uid: str
     name: str
     kind: str
-    owner: str
+    owner_id: int  # the agent's database role cannot read users: viewers resolve the name
     container_id: str
     cpu_cores: int
     memory_mb: int
@@ -87,7 +87,7 @@ def tenant_holder(tenant: Tenant, share: TenantShare, reading: TenantReading | N
         "workload": tenant.workload_id,
         "kind": tenant.kind,
         "name": tenant.name,
-        "owner": tenant.owner,
+        "owner": tenant.owner_id,
         "share": share.milli / 1000,
         "util": _round(reading.util) if reading else None,
         "mem_used": reading.mem_used if reading else None,

@@ -35,7 +35,7 @@ def sampled(settings, user, catalog):
     )
     w = instance.workload
     share = TenantShare(card.uuid, 500, 12288)
-    tenant = Tenant(w.pk, w.uid, w.name, w.kind, user.username, "c" * 64, 1, 1024, (share,))
+    tenant = Tenant(w.pk, w.uid, w.name, w.kind, user.pk, "c" * 64, 1, 1024, (share,))
     reading = CardReading(0, card.uuid, "RTX3090", util=0.5, mem_used=5000, mem_total=24576, temp=61.0, power=200.0)
     reading.tenants.append(tenant_holder(tenant, share, TenantReading(1.0, 3000)))
     idle = CardReading(1, spare.uuid, "RTX3090", util=0.0, mem_used=0, mem_total=24576, temp=35.0, power=40.0)

@@ -19,7 +19,7 @@ from psycopg import sql
 
 from billing.models import MeterSegment
 from portal.models import Instance
-from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent
+from scheduler.models import Allocation, Gpu, GpuMinute, Node, Workload, WorkloadEvent, WorkloadGpuMinute
 
 # What a node agent's process does to each table (scheduler/node/*, and the lifecycle receivers
 # that run in it: billing's metering and the portal's live push).
@@ -31,6 +31,8 @@ NODE_GRANTS = {
     WorkloadEvent: "SELECT, INSERT",
     MeterSegment: "SELECT, INSERT, UPDATE",
     Instance: "SELECT",
+    GpuMinute: "SELECT, INSERT, UPDATE",  # minute rollups (upserted: an agent restarted mid-minute)
+    WorkloadGpuMinute: "SELECT, INSERT, UPDATE",
 }
 
 

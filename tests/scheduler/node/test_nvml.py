@@ -75,7 +75,7 @@ def tenant(workload_id, container_id, milli):
         f"u{workload_id}",
         f"w{workload_id}",
         "instance",
-        "alice",
+        1,
         container_id,
         2,
         4096,
