@@ -152,7 +152,7 @@ CACHES = {
 
 # "redis" (channels-redis's RedisChannelLayer) or "pubsub" (RedisPubSubChannelLayer): see
 # bench/ws_fanout.py for what each costs when many browsers watch the same group.
-CHANNEL_LAYER = env.str("CHANNEL_LAYER", default="redis")
+CHANNEL_LAYER = env.str("CHANNEL_LAYER", default="pubsub")
 if CHANNEL_LAYER not in ("redis", "pubsub"):
     raise environ.ImproperlyConfigured(f"CHANNEL_LAYER must be redis or pubsub, not {CHANNEL_LAYER!r}")
 CHANNEL_LAYERS = {

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from scheduler.models import Allocation, Gpu, Node, Quota, Workload, WorkloadEvent
+from scheduler.models import Allocation, Gpu, GpuMinute, Node, Quota, Workload, WorkloadEvent, WorkloadGpuMinute
 
 
 class GpuInline(admin.TabularInline):
@@ -55,3 +55,27 @@ class WorkloadEventAdmin(admin.ModelAdmin):
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     list_display = ["__str__", "user", "team", "max_cards"]
+
+
+class MinuteAdmin(admin.ModelAdmin):
+    """Minute rollups are written by node agents only: read-only here."""
+
+    date_hierarchy = "minute"
+    list_filter = ["gpu__model", "gpu__node"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(GpuMinute)
+class GpuMinuteAdmin(MinuteAdmin):
+    list_display = ["minute", "gpu", "samples", "util_avg", "util_max", "mem_max_mb", "power_avg_w"]
+
+
+@admin.register(WorkloadGpuMinute)
+class WorkloadGpuMinuteAdmin(MinuteAdmin):
+    list_display = ["minute", "workload", "gpu", "samples", "util_avg", "util_max", "mem_max_mb"]
+    list_select_related = ["workload", "gpu__node"]

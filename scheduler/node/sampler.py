@@ -103,9 +103,10 @@ class Sampler:
         return doc
 
     async def _publish(self, messages: list[tuple[str, str]]) -> None:
-        await asyncio.gather(
-            *(self._layer.group_send(group, {"type": monitoring.MESSAGE_TYPE, "doc": text}) for group, text in messages)
-        )
+        # One after the other: concurrent sends for a node with many tenants run out of the
+        # layer's Redis connections (measured in bench/ws_fanout.py), and each takes ~1-2 ms.
+        for group, text in messages:
+            await self._layer.group_send(group, {"type": monitoring.MESSAGE_TYPE, "doc": text})
 
     def run_forever(self, stop: threading.Event) -> None:
         interval = settings.TELEMETRY_INTERVAL_S

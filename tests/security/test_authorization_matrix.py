@@ -75,6 +75,9 @@ ADMIN_EXPECTED = {
     "admin:autocomplete": (DENIED, DENIED, DENIED, DENIED),
     # Staff reach it; our objects have no public page to send them to.
     "admin:view_on_site": (DENIED, DENIED, DENIED, HIDDEN),
+    # Minute rollups are written by node agents only: nobody adds one by hand.
+    "admin:scheduler_gpuminute_add": (DENIED, DENIED, DENIED, DENIED),
+    "admin:scheduler_workloadgpuminute_add": (DENIED, DENIED, DENIED, DENIED),
     # The catch-all for unknown admin pages: staff get a 404, others the sign-in page.
     "admin:None": (DENIED, DENIED, DENIED, HIDDEN),
 }

@@ -138,3 +138,16 @@ def test_the_tick_accrues_gpu_seconds_slower_for_idle_work(user, settings, utili
     schedule_tick()
     w.refresh_from_db()
     assert w.attained_service == pytest.approx(expected, rel=0.05)
+
+
+def test_minutes_past_the_retention_are_pruned(user, settings):
+    from scheduler.tasks import telemetry_prune
+
+    settings.TELEMETRY_RETENTION_DAYS = 7
+    node = make_node("sim:1xRTX3090")
+    card = node.gpus.get()
+    now = timezone.now().replace(second=0, microsecond=0)
+    for age in (timedelta(days=8), timedelta(days=6)):
+        GpuMinute.objects.create(minute=now - age, gpu=card, samples=60, util_avg=0.5)
+    assert telemetry_prune() == 1
+    assert GpuMinute.objects.get().minute == now - timedelta(days=6)
