@@ -1,12 +1,140 @@
-"""Admin for billing."""
+"""Admin for billing: rate cards (new versions only), wallets with top-up, the ledger (read-only), teams."""
 
-from django.contrib import admin
+from decimal import Decimal
 
-from billing.models import MeterSegment
+from django import forms
+from django.contrib import admin, messages
+from django.shortcuts import redirect, render
+
+from billing.ledger import wallet_credit
+from billing.models import Account, Membership, MeterSegment, Posting, PostingKind, RateCard, SpotPrice, Team
+from scheduler.errors import ServiceError
 
 
 @admin.register(MeterSegment)
 class MeterSegmentAdmin(admin.ModelAdmin):
-    list_display = ["workload", "started_at", "ended_at", "end_reason"]
+    list_display = ["workload", "started_at", "ended_at", "settled_until", "account", "end_reason"]
     list_filter = ["ended_at"]
-    readonly_fields = ["workload", "started_at", "ended_at", "end_reason"]
+    readonly_fields = ["workload", "started_at", "ended_at", "end_reason", "account", "rate_card", "settled_until"]
+
+
+@admin.register(RateCard)
+class RateCardAdmin(admin.ModelAdmin):
+    """A rate in force is never edited: a new price is a new version with its own effective_from."""
+
+    list_display = [
+        "gpu_model",
+        "effective_from",
+        "card_hour",
+        "spot_floor",
+        "spot_ceiling",
+        "cpu_core_hour",
+        "memory_gb_hour",
+        "no_gpu_hour",
+        "storage_gb_day",
+        "free_storage_gb",
+        "currency",
+    ]
+    list_filter = ["gpu_model"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(SpotPrice)
+class SpotPriceAdmin(admin.ModelAdmin):
+    list_display = ["gpu_model", "effective_from", "card_hour", "load"]
+    list_filter = ["gpu_model"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class TopUpForm(forms.Form):
+    amount = forms.DecimalField(min_value=Decimal("0.01"), max_digits=14, decimal_places=2)
+    kind = forms.ChoiceField(
+        choices=[(PostingKind.TOPUP, "Top-up"), (PostingKind.CREDIT, "Credit"), (PostingKind.REFUND, "Refund")]
+    )
+    memo = forms.CharField(max_length=255, help_text="Why: shown to the user.")
+
+
+@admin.register(Account)
+class AccountAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "kind", "balance", "monthly_budget", "low_balance_since"]
+    list_filter = ["kind"]
+    search_fields = ["user__username", "team__slug"]
+    readonly_fields = ["kind", "user", "team", "currency", "balance", "low_balance_since", "created_at"]
+    actions = ["top_up"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Top up, credit or refund the selected wallets")
+    def top_up(self, request, queryset):
+        form = TopUpForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            for account in queryset:
+                try:
+                    wallet_credit(account=account, by=request.user, **form.cleaned_data)
+                except ServiceError as exc:  # shown to the admin; the other wallets still go on
+                    messages.error(request, f"{account}: {exc}")
+            messages.success(request, f"{form.cleaned_data['kind']} posted to {queryset.count()} wallet(s).")
+            return redirect(request.get_full_path())
+        return render(
+            request,
+            "admin/billing/top_up.html",
+            {"form": form, "accounts": queryset, "action": "top_up", **self.admin_site.each_context(request)},
+        )
+
+
+@admin.register(Posting)
+class PostingAdmin(admin.ModelAdmin):
+    """The ledger: append-only, so read-only here."""
+
+    list_display = [
+        "created_at",
+        "kind",
+        "debit",
+        "credit",
+        "amount",
+        "currency",
+        "segment",
+        "period_start",
+        "memo",
+        "created_by",
+    ]
+    list_filter = ["kind"]
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    inlines = [MembershipInline]

@@ -1,9 +1,151 @@
-"""Metering: one segment per stretch of time a workload really ran."""
+"""Billing: metering segments, accounts and teams, rate cards, spot prices, and the ledger.
 
+Money is ``Decimal`` with two places (the currency's cent); every movement is
+one ``Posting`` from a debit account to a credit account, so debits equal
+credits by construction. Postings are append-only (a PostgreSQL trigger
+refuses UPDATE and DELETE). ``Account.balance`` is kept in the same
+transaction as each posting and checked against the sum of postings by
+``billing.ledger.ledger_check``.
+"""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from scheduler.models import Workload
+
+ZERO = Decimal("0.00")
+MONEY = dict(max_digits=14, decimal_places=2)
+RATE = dict(max_digits=12, decimal_places=4, validators=[MinValueValidator(Decimal(0))])
+
+
+class Team(models.Model):
+    """An organization whose members' work is charged to the team's account."""
+
+    slug = models.SlugField(max_length=64, unique=True, help_text="Also the scheduler's team (quotas, fair share).")
+    name = models.CharField(max_length=128)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.name
+
+
+class Membership(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    is_admin = models.BooleanField(default=False)
+    monthly_limit = models.DecimalField(
+        **MONEY, null=True, blank=True, help_text="Most this member may spend from the team per month; empty: no limit."
+    )
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_membership_per_team")]
+
+    def __str__(self):
+        return f"{self.user} in {self.team}"
+
+
+class AccountKind(models.TextChoices):
+    USER = "user", "User wallet"
+    TEAM = "team", "Team wallet"
+    REVENUE = "revenue", "Revenue"
+    FUNDING = "funding", "Top-ups received (money in)"
+    PROMOTION = "promotion", "Credits granted"
+
+
+class Account(models.Model):
+    """Who pays (a user's or a team's wallet), or one of the platform's own accounts."""
+
+    kind = models.CharField(max_length=16, choices=AccountKind.choices)
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="account"
+    )
+    team = models.OneToOneField(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="account")
+    currency = models.CharField(max_length=3, default="CNY")
+    balance = models.DecimalField(**MONEY, default=ZERO, help_text="Sum of its postings (credits - debits).")
+    monthly_budget = models.DecimalField(
+        **MONEY, null=True, blank=True, help_text="Warn at 80 %, stop running work at 100 % of this per month."
+    )
+    low_balance_since = models.DateTimeField(
+        null=True, blank=True, help_text="When the balance (with unsettled usage) reached zero: the grace starts."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(kind="user") & Q(user__isnull=False) & Q(team__isnull=True))
+                | (Q(kind="team") & Q(team__isnull=False) & Q(user__isnull=True))
+                | (~Q(kind__in=["user", "team"]) & Q(user__isnull=True) & Q(team__isnull=True)),
+                name="account_owner_matches_kind",
+            ),
+            models.UniqueConstraint(
+                fields=["kind"], condition=~Q(kind__in=["user", "team"]), name="one_platform_account_per_kind"
+            ),
+        ]
+
+    def __str__(self):
+        owner = self.user or self.team or self.get_kind_display()
+        return f"{owner} ({self.balance} {self.currency})"
+
+
+class RateCard(models.Model):
+    """Prices from ``effective_from`` on, for one GPU type (``gpu_model``) or, blank, for everything else.
+
+    Rows are never edited once in force: a new price is a new row with a later
+    ``effective_from``, so the past keeps the rate it was charged at.
+    """
+
+    gpu_model = models.CharField(max_length=64, blank=True, help_text="Blank: the default card (CPU-only, storage).")
+    effective_from = models.DateTimeField()
+    card_hour = models.DecimalField(**RATE, default=Decimal(0), help_text="On-demand price of one card for one hour.")
+    spot_floor = models.DecimalField(
+        max_digits=4, decimal_places=3, default=Decimal("0.33"), help_text="Spot price at an idle cluster, x on-demand."
+    )
+    spot_ceiling = models.DecimalField(
+        max_digits=4, decimal_places=3, default=Decimal("0.70"), help_text="Spot price at a full cluster, x on-demand."
+    )
+    cpus_per_card = models.PositiveIntegerField(default=8, help_text="CPU cores included with each card.")
+    memory_gb_per_card = models.PositiveIntegerField(default=32, help_text="Memory included with each card.")
+    cpu_core_hour = models.DecimalField(**RATE, default=Decimal("0.05"), help_text="Each core beyond the allotment.")
+    memory_gb_hour = models.DecimalField(**RATE, default=Decimal("0.01"), help_text="Each GB beyond the allotment.")
+    no_gpu_hour = models.DecimalField(**RATE, default=Decimal("0.10"), help_text="An instance started without a GPU.")
+    storage_gb_day = models.DecimalField(**RATE, default=Decimal("0.01"), help_text="Data disk per GB-day.")
+    free_storage_gb = models.PositiveIntegerField(default=20)
+    currency = models.CharField(max_length=3, default="CNY")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["gpu_model", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu_model", "effective_from"], name="one_rate_per_model_and_time"),
+            models.CheckConstraint(
+                condition=Q(spot_floor__gt=0) & Q(spot_floor__lte=F("spot_ceiling")) & Q(spot_ceiling__lte=1),
+                name="spot_band_within_on_demand",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.gpu_model or 'default'} from {self.effective_from:%Y-%m-%d %H:%M}: {self.card_hour}/card-hour"
+
+
+class SpotPrice(models.Model):
+    """The spot price of a GPU type from ``effective_from`` on (recomputed on a schedule from cluster load)."""
+
+    gpu_model = models.CharField(max_length=64)
+    effective_from = models.DateTimeField()
+    card_hour = models.DecimalField(**RATE)
+    load = models.FloatField(help_text="Share of the type's cards allocated when it was computed, 0..1.")
+
+    class Meta:
+        ordering = ["gpu_model", "-effective_from"]
+        constraints = [models.UniqueConstraint(fields=["gpu_model", "effective_from"], name="one_spot_price_per_time")]
+
+    def __str__(self):
+        return f"{self.gpu_model} spot {self.card_hour} from {self.effective_from:%H:%M}"
 
 
 class MeterSegment(models.Model):
@@ -13,9 +155,17 @@ class MeterSegment(models.Model):
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=255, blank=True)
+    account = models.ForeignKey(
+        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="segments", help_text="Who pays."
+    )
+    rate_card = models.ForeignKey(
+        RateCard, null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="In force at the start."
+    )
+    settled_until = models.DateTimeField(null=True, blank=True, help_text="Charged up to here.")
 
     class Meta:
         ordering = ["started_at"]
+        indexes = [models.Index(fields=["settled_until"])]
         constraints = [
             models.UniqueConstraint(fields=["workload"], condition=Q(ended_at__isnull=True), name="one_open_segment"),
             models.UniqueConstraint(fields=["workload", "started_at"], name="one_segment_per_run"),
@@ -31,3 +181,54 @@ class MeterSegment(models.Model):
     @property
     def seconds(self) -> float | None:
         return None if self.ended_at is None else (self.ended_at - self.started_at).total_seconds()
+
+
+class PostingKind(models.TextChoices):
+    USAGE = "usage", "Usage (GPU, CPU, memory)"
+    STORAGE = "storage", "Storage"
+    TOPUP = "topup", "Top-up"
+    REFUND = "refund", "Refund"
+    CREDIT = "credit", "Credit"
+    ADJUSTMENT = "adjustment", "Adjustment"
+
+
+class Posting(models.Model):
+    """One movement of money from ``debit`` to ``credit``. Append-only.
+
+    A usage posting is unique per (segment, period): settling again, after a
+    crash or concurrently, cannot charge a period twice. A top-up is unique
+    per idempotency key.
+    """
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=16, choices=PostingKind.choices)
+    debit = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="debits")
+    credit = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="credits")
+    amount = models.DecimalField(**MONEY)
+    currency = models.CharField(max_length=3, default="CNY")
+    # Usage: what was charged.
+    segment = models.ForeignKey(MeterSegment, null=True, blank=True, on_delete=models.PROTECT, related_name="postings")
+    period_start = models.DateTimeField(null=True, blank=True, help_text="Usage/storage: the hour (or day) charged.")
+    seconds = models.FloatField(null=True, blank=True, help_text="Usage: seconds billed in the period.")
+    gpu_seconds = models.FloatField(null=True, blank=True, help_text="Usage: seconds x cards held.")
+    detail = models.JSONField(default=dict, blank=True, help_text="Rates and pieces the amount came from.")
+    # Top-ups, refunds, credits: who and why.
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True, unique=True)
+    memo = models.CharField(max_length=255, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=0), name="posting_amount_not_negative"),
+            models.CheckConstraint(condition=~Q(debit=F("credit")), name="posting_between_two_accounts"),
+            models.UniqueConstraint(
+                fields=["segment", "period_start"], condition=Q(segment__isnull=False), name="one_charge_per_period"
+            ),
+            models.UniqueConstraint(
+                fields=["debit", "period_start"], condition=Q(kind="storage"), name="one_storage_charge_per_day"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.amount} {self.currency}: {self.debit_id} -> {self.credit_id}"

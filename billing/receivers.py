@@ -1,8 +1,15 @@
-"""Billing follows the scheduler's lifecycle facts: running opens metering, leaving it closes."""
+"""Billing follows the scheduler's lifecycle facts: running opens metering, leaving it closes and settles."""
 
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from billing.ledger import user_account, wallet_credit
 from billing.metering import meter_close, meter_open
+from billing.models import PostingKind
 from scheduler.models import WorkloadStatus
 from scheduler.signals import workload_changed
 
@@ -15,3 +22,30 @@ def meter_on_lifecycle(sender, workload_id, from_status, to_status, reason, at, 
         meter_open(workload_id=workload_id, at=at)
     elif from_status == WorkloadStatus.RUNNING and to_status != WorkloadStatus.RUNNING:
         meter_close(workload_id=workload_id, reason=f"{to_status}: {reason}", at=at)
+        # Settled at each stop, as AutoDL does: by the control plane (the node agent that may
+        # have recorded the stop has no right to write the ledger).
+        transaction.on_commit(lambda: _settle_soon(workload_id), robust=True)
+
+
+def _settle_soon(workload_id: int) -> None:
+    from config.celery import app
+
+    app.send_task("billing.tasks.settle_usage", kwargs={"workload_id": workload_id}, queue=settings.SCHEDULER_QUEUE)
+
+
+@receiver(post_save, sender=settings.AUTH_USER_MODEL)
+def wallet_for_new_user(sender, instance, created, **kwargs):
+    """Every user gets a wallet; ``SIGNUP_CREDIT`` (0 by default) is granted to it as a credit."""
+    if not created:
+        return
+    account = user_account(instance)
+    credit = Decimal(settings.SIGNUP_CREDIT)
+    if credit > 0:
+        wallet_credit(
+            account=account,
+            amount=credit,
+            kind=PostingKind.CREDIT,
+            memo="sign-up credit",
+            by=None,
+            idempotency_key=f"signup-{settings.DEPLOYMENT_ID}-{instance.pk}",
+        )

@@ -1,12 +1,16 @@
-"""Billing's Celery tasks (scheduler queue): thin wrappers over the metering services."""
+"""Billing's Celery tasks (scheduler queue): metering repair, settlement, spot prices, limits, checks."""
 
+import logging
 from datetime import timedelta
 
 from celery import shared_task
 from django.utils import timezone
 
+from billing import enforcement, prices, settlement, storage
+from billing.ledger import ledger_check
 from billing.metering import meter_reconcile as reconcile
 
+log = logging.getLogger(__name__)
 # Work whose events are older than this is settled: the live receivers and earlier runs covered it.
 RECONCILE_WINDOW = timedelta(days=1)
 
@@ -14,3 +18,38 @@ RECONCILE_WINDOW = timedelta(days=1)
 @shared_task(ignore_result=True)
 def meter_reconcile():
     reconcile(since=timezone.now() - RECONCILE_WINDOW)
+
+
+@shared_task(ignore_result=True)
+def settle_usage(workload_id: int | None = None):
+    """Hourly for everything pending; at each stop for that workload's segments."""
+    segments = None
+    if workload_id is not None:
+        segments = list(settlement.pending_segments().filter(workload_id=workload_id).values_list("pk", flat=True))
+    done = settlement.settle(segment_ids=segments)
+    if done.postings:
+        log.info("settled %s segments: %s postings, %s", done.segments, done.postings, done.amount)
+
+
+@shared_task(ignore_result=True)
+def settle_storage():
+    storage.storage_settle()
+
+
+@shared_task(ignore_result=True)
+def spot_prices():
+    prices.spot_recompute()
+
+
+@shared_task(ignore_result=True)
+def billing_enforce():
+    enforcement.enforce()
+
+
+@shared_task(ignore_result=True)
+def ledger_verify():
+    check = ledger_check()
+    if not check.ok:
+        log.error(
+            "LEDGER CHECK FAILED: debits %s, credits %s, mismatched %s", check.debits, check.credits, check.mismatched
+        )

@@ -78,6 +78,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "portal.context_processors.websocket_url",
+                "portal.context_processors.wallet",
             ]
         },
     }
@@ -236,7 +237,25 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env.int("METER_RECONCILE_S", default=60)),
     },
     "telemetry-prune": {"task": "scheduler.tasks.telemetry_prune", "schedule": timedelta(hours=1)},
+    "settle-usage": {
+        "task": "billing.tasks.settle_usage",
+        "schedule": timedelta(seconds=env.int("SETTLE_S", default=3600)),
+    },
+    "settle-storage": {"task": "billing.tasks.settle_storage", "schedule": timedelta(hours=1)},
+    "spot-prices": {
+        "task": "billing.tasks.spot_prices",
+        "schedule": timedelta(seconds=env.int("SPOT_PRICE_S", default=300)),
+    },
+    "billing-enforce": {
+        "task": "billing.tasks.billing_enforce",
+        "schedule": timedelta(seconds=env.int("BILLING_ENFORCE_S", default=60)),
+    },
+    "ledger-verify": {"task": "billing.tasks.ledger_verify", "schedule": timedelta(hours=6)},
 }
+# Billing: an account out of money (or past its monthly budget) has this long before its work stops.
+BILLING_GRACE_S = env.int("BILLING_GRACE_S", default=300)
+# What a wallet holds after sign-up (a promotional credit; 0: none).
+SIGNUP_CREDIT = env.str("SIGNUP_CREDIT", default="0")
 
 # GPU hosts. GPU_BACKEND is "nvml", "sim:<N>x<MODEL>,..." or "auto" (NVML, else simulated).
 GPU_BACKEND = env.str("GPU_BACKEND", default="auto")

@@ -25,8 +25,14 @@ BASE_IMAGE = "gpucloud/base:latest"
 
 def catalog_load() -> None:
     """Create or update the demo GPU types and images (idempotent)."""
+    from billing.models import RateCard
     from portal.models import GpuType, Image
 
+    # The default card: CPU-only starts, storage, extras (GPU types get their own from their list price).
+    if not RateCard.objects.filter(gpu_model="").exists():
+        from django.utils import timezone
+
+        RateCard.objects.create(gpu_model="", effective_from=timezone.now(), card_hour=Decimal(0))
     for name, display, memory, price, spot in GPU_TYPES:
         GpuType.objects.update_or_create(
             name=name,

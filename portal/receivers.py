@@ -1,12 +1,27 @@
-"""Push each instance status change to its owner's browsers over Channels."""
+"""Push each instance status change to its owner's browsers over Channels; list prices become rate cards."""
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.db.models.signals import post_save
 from django.dispatch import receiver
+from django.utils import timezone
 
-from portal.models import Instance
+from billing.models import RateCard
+from portal.models import GpuType, Instance
 from scheduler.models import WorkloadKind
 from scheduler.signals import workload_changed
+
+RATE_CARD_CARRIED = [
+    "spot_floor",
+    "spot_ceiling",
+    "cpus_per_card",
+    "memory_gb_per_card",
+    "cpu_core_hour",
+    "memory_gb_hour",
+    "no_gpu_hour",
+    "storage_gb_day",
+    "free_storage_gb",
+]
 
 
 def user_group(user_id: int) -> str:
@@ -23,4 +38,26 @@ def push_instance_status(sender, workload_id, owner_id, kind, to_status, reason,
     async_to_sync(get_channel_layer().group_send)(
         user_group(owner_id),
         {"type": "instance.status", "instance": instance_id, "status": to_status, "reason": reason},
+    )
+
+
+@receiver(post_save, sender=GpuType)
+def rate_card_follows_list_price(sender, instance, **kwargs):
+    """Editing a GPU type's price in the admin starts a new rate card version from now on.
+
+    Past time keeps the rate it ran at; a future-dated version can be added on
+    the rate card itself (billing's admin).
+    """
+    from billing.prices import rate_card_now
+
+    current = rate_card_now(instance.name)
+    if current is not None and current.gpu_model == instance.name and current.card_hour == instance.price_per_hour:
+        return
+    template = current or RateCard()
+    RateCard.objects.create(
+        gpu_model=instance.name,
+        effective_from=timezone.now(),
+        card_hour=instance.price_per_hour,
+        currency=instance.currency,
+        **{f: getattr(template, f) for f in RATE_CARD_CARRIED},
     )

@@ -2,6 +2,7 @@
 
 from django.db.models import Q
 
+from billing.prices import spot_now
 from portal.models import GpuType, Image, Instance, Job
 from scheduler.errors import NotFound
 from scheduler.models import WorkloadStatus
@@ -20,6 +21,7 @@ def gpu_type_list():
         gpu_type.capacity = summary.get(
             gpu_type.name, {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0}
         )
+        gpu_type.spot_now = spot_now(gpu_type.name)  # moves with load; None until first computed
     # Types that have cards in the cluster come first, cheapest first.
     return sorted(types, key=lambda t: (t.capacity["cards"] == 0, t.price_per_hour))
 

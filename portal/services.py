@@ -4,6 +4,8 @@ from decimal import Decimal
 
 from django.db import transaction
 
+from billing.enforcement import may_start
+from billing.ledger import payer_for
 from portal import limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
@@ -40,8 +42,16 @@ def _catalog(*, owner, image_id: int, gpu_type_id: int):
     return image, gpu_type
 
 
+def _payable(workload_or_owner, team: str = "") -> None:
+    """Refuse work on an account with no money left or its budget reached (402)."""
+    owner_id = getattr(workload_or_owner, "owner_id", None) or workload_or_owner.pk
+    team = getattr(workload_or_owner, "team", team)
+    may_start(payer_for(owner_id=owner_id, team_slug=team))
+
+
 def _submit(**fields):
     """Queue the workload, naming refused fields the way users know them."""
+    _payable(fields["owner"], fields.get("team", ""))
     try:
         return scheduler.workload_submit(**fields)
     except InvalidInput as exc:
@@ -106,6 +116,8 @@ ACTIONS = {
 
 def instance_act(*, instance: Instance, action: str) -> Instance:
     """Run one of ACTIONS on an instance the caller has already been allowed to touch."""
+    if action == "start":
+        _payable(instance.workload)
     with transaction.atomic():
         ACTIONS[action](instance.workload)
     return instance

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal import monitor_views, views
+from portal import billing_views, monitor_views, views
 
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
@@ -10,6 +10,9 @@ urlpatterns = [
     path("instances/<int:instance_id>/monitor/", monitor_views.instance_monitor, name="console-instance-monitor"),
     path("instances/<int:instance_id>/<str:action>/", views.instance_action, name="console-instance-action"),
     path("cluster/", monitor_views.cluster_monitor, name="console-cluster"),
+    path("billing/", billing_views.billing_page, name="console-billing"),
+    path("billing/statement.csv", billing_views.statement_csv, name="console-billing-statement-csv"),
+    path("billing/reports/", billing_views.billing_reports, name="console-billing-reports"),
     path("jobs/", views.job_list, name="console-jobs"),
     path("jobs/new/", views.job_create, name="console-job-create"),
     path("jobs/<int:job_id>/", views.job_detail, name="console-job"),

@@ -7,6 +7,7 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from billing.statements import cost_so_far
 from portal import selectors, services
 from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
@@ -75,7 +76,11 @@ def _list(request, template: str, rows_template: str, context: dict):
 
 @login_required
 def instance_list(request):
-    context = {"instances": selectors.instance_list(user=request.user)}
+    instances = list(selectors.instance_list(user=request.user))
+    costs = cost_so_far([i.workload_id for i in instances])
+    for instance in instances:
+        instance.cost = costs.get(instance.workload_id)
+    context = {"instances": instances}
     return _list(request, "portal/instance_list.html", "portal/_instance_rows.html", context)
 
 

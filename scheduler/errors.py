@@ -27,6 +27,12 @@ class Conflict(ServiceError):
     status_code = 409
 
 
+class PaymentRequired(ServiceError):
+    """The paying account has no money left, or reached its budget: 402, with what to do."""
+
+    status_code = 402
+
+
 class TooMany(ServiceError):
     """A per-user limit (queued work) is reached: 429, with a sentence saying what to do."""
 

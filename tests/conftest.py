@@ -246,3 +246,12 @@ def web_server(transactional_db):
         process.terminate()
         process.wait(10)
         log.close()
+
+
+@pytest.fixture(autouse=True)
+def signup_credit(settings):
+    """Users the tests make start with a credit (as with SIGNUP_CREDIT set), so their work may start.
+
+    Billing tests that need an empty wallet set ``settings.SIGNUP_CREDIT = "0"`` first.
+    """
+    settings.SIGNUP_CREDIT = "1000"

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal.api import views
+from portal.api import billing, views
 from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
@@ -15,6 +15,10 @@ urlpatterns = [
     path("nodes/", views.NodeListApi.as_view(), name="api-nodes"),
     path("jobs/", views.JobListApi.as_view(), name="api-jobs"),
     path("jobs/<int:job_id>/", views.JobDetailApi.as_view(), name="api-job"),
+    path("billing/", billing.BillingApi.as_view(), name="api-billing"),
+    path("billing/statement/", billing.StatementApi.as_view(), name="api-billing-statement"),
+    path("billing/topups/", billing.TopUpApi.as_view(), name="api-billing-topups"),
+    path("prices/", billing.PriceApi.as_view(), name="api-prices"),
 ] + [
     path(
         f"instances/<int:instance_id>/{action}/",

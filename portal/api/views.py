@@ -86,14 +86,14 @@ class WorkInput(serializers.Serializer):
 class GpuTypeRecommendApi(APIView):
     """GET /gpu-types/recommend/?model_params_b=7&precision=bf16&task=train"""
 
-    class OutputSerializer(serializers.Serializer):
+    class RecommendationOutput(serializers.Serializer):
         gpu_type = GpuTypeOutput()
         cards = serializers.IntegerField()
         memory_gb = serializers.FloatField()
         price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=4)
         reason = serializers.CharField()
 
-    @extend_schema(parameters=[ModelSizeInput], responses=OutputSerializer)
+    @extend_schema(parameters=[ModelSizeInput], responses=RecommendationOutput)
     def get(self, request):
         size = ModelSizeInput(data=request.query_params)
         size.is_valid(raise_exception=True)
@@ -103,17 +103,17 @@ class GpuTypeRecommendApi(APIView):
             precision=size.validated_data["precision"],
             task=size.validated_data["task"],
         )
-        return Response(self.OutputSerializer(choice).data)
+        return Response(self.RecommendationOutput(choice).data)
 
 
 class MeApi(APIView):
     """GET /me/: who the credentials belong to (check a token; the cheapest authenticated call)."""
 
-    class OutputSerializer(serializers.Serializer):
+    class MeOutput(serializers.Serializer):
         username = serializers.CharField()
         is_staff = serializers.BooleanField()
 
-    @extend_schema(responses=OutputSerializer)
+    @extend_schema(responses=MeOutput)
     def get(self, request):
         return Response({"username": request.user.username, "is_staff": request.user.is_staff})
 
@@ -133,7 +133,7 @@ class ImageListApi(APIView):
 class InstanceListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
-    class InputSerializer(WorkInput):
+    class InstanceCreateInput(WorkInput):
         name = serializers.CharField(max_length=limits.NAME_CHARS, default="instance")
         disk_gb = serializers.IntegerField(min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, default=50)
         billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
@@ -144,9 +144,9 @@ class InstanceListApi(APIView):
     def get(self, request):
         return paginated_rows(self, selectors.instance_list(user=request.user), self.rows)
 
-    @extend_schema(request=InputSerializer, responses={201: InstanceOutput}, parameters=[IDEMPOTENCY_KEY])
+    @extend_schema(request=InstanceCreateInput, responses={201: InstanceOutput}, parameters=[IDEMPOTENCY_KEY])
     def post(self, request):
-        data = self.InputSerializer(data=request.data)
+        data = self.InstanceCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
 
         def create():
@@ -178,7 +178,7 @@ class InstanceActionApi(APIView):
 class NodeListApi(APIView):
     permission_classes = [IsAdminUser]
 
-    class OutputSerializer(serializers.Serializer):
+    class NodeOutput(serializers.Serializer):
         class GpuOutput(serializers.Serializer):
             index = serializers.IntegerField()
             uuid = serializers.CharField()
@@ -200,15 +200,15 @@ class NodeListApi(APIView):
         last_heartbeat = serializers.DateTimeField()
         gpus = GpuOutput(many=True)
 
-    @extend_schema(responses=page_of(OutputSerializer))
+    @extend_schema(responses=page_of(NodeOutput))
     def get(self, request):
-        return paginated(self, cluster.node_list(), self.OutputSerializer)
+        return paginated(self, cluster.node_list(), self.NodeOutput)
 
 
 class JobListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
-    class InputSerializer(WorkInput):
+    class JobCreateInput(WorkInput):
         name = serializers.CharField(max_length=limits.NAME_CHARS, default="job")
         command = serializers.CharField(max_length=limits.COMMAND_CHARS)
         priority = serializers.ChoiceField(choices=["high", "normal", "low"], default="normal")
@@ -224,9 +224,9 @@ class JobListApi(APIView):
     def get(self, request):
         return paginated(self, selectors.job_list(user=request.user), JobOutput)
 
-    @extend_schema(request=InputSerializer, responses={201: JobOutput}, parameters=[IDEMPOTENCY_KEY])
+    @extend_schema(request=JobCreateInput, responses={201: JobOutput}, parameters=[IDEMPOTENCY_KEY])
     def post(self, request):
-        data = self.InputSerializer(data=request.data)
+        data = self.JobCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
 
         def create():

@@ -103,8 +103,10 @@ def agent_stop(workload_id: int) -> None:
     else:
         if workload.kind == WorkloadKind.JOB:
             common["log_tail"] = launcher.container_logs_tail(workload.container_name)
+        # A stop the platform asked for says why ("stopped: balance exhausted ..."); a user's is plain.
+        reason = workload.status_reason if workload.status_reason.startswith("stopped: ") else "stopped"
         workload_transition(
-            workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason="stopped", finished_at=now, **common
+            workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason=reason, finished_at=now, **common
         )
 
 

@@ -108,11 +108,15 @@ def workload_start(workload: Workload) -> Workload:
     return workload
 
 
-def workload_stop(workload: Workload) -> Workload:
+def workload_stop(workload: Workload, *, reason: str = "") -> Workload:
     """Stop running work (its disk and data volume stay); queued work simply leaves the queue."""
-    if workload_transition(workload, to=S.STOPPED, allowed_from=[S.QUEUED], reason="stopped while queued"):
+    queued_reason = f"stopped while queued: {reason}" if reason else "stopped while queued"
+    if workload_transition(workload, to=S.STOPPED, allowed_from=[S.QUEUED], reason=queued_reason):
         return workload
-    if not workload_transition(workload, to=S.STOPPING, allowed_from=[S.RUNNING, S.STARTING], reason="stop requested"):
+    stopping = workload_transition(
+        workload, to=S.STOPPING, allowed_from=[S.RUNNING, S.STARTING], reason=reason or "stop requested"
+    )
+    if not stopping:
         raise Conflict(f"cannot stop: the {workload.kind} is {workload.status}")
     send_to_node(workload, NodeTask.STOP)
     return workload

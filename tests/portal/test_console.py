@@ -67,7 +67,7 @@ def test_an_outsider_cannot_act_on_someone_elses_instance_from_the_console(
     client.force_login(outsider)
     response = client.post(f"/instances/{instance.pk}/stop/")
     assert response.status_code == 404  # as the API answers: no hint that it exists
-    assert "nb" not in client.get("/").content.decode()
+    assert f'data-instance="{instance.pk}"' not in client.get("/").content.decode()
     instance.workload.refresh_from_db()
     assert instance.workload.status == "queued"
 

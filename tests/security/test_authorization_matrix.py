@@ -56,6 +56,13 @@ MATRIX = {
     "api-job": ("get", {}, "", OWNED),
     "api-job-cancel": ("post", {}, "", OWNED),
     "api-job-release": ("post", {}, "", OWNED),
+    "api-billing": ("get", {}, "", MINE),
+    "api-billing-statement": ("get", {}, "", MINE),
+    "api-billing-topups": ("post", {}, "", STAFF_ONLY),  # staff: 400 for the empty body
+    "api-prices": ("get", {}, "?gpu_type=1&gpus=0.5", MINE),
+    "console-billing": ("get", {}, "", MINE),
+    "console-billing-statement-csv": ("get", {}, "", MINE),
+    "console-billing-reports": ("get", {}, "", STAFF_ONLY),
     "api-schema": ("get", {}, "", MINE),
     "api-docs": ("get", {}, "", MINE),
 }
@@ -75,6 +82,15 @@ ADMIN_EXPECTED = {
     "admin:autocomplete": (DENIED, DENIED, DENIED, DENIED),
     # Staff reach it; our objects have no public page to send them to.
     "admin:view_on_site": (DENIED, DENIED, DENIED, HIDDEN),
+    # Money: wallets come with their users and teams and are never deleted; the ledger is append-only
+    # (postings come from settlement and top-ups, never from a form); rates in force are never deleted;
+    # spot prices come from the cluster's load.
+    "admin:billing_account_add": (DENIED, DENIED, DENIED, DENIED),
+    "admin:billing_account_delete": (DENIED, DENIED, DENIED, DENIED),
+    "admin:billing_posting_add": (DENIED, DENIED, DENIED, DENIED),
+    "admin:billing_posting_delete": (DENIED, DENIED, DENIED, DENIED),
+    "admin:billing_ratecard_delete": (DENIED, DENIED, DENIED, DENIED),
+    "admin:billing_spotprice_add": (DENIED, DENIED, DENIED, DENIED),
     # Minute rollups are written by node agents only: nobody adds one by hand.
     "admin:scheduler_gpuminute_add": (DENIED, DENIED, DENIED, DENIED),
     "admin:scheduler_workloadgpuminute_add": (DENIED, DENIED, DENIED, DENIED),

@@ -1,10 +1,16 @@
-"""Load the demo catalog, a demo user and an admin (idempotent)."""
+"""Load the demo catalog, a demo user and an admin, each with a demo credit (idempotent)."""
+
+from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
+from billing.ledger import user_account, wallet_credit
+from billing.models import PostingKind
 from portal.demo import catalog_load
+
+DEMO_CREDIT = Decimal("500.00")
 
 DEMO_USERS = [("demo", "demo-pass-123", False), ("admin", "admin-pass-123", True)]
 
@@ -22,5 +28,13 @@ class Command(BaseCommand):
             if created:
                 user.set_password(password)
                 user.save()
+            wallet_credit(
+                account=user_account(user),
+                amount=DEMO_CREDIT,
+                kind=PostingKind.CREDIT,
+                memo="demo credit",
+                by=None,
+                idempotency_key=f"demo-credit-{username}",
+            )
             token, _ = Token.objects.get_or_create(user=user)
             self.stdout.write(f"user {username} / {password}  API token {token.key}")

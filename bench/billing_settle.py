@@ -1,0 +1,123 @@
+"""Settlement on PostgreSQL: 100,000 metered segments become usage postings.
+
+Segments of 50 users, 4 GPU types, fractions and whole cards, on-demand and
+spot, 1 s to 3 h long (so many cross hour boundaries and a rate change), all
+closed; ``billing.settlement.settle`` charges them in batches (lock, compute
+lines, insert postings, move balances, advance segments).
+
+    python bench/billing_settle.py [--segments 100000]
+
+Uses its own PostgreSQL database (gpucloud_bench_billing, recreated). Ends with
+{"segments", "postings", "seconds", "postings_per_s", "segments_per_s"}.
+"""
+
+import argparse
+import json
+import os
+import random
+import secrets
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import _setup
+
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud_bench_billing")
+MODELS = [("RTX3090", "1.58"), ("A100-80GB", "6.68"), ("H100", "13.98"), ("RTXA5000", "1.38")]
+START = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def setup():
+    server, name = DATABASE_URL.rsplit("/", 1)
+    subprocess.run(["psql", f"{server}/postgres", "-qc", f"DROP DATABASE IF EXISTS {name}"], check=True)
+    subprocess.run(["psql", f"{server}/postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
+    os.environ.update(
+        DATABASE_URL=DATABASE_URL,
+        SECRET_KEY=secrets.token_urlsafe(40),
+        DJANGO_SETTINGS_MODULE="config.settings",
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
+        LOG_LEVEL="WARNING",
+    )
+    sys.path.insert(0, str(_setup.ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", "--no-input", verbosity=0)
+
+
+def populate(n: int) -> None:
+    from django.contrib.auth import get_user_model
+
+    from billing.models import MeterSegment, RateCard
+    from scheduler.models import Workload
+
+    for model, price in MODELS:
+        RateCard.objects.create(gpu_model=model, effective_from=START - timedelta(days=1), card_hour=Decimal(price))
+        RateCard.objects.create(
+            gpu_model=model, effective_from=START + timedelta(days=3), card_hour=Decimal(price) * Decimal("1.1")
+        )
+    users = [get_user_model().objects.create_user(f"u{i}") for i in range(50)]
+    rng = random.Random(7)
+    workloads = Workload.objects.bulk_create(
+        (
+            Workload(
+                owner=users[i % 50],
+                kind="instance",
+                name=f"w{i}",
+                image_ref="x",
+                gpu_model=MODELS[i % 4][0],
+                gpu_count=1 if i % 3 else 2,
+                gpu_milli=1000 if i % 3 == 0 else rng.choice([100, 300, 500, 1000]),
+                cpu_cores=rng.choice([1, 4, 8, 16]),
+                memory_mb=rng.choice([4096, 32768, 65536]),
+                disk_gb=50,
+                spot=i % 5 == 0,
+                status="stopped",
+            )
+            for i in range(n)
+        ),
+        batch_size=5000,
+    )
+    segments = []
+    for w in workloads:
+        start = START + timedelta(seconds=rng.randrange(0, 6 * 24 * 3600))
+        segments.append(
+            MeterSegment(workload=w, started_at=start, ended_at=start + timedelta(seconds=rng.randrange(1, 3 * 3600)))
+        )
+    MeterSegment.objects.bulk_create(segments, batch_size=5000)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--segments", type=int, default=100_000)
+    args = parser.parse_args()
+    setup()
+    populate(args.segments)
+    from billing.ledger import ledger_check
+    from billing.settlement import settle
+
+    started = time.perf_counter()
+    done = settle(now=START + timedelta(days=8))
+    seconds = time.perf_counter() - started
+    check = ledger_check()
+    print(
+        json.dumps(
+            {
+                "segments": done.segments,
+                "postings": done.postings,
+                "seconds": round(seconds, 2),
+                "postings_per_s": round(done.postings / seconds),
+                "segments_per_s": round(done.segments / seconds),
+                "ledger_ok": check.ok,
+                "amount": str(done.amount),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Monthly statements: one line per instance or job (and one for storage), billed next to busy.
+
+"GPU-seconds billed" are the seconds charged times the cards held; "GPU-seconds
+busy" the same cards' measured utilization over the month (from the monitoring
+rollups: each minute's average utilization of the share x 60 s x the share),
+so a user sees what an idle card cost them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from billing.models import ZERO, Account, Posting, PostingKind
+from scheduler.models import Allocation, WorkloadGpuMinute
+
+
+@dataclass
+class StatementLine:
+    workload_id: int | None
+    name: str
+    kind: str
+    gpu_model: str
+    share: float
+    billing_mode: str
+    seconds: float
+    gpu_seconds_billed: float
+    gpu_seconds_busy: float | None
+    amount: Decimal
+
+
+def month_bounds(month: str) -> tuple[datetime, datetime]:
+    """'2026-11' -> [2026-11-01, 2026-12-01) in UTC."""
+    start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, end
+
+
+def statement(account: Account, month: str) -> list[StatementLine]:
+    start, end = month_bounds(month)
+    charges = Posting.objects.filter(debit=account, created_at__gte=start, created_at__lt=end)
+    usage = (
+        charges.filter(kind=PostingKind.USAGE)
+        .values(
+            "segment__workload",
+            "segment__workload__name",
+            "segment__workload__kind",
+            "segment__workload__gpu_model",
+            "segment__workload__gpu_count",
+            "segment__workload__gpu_milli",
+            "segment__workload__spot",
+        )
+        .annotate(seconds=Sum("seconds"), gpu_seconds=Sum("gpu_seconds"), amount=Sum("amount"), lines=Count("id"))
+        .order_by("segment__workload")
+    )
+    busy = _busy_gpu_seconds([row["segment__workload"] for row in usage], start, end)
+    lines = [
+        StatementLine(
+            workload_id=row["segment__workload"],
+            name=row["segment__workload__name"],
+            kind=row["segment__workload__kind"],
+            gpu_model=row["segment__workload__gpu_model"],
+            share=row["segment__workload__gpu_count"] * row["segment__workload__gpu_milli"] / 1000,
+            billing_mode="spot" if row["segment__workload__spot"] else "on-demand",
+            seconds=row["seconds"] or 0.0,
+            gpu_seconds_billed=row["gpu_seconds"] or 0.0,
+            gpu_seconds_busy=busy.get(row["segment__workload"]),
+            amount=row["amount"] or ZERO,
+        )
+        for row in usage
+    ]
+    storage = charges.filter(kind=PostingKind.STORAGE).aggregate(amount=Sum("amount"), days=Count("id"))
+    if storage["days"]:
+        lines.append(
+            StatementLine(
+                None, f"data disks ({storage['days']} days)", "storage", "", 0, "", 0, 0, None, storage["amount"]
+            )
+        )
+    return lines
+
+
+def _busy_gpu_seconds(workload_ids: list[int], start, end) -> dict[int, float]:
+    shares = {
+        (a["workload"], a["gpu"]): a["milli"] / 1000
+        for a in Allocation.objects.filter(workload__in=workload_ids).values("workload", "gpu", "milli")
+    }
+    busy: dict[int, float] = {}
+    minutes = WorkloadGpuMinute.objects.filter(
+        workload__in=workload_ids, minute__gte=start, minute__lt=end, util_avg__isnull=False
+    ).values_list("workload", "gpu", "util_avg", "workload__gpu_milli")
+    for workload_id, gpu_id, util, milli in minutes:
+        share = shares.get((workload_id, gpu_id), milli / 1000)  # allocations go when the work stops
+        busy[workload_id] = busy.get(workload_id, 0.0) + util * 60 * share
+    return busy
+
+
+COLUMNS = [
+    "name",
+    "kind",
+    "gpu_model",
+    "share",
+    "billing_mode",
+    "seconds",
+    "gpu_seconds_billed",
+    "gpu_seconds_busy",
+    "amount",
+]
+
+
+def statement_csv(lines: list[StatementLine], currency: str) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow([*COLUMNS, "currency"])
+    for line in lines:
+        writer.writerow(
+            [
+                line.name,
+                line.kind,
+                line.gpu_model,
+                line.share,
+                line.billing_mode,
+                round(line.seconds),
+                round(line.gpu_seconds_billed, 1),
+                "" if line.gpu_seconds_busy is None else round(line.gpu_seconds_busy, 1),
+                line.amount,
+                currency,
+            ]
+        )
+    writer.writerow(["total", "", "", "", "", "", "", "", sum((ln.amount for ln in lines), ZERO), currency])
+    return out.getvalue()
+
+
+def cost_so_far(workload_ids: list[int], now=None) -> dict[int, Decimal]:
+    """Per workload: what it has been charged, plus its usage not yet settled."""
+    from billing.enforcement import unsettled
+    from billing.settlement import pending_segments
+
+    charged = dict(
+        Posting.objects.filter(kind=PostingKind.USAGE, segment__workload__in=workload_ids)
+        .values("segment__workload")
+        .annotate(s=Sum("amount"))
+        .values_list("segment__workload", "s")
+    )
+    now = now or timezone.now()
+    for segment in pending_segments().filter(workload__in=workload_ids):
+        owed = unsettled(type(segment).objects.filter(pk=segment.pk), now)
+        charged[segment.workload_id] = charged.get(segment.workload_id, ZERO) + owed
+    return charged

@@ -1,0 +1,188 @@
+"""REST API for money: my balance and budget, my statement, prices before I commit, and top-ups (staff)."""
+
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import enforcement, ledger, prices, statements
+from billing.models import PostingKind, Team
+from portal import services
+from portal.api.idempotency import HEADER, idempotent
+from portal.api.views import IDEMPOTENCY_KEY
+from portal.models import GpuType
+from scheduler.errors import InvalidInput, NotFound
+
+MONEY = dict(max_digits=14, decimal_places=2)
+
+
+class AccountOutput(serializers.Serializer):
+    currency = serializers.CharField()
+    balance = serializers.DecimalField(**MONEY)
+    unsettled = serializers.DecimalField(**MONEY, help_text="Usage not yet settled into the ledger.")
+    available = serializers.DecimalField(**MONEY, help_text="Balance less unsettled usage: work stops at zero.")
+    month_spend = serializers.DecimalField(**MONEY)
+    monthly_budget = serializers.DecimalField(**MONEY, allow_null=True)
+    stops_at = serializers.DateTimeField(allow_null=True, help_text="When running work stops, if it will.")
+
+
+def account_view(account) -> dict:
+    current = enforcement.standing(account)
+    return {
+        "currency": account.currency,
+        "balance": current.balance,
+        "unsettled": current.unsettled,
+        "available": current.available,
+        "month_spend": current.month_spend,
+        "monthly_budget": current.budget,
+        "stops_at": current.stop_at,
+    }
+
+
+class BillingApi(APIView):
+    """GET /billing/: my wallet; PATCH: set my monthly budget (warns at 80 %, stops work at 100 %)."""
+
+    class BudgetInput(serializers.Serializer):
+        monthly_budget = serializers.DecimalField(**MONEY, min_value=Decimal(0), allow_null=True)
+
+    @extend_schema(responses=AccountOutput)
+    def get(self, request):
+        return Response(AccountOutput(account_view(ledger.user_account(request.user))).data)
+
+    @extend_schema(request=BudgetInput, responses=AccountOutput)
+    def patch(self, request):
+        data = self.BudgetInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        account = ledger.user_account(request.user)
+        account.monthly_budget = data.validated_data["monthly_budget"]
+        account.save(update_fields=["monthly_budget"])
+        return Response(AccountOutput(account_view(account)).data)
+
+
+class StatementApi(APIView):
+    """GET /billing/statement/?month=YYYY-MM: one line per instance or job, billed next to busy."""
+
+    class StatementLineOutput(serializers.Serializer):
+        name = serializers.CharField()
+        kind = serializers.CharField()
+        gpu_model = serializers.CharField()
+        share = serializers.FloatField()
+        billing_mode = serializers.CharField()
+        seconds = serializers.FloatField()
+        gpu_seconds_billed = serializers.FloatField()
+        gpu_seconds_busy = serializers.FloatField(allow_null=True)
+        amount = serializers.DecimalField(**MONEY)
+
+    @extend_schema(responses=StatementLineOutput(many=True))
+    def get(self, request):
+        month = request.query_params.get("month") or timezone.now().strftime("%Y-%m")
+        try:
+            lines = statements.statement(ledger.user_account(request.user), month)
+        except ValueError as exc:
+            raise InvalidInput("month must look like 2026-11", field="month") from exc
+        return Response(self.StatementLineOutput(lines, many=True).data)
+
+
+class PriceApi(APIView):
+    """GET /prices/?gpu_type=&gpus=&cpu_cores=&memory_gb=: price per hour now, on-demand and spot."""
+
+    class PriceQueryInput(serializers.Serializer):
+        gpu_type = serializers.IntegerField()
+        gpus = serializers.DecimalField(max_digits=4, decimal_places=1)
+        cpu_cores = serializers.IntegerField(min_value=1, max_value=256, default=1)
+        memory_gb = serializers.IntegerField(min_value=1, max_value=4096, default=4)
+
+    class PriceEstimateOutput(serializers.Serializer):
+        currency = serializers.CharField()
+        on_demand_per_hour = serializers.CharField()
+        spot_per_hour = serializers.CharField()
+        spot_card_hour = serializers.CharField()
+        spot_band = serializers.ListField(child=serializers.CharField())
+
+    @extend_schema(parameters=[PriceQueryInput], responses=PriceEstimateOutput)
+    def get(self, request):
+        query = self.PriceQueryInput(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q = query.validated_data
+        gpu_type = GpuType.objects.filter(pk=q["gpu_type"], active=True).first()
+        if gpu_type is None:
+            raise InvalidInput("unknown GPU type", field="gpu_type")
+        cards, milli = services.check_gpus(q["gpus"])
+        price = prices.estimate(
+            gpu_model=gpu_type.name, cards=cards, milli=milli, cpu_cores=q["cpu_cores"], memory_mb=q["memory_gb"] * 1024
+        )
+        if price is None:
+            raise NotFound(f"no rate card for {gpu_type.name} yet")
+        return Response(self.PriceEstimateOutput(price).data)
+
+
+class TopUpApi(APIView):
+    """POST /billing/topups/ (staff): top up, credit or refund a user's or a team's wallet, once per key."""
+
+    permission_classes = [IsAdminUser]
+
+    class TopUpInput(serializers.Serializer):
+        username = serializers.CharField(required=False)
+        team = serializers.SlugField(required=False)
+        amount = serializers.DecimalField(**MONEY, min_value=Decimal("0.01"))
+        kind = serializers.ChoiceField(
+            choices=[PostingKind.TOPUP, PostingKind.CREDIT, PostingKind.REFUND], default=PostingKind.TOPUP
+        )
+        memo = serializers.CharField(max_length=255)
+
+        def validate(self, data):
+            if bool(data.get("username")) == bool(data.get("team")):
+                raise serializers.ValidationError({"username": "give a username or a team, not both"})
+            return data
+
+    class TopUpOutput(serializers.Serializer):
+        id = serializers.IntegerField()
+        kind = serializers.CharField()
+        amount = serializers.DecimalField(**MONEY)
+        currency = serializers.CharField()
+        memo = serializers.CharField()
+        balance = serializers.DecimalField(**MONEY)
+
+    @extend_schema(request=TopUpInput, responses={201: TopUpOutput}, parameters=[IDEMPOTENCY_KEY])
+    def post(self, request):
+        data = self.TopUpInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        d = data.validated_data
+        if d.get("username"):
+            user = get_user_model().objects.filter(username=d["username"]).first()
+            if user is None:
+                raise InvalidInput("no such user", field="username")
+            account = ledger.user_account(user)
+        else:
+            team = Team.objects.filter(slug=d["team"]).first()
+            if team is None:
+                raise InvalidInput("no such team", field="team")
+            account = ledger.team_account(team)
+        key = request.headers.get(HEADER)
+
+        def create():
+            posting, _ = ledger.wallet_credit(
+                account=account,
+                amount=d["amount"],
+                kind=d["kind"],
+                memo=d["memo"],
+                by=request.user,
+                idempotency_key=f"api-{request.user.pk}-{key}" if key else None,
+            )
+            account.refresh_from_db(fields=["balance"])
+            body = {
+                "id": posting.pk,
+                "kind": posting.kind,
+                "amount": posting.amount,
+                "currency": posting.currency,
+                "memo": posting.memo,
+                "balance": account.balance,
+            }
+            return Response(self.TopUpOutput(body).data, status=status.HTTP_201_CREATED)
+
+        return idempotent(request, endpoint="topup", create=create)

@@ -1,0 +1,24 @@
+// Create instance: the price per hour of the configuration being chosen, on-demand and spot side by side.
+(function () {
+  const box = document.getElementById("estimate");
+  const form = box.closest("form");
+  const field = (name) => form.querySelector(`[name="${name}"]`);
+  let pending;
+  async function update() {
+    const params = new URLSearchParams({
+      gpu_type: field("gpu_type").value, gpus: field("gpus").value || "1",
+      cpu_cores: field("cpu_cores").value || "1", memory_gb: field("memory_gb").value || "1",
+    });
+    if (!field("gpu_type").value) { box.textContent = "Price: choose a GPU type."; return; }
+    const response = await fetch(`${box.dataset.url}?${params}`, { headers: { Accept: "application/json" } });
+    if (!response.ok) { box.textContent = "Price: —"; return; }
+    const p = await response.json();
+    const spot = field("billing_mode") && field("billing_mode").value === "spot";
+    box.innerHTML = `Price: <strong data-on-demand>${(+p.on_demand_per_hour).toFixed(2)}</strong> ${p.currency}/h on-demand` +
+      ` · <strong data-spot>${(+p.spot_per_hour).toFixed(2)}</strong> ${p.currency}/h spot${spot ? " (chosen)" : ""}` +
+      ` <span class="muted small">spot card-hour ${(+p.spot_card_hour).toFixed(2)}, band ${(+p.spot_band[0]).toFixed(2)}–${(+p.spot_band[1]).toFixed(2)}</span>`;
+  }
+  form.addEventListener("input", () => { clearTimeout(pending); pending = setTimeout(update, 200); });
+  form.addEventListener("change", update);
+  update();
+})();

@@ -1,0 +1,137 @@
+"""Settlement: segments become postings exactly once; balances stay the sum of their postings."""
+
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+
+from billing.ledger import ledger_check, user_account, wallet_credit
+from billing.models import MeterSegment, Posting, PostingKind, RateCard
+from billing.settlement import settle
+from scheduler.models import Workload, WorkloadStatus
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db
+START = datetime(2026, 11, 1, 9, 30, tzinfo=UTC)
+
+
+@pytest.fixture
+def rates(db):
+    RateCard.objects.create(gpu_model="", effective_from=START - timedelta(days=30), card_hour=Decimal(0))
+    return RateCard.objects.create(
+        gpu_model="RTX3090", effective_from=START - timedelta(days=30), card_hour=Decimal("1.58")
+    )
+
+
+def segment(owner, *, start=START, seconds=None, milli=1000, status=WorkloadStatus.STOPPED, spot=False):
+    w = workload(owner, gpu_milli=milli, status=status, spot=spot)
+    end = None if seconds is None else start + timedelta(seconds=seconds)
+    return MeterSegment.objects.create(workload=w, started_at=start, ended_at=end)
+
+
+def usage(account) -> Decimal:
+    return sum(
+        Posting.objects.filter(debit=account, kind=PostingKind.USAGE).values_list("amount", flat=True), Decimal(0)
+    )
+
+
+def test_settling_twice_charges_once_and_balances_are_sums_of_postings(user, rates):
+    segment(user, seconds=2 * 3600, milli=300)  # 09:30 .. 11:30: three lines
+    segment(user, start=START + timedelta(days=1), seconds=59)  # a minute's minimum
+    account = user_account(user)
+    before = account.balance
+    first = settle(now=START + timedelta(days=2))
+    again = settle(now=START + timedelta(days=2))
+    assert (first.postings, again.postings) == (4, 0)
+    # 0.3 x 1.58 x 2 h = 0.948 as lines 0.237 + 0.474 + 0.237 -> 0.24 + 0.47 + 0.24; a minute of 1.58/h = 0.03
+    assert usage(account) == Decimal("0.95") + Decimal("0.03")
+    account.refresh_from_db()
+    assert account.balance == before - Decimal("0.98")
+    assert ledger_check().ok
+
+
+def test_a_running_segment_is_charged_hourly_then_to_its_end(user, rates):
+    seg = segment(user, seconds=None, status=WorkloadStatus.RUNNING)
+    settle(now=START + timedelta(hours=2, minutes=10))  # 09:30 .. 11:00 charged; the running hour is not
+    seg.refresh_from_db()
+    assert seg.settled_until == START + timedelta(minutes=30, hours=1)
+    assert seg.rate_card_id is not None and seg.account.user == user, "the payer and the rate are recorded"
+    MeterSegment.objects.filter(pk=seg.pk).update(ended_at=START + timedelta(hours=2, minutes=40))
+    Workload.objects.filter(pk=seg.workload_id).update(status=WorkloadStatus.STOPPED)
+    settle(now=START + timedelta(hours=3))
+    lines = Posting.objects.filter(segment=seg).order_by("period_start")
+    assert [(p.period_start.hour, p.seconds, p.amount) for p in lines] == [
+        (9, 1800, Decimal("0.79")),
+        (10, 3600, Decimal("1.58")),
+        (11, 3600, Decimal("1.58")),
+        (12, 600, Decimal("0.26")),  # 09:30 .. 12:10 in four lines, the last at its end
+    ]
+
+
+def test_an_open_segment_of_work_that_left_running_waits_for_its_end(user, rates):
+    seg = segment(user, seconds=None, status=WorkloadStatus.STOPPING)
+    assert settle(now=START + timedelta(hours=5)).postings == 0
+    seg.refresh_from_db()
+    assert seg.settled_until is None
+
+
+def test_postings_cannot_be_changed_or_deleted(user, rates):
+    segment(user, seconds=600)
+    settle(now=START + timedelta(days=1))
+    posting = Posting.objects.get(kind=PostingKind.USAGE)
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does): the append-only trigger is PostgreSQL's")
+    from django.db import ProgrammingError, transaction
+
+    for change in (lambda: Posting.objects.filter(pk=posting.pk).update(amount=0), posting.delete):
+        with pytest.raises(ProgrammingError, match="append-only"), transaction.atomic():
+            change()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_settlement_racing_a_stop_and_top_ups_keeps_every_balance_the_sum_of_its_postings(user, rates):
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    segments = [segment(user, start=START + timedelta(minutes=i), seconds=3 * 3600 + i) for i in range(200)]
+    running = segment(user, seconds=None, status=WorkloadStatus.RUNNING)
+    account = user_account(user)
+    errors = []
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except Exception as exc:  # collected: a thread's failure must fail the test
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        return run
+
+    def stop():
+        MeterSegment.objects.filter(pk=running.pk).update(ended_at=START + timedelta(hours=1, minutes=5))
+        Workload.objects.filter(pk=running.workload_id).update(status=WorkloadStatus.STOPPED)
+
+    def top_up(i):
+        return lambda: wallet_credit(
+            account=account, amount=Decimal("10"), kind="topup", memo="race", by=None, idempotency_key=f"race-{i % 3}"
+        )
+
+    threads = [
+        threading.Thread(target=guarded(lambda: settle(now=START + timedelta(days=1), batch=37))) for _ in range(3)
+    ]
+    threads += [threading.Thread(target=guarded(stop))]
+    threads += [threading.Thread(target=guarded(top_up(i))) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    settle(now=START + timedelta(days=1))
+    assert ledger_check().ok
+    charged = Posting.objects.filter(kind=PostingKind.USAGE)
+    assert charged.count() == charged.values("segment", "period_start").distinct().count()
+    assert set(charged.values_list("segment", flat=True).distinct()) == {s.pk for s in segments} | {running.pk}
+    assert Posting.objects.filter(kind="topup").count() == 3, "the same Idempotency-Key is one top-up"
