@@ -1,11 +1,12 @@
 """Settlement on PostgreSQL: 100,000 metered segments become usage postings.
 
 Segments of 50 users, 4 GPU types, fractions and whole cards, on-demand and
-spot, 1 s to 3 h long (so many cross hour boundaries and a rate change), all
-closed; ``billing.settlement.settle`` charges them in batches (lock, compute
-lines, insert postings, move balances, advance segments).
+spot, 1 s to ``--max-hours`` long (default 1 h: what an hourly settlement run
+meets; about half cross an hour boundary, so ~1.5 postings per segment; some
+cross a rate change), all closed; ``billing.settlement.settle`` charges them in
+batches (compute lines, COPY postings, move balances, advance segments).
 
-    python bench/billing_settle.py [--segments 100000]
+    python bench/billing_settle.py [--segments 100000] [--max-hours 1]
 
 Uses its own PostgreSQL database (gpucloud_bench_billing, recreated). Ends with
 {"segments", "postings", "seconds", "postings_per_s", "segments_per_s"}.
@@ -49,18 +50,24 @@ def setup():
     call_command("migrate", "--no-input", verbosity=0)
 
 
-def populate(n: int) -> None:
+def populate(n: int, max_hours: float) -> None:
     from django.contrib.auth import get_user_model
 
+    from billing.ledger import user_account
     from billing.models import MeterSegment, RateCard
     from scheduler.models import Workload
 
+    first_rate = {}
     for model, price in MODELS:
-        RateCard.objects.create(gpu_model=model, effective_from=START - timedelta(days=1), card_hour=Decimal(price))
+        first_rate[model] = RateCard.objects.create(
+            gpu_model=model, effective_from=START - timedelta(days=1), card_hour=Decimal(price)
+        )
         RateCard.objects.create(
             gpu_model=model, effective_from=START + timedelta(days=3), card_hour=Decimal(price) * Decimal("1.1")
         )
     users = [get_user_model().objects.create_user(f"u{i}") for i in range(50)]
+    # As billing.tasks.segment_assign leaves them when each segment opens: payer and rate recorded.
+    accounts = {u.pk: user_account(u) for u in users}
     rng = random.Random(7)
     workloads = Workload.objects.bulk_create(
         (
@@ -86,7 +93,13 @@ def populate(n: int) -> None:
     for w in workloads:
         start = START + timedelta(seconds=rng.randrange(0, 6 * 24 * 3600))
         segments.append(
-            MeterSegment(workload=w, started_at=start, ended_at=start + timedelta(seconds=rng.randrange(1, 3 * 3600)))
+            MeterSegment(
+                workload=w,
+                started_at=start,
+                ended_at=start + timedelta(seconds=rng.randrange(1, int(max_hours * 3600))),
+                account=accounts[w.owner_id],
+                rate_card=first_rate[w.gpu_model],
+            )
         )
     MeterSegment.objects.bulk_create(segments, batch_size=5000)
 
@@ -94,9 +107,10 @@ def populate(n: int) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--segments", type=int, default=100_000)
+    parser.add_argument("--max-hours", type=float, default=1.0, help="longest segment (postings: one per hour touched)")
     args = parser.parse_args()
     setup()
-    populate(args.segments)
+    populate(args.segments, args.max_hours)
     from billing.ledger import ledger_check
     from billing.settlement import settle
 

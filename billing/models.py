@@ -159,13 +159,18 @@ class MeterSegment(models.Model):
         Account, null=True, blank=True, on_delete=models.PROTECT, related_name="segments", help_text="Who pays."
     )
     rate_card = models.ForeignKey(
-        RateCard, null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="In force at the start."
+        RateCard,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
+        help_text="In force at the start.",
     )
     settled_until = models.DateTimeField(null=True, blank=True, help_text="Charged up to here.")
 
     class Meta:
         ordering = ["started_at"]
-        indexes = [models.Index(fields=["settled_until"])]
         constraints = [
             models.UniqueConstraint(fields=["workload"], condition=Q(ended_at__isnull=True), name="one_open_segment"),
             models.UniqueConstraint(fields=["workload", "started_at"], name="one_segment_per_run"),
@@ -207,15 +212,20 @@ class Posting(models.Model):
     amount = models.DecimalField(**MONEY)
     currency = models.CharField(max_length=3, default="CNY")
     # Usage: what was charged.
-    segment = models.ForeignKey(MeterSegment, null=True, blank=True, on_delete=models.PROTECT, related_name="postings")
+    # No index of its own: one_charge_per_period (segment, period_start) serves lookups by segment.
+    segment = models.ForeignKey(
+        MeterSegment, null=True, blank=True, on_delete=models.PROTECT, related_name="postings", db_index=False
+    )
     period_start = models.DateTimeField(null=True, blank=True, help_text="Usage/storage: the hour (or day) charged.")
     seconds = models.FloatField(null=True, blank=True, help_text="Usage: seconds billed in the period.")
     gpu_seconds = models.FloatField(null=True, blank=True, help_text="Usage: seconds x cards held.")
     detail = models.JSONField(default=dict, blank=True, help_text="Rates and pieces the amount came from.")
     # Top-ups, refunds, credits: who and why.
-    idempotency_key = models.CharField(max_length=128, null=True, blank=True, unique=True)
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001  (NULL: no key)
     memo = models.CharField(max_length=255, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, db_index=False
+    )
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -227,6 +237,10 @@ class Posting(models.Model):
             ),
             models.UniqueConstraint(
                 fields=["debit", "period_start"], condition=Q(kind="storage"), name="one_storage_charge_per_day"
+            ),
+            # Partial, as the others: usage postings (nearly all rows) add no entry to these indexes.
+            models.UniqueConstraint(
+                fields=["idempotency_key"], condition=Q(idempotency_key__isnull=False), name="one_posting_per_key"
             ),
         ]
 

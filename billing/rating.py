@@ -17,7 +17,7 @@ Rules (README, "Billing"):
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -68,6 +68,7 @@ class Timeline:
         self.spot.sort()
         self._rate_times = [r.effective_from for r in self.rates]
         self._spot_times = [t for t, _ in self.spot]
+        self._changes = {False: self._rate_times, True: sorted(set(self._rate_times) | set(self._spot_times))}
 
     def rate_at(self, t: datetime) -> Rate:
         i = bisect_right(self._rate_times, t) - 1
@@ -80,8 +81,8 @@ class Timeline:
         return self.spot[i][1] if i >= 0 else rate.card_hour
 
     def changes_between(self, start: datetime, end: datetime, *, spot: bool) -> list[datetime]:
-        times = self._rate_times + (self._spot_times if spot else [])
-        return sorted(t for t in set(times) if start < t < end)
+        times = self._changes[spot]
+        return times[bisect_right(times, start) : bisect_left(times, end)]
 
 
 def hourly_price(shape: Shape, rate: Rate, spot_card_hour: Decimal | None = None) -> Decimal:
@@ -140,35 +141,48 @@ def charge_lines(
     while period < limit:
         lines.append(_line(shape, period, max(begin, period), min(limit, period + HOUR), 0.0, timeline))
         period += HOUR
-    if short_by:
+    if short_by:  # a closed run under a minute: never settled before, so its lines start at its start
         last = lines.pop() if lines else None
-        lo = datetime.fromisoformat(last.pieces[0]["from"]) if last else started_at
         period = last.period_start if last else hour_of(started_at)
-        lines.append(_line(shape, period, lo, limit, short_by, timeline))
+        lines.append(_line(shape, period, max(begin, period), limit, short_by, timeline))
     return lines, max(limit, begin)
 
 
+def _price(shape: Shape, timeline: Timeline, at: datetime) -> tuple[Decimal, Rate]:
+    rate = timeline.rate_at(at)
+    return hourly_price(shape, rate, timeline.spot_at(at, rate) if shape.spot else None), rate
+
+
+MICROSECONDS_PER_HOUR = Decimal(3_600_000_000)
+
+
+def _micro(delta: timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
 def _line(shape: Shape, period: datetime, lo: datetime, hi: datetime, extra_s: float, timeline: Timeline) -> Line:
-    cuts = [lo, *timeline.changes_between(lo, hi, spot=shape.spot), hi]
-    pieces, exact = [], Decimal(0)
-    price = None
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        rate = timeline.rate_at(a)
-        price = hourly_price(shape, rate, timeline.spot_at(a, rate) if shape.spot else None)
-        seconds = Decimal(str((b - a).total_seconds()))
-        exact += seconds * price / 3600
-        pieces.append({"from": a.isoformat(), "seconds": float(seconds), "hourly": str(price), "rate": rate.id})
+    """One period's line. Its detail lists the pieces only when there is more than one price in it."""
+    changes = timeline.changes_between(lo, hi, spot=shape.spot)
+    price, first_rate = _price(shape, timeline, lo)
+    if not changes:
+        exact = price * _micro(hi - lo)
+        pieces = [{"hourly": str(price), "rate": first_rate.id}]
+    else:
+        cuts = [lo, *changes, hi]
+        exact, pieces = Decimal(0), []
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            price, rate = _price(shape, timeline, a)
+            exact += price * _micro(b - a)
+            pieces.append(
+                {"from": a.isoformat(), "seconds": (b - a).total_seconds(), "hourly": str(price), "rate": rate.id}
+            )
     if extra_s:
-        if price is None:
-            rate = timeline.rate_at(lo)
-            price = hourly_price(shape, rate, timeline.spot_at(lo, rate) if shape.spot else None)
-        exact += Decimal(str(extra_s)) * price / 3600
+        exact += price * int(extra_s * 1_000_000)
         pieces.append({"minimum_extra_seconds": extra_s, "hourly": str(price)})
-    first_rate = timeline.rate_at(lo)
     return Line(
         period_start=period,
         seconds=(hi - lo).total_seconds() + extra_s,
-        amount=exact.quantize(CENT, rounding=ROUND_HALF_UP),
+        amount=(exact / MICROSECONDS_PER_HOUR).quantize(CENT, rounding=ROUND_HALF_UP),
         rate_id=first_rate.id,
         pieces=pieces,
     )

@@ -20,17 +20,19 @@ def meter_on_lifecycle(sender, workload_id, from_status, to_status, reason, at, 
     # history (billing.metering.meter_reconcile) finds exactly the same boundaries.
     if to_status == WorkloadStatus.RUNNING and from_status != WorkloadStatus.RUNNING:
         meter_open(workload_id=workload_id, at=at)
+        # Who pays and the rate in force, recorded on the segment by the control plane.
+        transaction.on_commit(lambda: _send("billing.tasks.segment_assign", workload_id), robust=True)
     elif from_status == WorkloadStatus.RUNNING and to_status != WorkloadStatus.RUNNING:
         meter_close(workload_id=workload_id, reason=f"{to_status}: {reason}", at=at)
         # Settled at each stop, as AutoDL does: by the control plane (the node agent that may
         # have recorded the stop has no right to write the ledger).
-        transaction.on_commit(lambda: _settle_soon(workload_id), robust=True)
+        transaction.on_commit(lambda: _send("billing.tasks.settle_usage", workload_id), robust=True)
 
 
-def _settle_soon(workload_id: int) -> None:
+def _send(task: str, workload_id: int) -> None:
     from config.celery import app
 
-    app.send_task("billing.tasks.settle_usage", kwargs={"workload_id": workload_id}, queue=settings.SCHEDULER_QUEUE)
+    app.send_task(task, kwargs={"workload_id": workload_id}, queue=settings.SCHEDULER_QUEUE)
 
 
 @receiver(post_save, sender=settings.AUTH_USER_MODEL)

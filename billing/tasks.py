@@ -32,6 +32,11 @@ def settle_usage(workload_id: int | None = None):
 
 
 @shared_task(ignore_result=True)
+def segment_assign(workload_id: int):
+    settlement.segment_assign(workload_id)
+
+
+@shared_task(ignore_result=True)
 def settle_storage():
     storage.storage_settle()
 

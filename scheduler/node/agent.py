@@ -105,9 +105,7 @@ def agent_stop(workload_id: int) -> None:
             common["log_tail"] = launcher.container_logs_tail(workload.container_name)
         # A stop the platform asked for says why ("stopped: balance exhausted ..."); a user's is plain.
         reason = workload.status_reason if workload.status_reason.startswith("stopped: ") else "stopped"
-        workload_transition(
-            workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason=reason, finished_at=now, **common
-        )
+        workload_transition(workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason=reason, finished_at=now, **common)
 
 
 def agent_restart(workload_id: int) -> None:

@@ -135,3 +135,13 @@ def test_settlement_racing_a_stop_and_top_ups_keeps_every_balance_the_sum_of_its
     assert charged.count() == charged.values("segment", "period_start").distinct().count()
     assert set(charged.values_list("segment", flat=True).distinct()) == {s.pk for s in segments} | {running.pk}
     assert Posting.objects.filter(kind="topup").count() == 3, "the same Idempotency-Key is one top-up"
+
+
+def test_the_payer_and_the_rate_are_recorded_when_a_segment_opens(user, rates):
+    from billing.settlement import segment_assign
+
+    seg = segment(user, start=timezone.now() - timedelta(minutes=1), seconds=None, status=WorkloadStatus.RUNNING)
+    assert segment_assign(seg.workload_id) == 1
+    seg.refresh_from_db()
+    assert (seg.account, seg.rate_card) == (user_account(user), rates)
+    assert segment_assign(seg.workload_id) == 0, "recorded once"
