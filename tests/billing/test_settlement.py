@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from billing.ledger import ledger_check, user_account, wallet_credit
 from billing.models import MeterSegment, Posting, PostingKind, RateCard
