@@ -5,7 +5,8 @@ Rules (README, "Billing"):
   card-hour price), N cards pay N times. CPU cores and memory beyond the per-card
   allotment (``cpus_per_card`` x share, ``memory_gb_per_card`` x share) pay their own
   small hourly prices; an instance started without a GPU pays ``no_gpu_hour``.
-- Spot work pays the spot price in force, on-demand work the rate card's.
+- Spot work pays the spot price in force (before the first one is computed, the top of
+  the rate card's published band), on-demand work the rate card's.
 - Time is charged per second in clock-hour periods (UTC): one charge line per
   segment and hour. A price that changes inside an hour splits the line's time
   into pieces, each at its own price.
@@ -54,6 +55,7 @@ class Rate:
     cpu_core_hour: Decimal = Decimal("0")
     memory_gb_hour: Decimal = Decimal("0")
     no_gpu_hour: Decimal = Decimal("0")
+    spot_ceiling: Decimal = Decimal("0.70")  # x card_hour: spot's price before one was computed
 
 
 @dataclass
@@ -77,8 +79,9 @@ class Timeline:
         return self.rates[i]
 
     def spot_at(self, t: datetime, rate: Rate) -> Decimal:
+        """The spot price in force; before any was computed, the top of the published band."""
         i = bisect_right(self._spot_times, t) - 1
-        return self.spot[i][1] if i >= 0 else rate.card_hour
+        return self.spot[i][1] if i >= 0 else rate.card_hour * rate.spot_ceiling
 
     def changes_between(self, start: datetime, end: datetime, *, spot: bool) -> list[datetime]:
         times = self._changes[spot]

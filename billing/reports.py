@@ -149,6 +149,14 @@ def balances(f: Filters) -> list[dict]:
     ]
 
 
+TITLES = {
+    "by_day": "Revenue and GPU-hours by day",
+    "by_gpu_type": "By GPU type: billed GPU-hours against capacity",
+    "by_account": "By account",
+    "by_billing_mode": "Spot and on-demand",
+    "top_spenders": "Top spenders",
+    "balances": "Negative and low balances",
+}
 TABLES = {
     "by_day": by_day,
     "by_gpu_type": by_gpu_type,

@@ -51,6 +51,7 @@ def rate_of(card: RateCard) -> Rate:
         card.cpu_core_hour,
         card.memory_gb_hour,
         card.no_gpu_hour,
+        card.spot_ceiling,
     )
 
 

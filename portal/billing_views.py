@@ -102,11 +102,11 @@ def billing_reports(request):
         response = HttpResponse(out.getvalue(), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="{export}-{f.start:%Y%m%d}-{f.end:%Y%m%d}.csv"'
         return response
-    tables = {name: fn(f) for name, fn in reports.TABLES.items()}
+    tables = {reports.TITLES[name]: (name, fn(f)) for name, fn in reports.TABLES.items()}
     chart = {
-        "days": [row["day"] for row in tables["by_day"]],
-        "revenue": [float(row["revenue"]) for row in tables["by_day"]],
-        "gpu_hours": [row["gpu_hours"] for row in tables["by_day"]],
+        "days": [row["day"] for row in tables[reports.TITLES["by_day"]][1]],
+        "revenue": [float(row["revenue"]) for row in tables[reports.TITLES["by_day"]][1]],
+        "gpu_hours": [row["gpu_hours"] for row in tables[reports.TITLES["by_day"]][1]],
     }
     return render(
         request,

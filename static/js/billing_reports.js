@@ -8,7 +8,8 @@
     if (!times.length) { el.innerHTML = '<p class="muted">Nothing billed in this range.</p>'; continue; }
     const plot = new uPlot({
       width: Math.max(el.clientWidth, 280), height: 220,
-      scales: { x: { time: true } },
+      // Half a day either side, so one day's bar is a bar and not a sliver on a years-long axis.
+      scales: { x: { time: true, auto: false, range: [times[0] - 43200, times[times.length - 1] + 43200] } },
       series: [{}, { label, stroke: color, fill: color + "99", paths: bars, points: { show: false } }],
       axes: [{}, { size: 64 }],
     }, [times, data[name]], el);
