@@ -78,5 +78,8 @@ def estimate(*, gpu_model: str, cards: int, milli: int, cpu_cores: int, memory_m
         "on_demand_per_hour": str(on_demand.quantize(Decimal("0.0001"))),
         "spot_per_hour": str(spot.quantize(Decimal("0.0001"))),
         "spot_card_hour": str(spot_card),
-        "spot_band": [str(card.card_hour * card.spot_floor), str(card.card_hour * card.spot_ceiling)],
+        "spot_band": [
+            str((card.card_hour * card.spot_floor).quantize(Decimal("0.0001"))),
+            str((card.card_hour * card.spot_ceiling).quantize(Decimal("0.0001"))),
+        ],
     }
