@@ -251,7 +251,15 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env.int("BILLING_ENFORCE_S", default=60)),
     },
     "ledger-verify": {"task": "billing.tasks.ledger_verify", "schedule": timedelta(hours=6)},
+    "idle-stop": {"task": "portal.tasks.idle_stop", "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
+    "housekeeping": {"task": "portal.tasks.release_long_stopped", "schedule": timedelta(hours=1)},
 }
+# Idle auto-stop: the console warns this long before an idle (or scheduled) instance is stopped.
+IDLE_WARNING_S = env.int("IDLE_WARNING_S", default=300)
+# Housekeeping: instances stopped this many days are released (AutoDL: 15), announced in the console
+# for the last HOUSEKEEPING_WARNING_DAYS.
+HOUSEKEEPING_DAYS = env.int("HOUSEKEEPING_DAYS", default=15)
+HOUSEKEEPING_WARNING_DAYS = env.int("HOUSEKEEPING_WARNING_DAYS", default=3)
 # Billing: an account out of money (or past its monthly budget) has this long before its work stops.
 BILLING_GRACE_S = env.int("BILLING_GRACE_S", default=300)
 # What a wallet holds after sign-up (a promotional credit; 0: none).

@@ -50,6 +50,14 @@ class InstanceCreateForm(WorkForm):
         label="Data disk (GB)", min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, initial=50
     )
     billing_mode = forms.ChoiceField(choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
+    idle_util_percent = forms.IntegerField(
+        label="Stop when idle: GPU below (%)",
+        min_value=1,
+        max_value=100,
+        required=False,
+        help_text="Empty: never stop for idleness.",
+    )
+    idle_minutes = forms.IntegerField(label="… for (minutes)", min_value=1, max_value=7 * 24 * 60, initial=60)
 
 
 class JobCreateForm(WorkForm):

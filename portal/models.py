@@ -83,6 +83,15 @@ class Instance(models.Model):
     billing_mode = models.CharField(max_length=16, choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
     workload = models.OneToOneField(Workload, on_delete=models.PROTECT, related_name="instance")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Idle auto-stop (portal/housekeeping.py): stop when its GPUs stay below idle_util_percent for idle_minutes.
+    idle_util_percent = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Stop when GPU utilization stays below this (%); empty: never."
+    )
+    idle_minutes = models.PositiveIntegerField(default=60, help_text="... for this many minutes.")
+    stop_at = models.DateTimeField(null=True, blank=True, help_text="Stop at this time; empty: no scheduled stop.")
+    stop_warned_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the console started warning that it will be stopped."
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,4 +1,4 @@
-"""Monitoring pages: an instance's live GPUs (its owner) and the whole cluster (staff).
+"""Instance pages beside the list: live GPUs and a terminal (its owner), and the whole cluster (staff).
 
 The pages render what the database knows (cards, shares, the last day of
 minute rollups); the live numbers come over the monitor WebSockets
@@ -14,6 +14,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from portal import selectors
+from portal.models import Instance
 from scheduler.errors import NotFound
 from scheduler.models import Allocation, WorkloadGpuMinute
 from scheduler.selectors import gpu_models_summary, node_list
@@ -57,4 +58,17 @@ def cluster_monitor(request):
         request,
         "portal/cluster_monitor.html",
         {"nodes": nodes, "models": sorted(gpu_models_summary().items()), "config": {"socket": "/ws/monitor/cluster/"}},
+    )
+
+
+@login_required
+def instance_terminal(request, instance_id: int):
+    """A shell in the owner's running instance (the socket refuses anyone else, and work not running)."""
+    instance = Instance.objects.filter(pk=instance_id, owner=request.user).select_related("workload").first()
+    if instance is None:
+        raise Http404("no such instance")
+    return render(
+        request,
+        "portal/instance_terminal.html",
+        {"instance": instance, "config": {"socket": f"/ws/terminal/instances/{instance.pk}/"}},
     )

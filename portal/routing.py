@@ -2,11 +2,12 @@
 
 from django.urls import path
 
-from portal import consumers
+from portal import consumers, terminal
 
 websocket_urlpatterns = [
     path("ws/instances/", consumers.InstanceEventsConsumer.as_asgi()),
     path("ws/monitor/instances/<int:instance_id>/", consumers.InstanceMonitorConsumer.as_asgi()),
     path("ws/monitor/nodes/<slug:node>/", consumers.NodeMonitorConsumer.as_asgi()),
     path("ws/monitor/cluster/", consumers.ClusterMonitorConsumer.as_asgi()),
+    path("ws/terminal/instances/<int:instance_id>/", terminal.TerminalConsumer.as_asgi()),
 ]

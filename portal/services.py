@@ -84,6 +84,9 @@ def instance_create(
     memory_gb: int,
     disk_gb: int,
     billing_mode: str = BillingMode.ON_DEMAND,
+    idle_util_percent: int | None = None,
+    idle_minutes: int = 60,
+    stop_at=None,
 ) -> Instance:
     check_gpus(gpus)
     image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
@@ -103,6 +106,9 @@ def instance_create(
             disk_gb=disk_gb,
             billing_mode=billing_mode,
             workload=workload,
+            idle_util_percent=idle_util_percent,
+            idle_minutes=idle_minutes,
+            stop_at=stop_at,
         )
 
 

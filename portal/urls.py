@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.instance_list, name="console-instances"),
     path("instances/new/", views.instance_create, name="console-instance-create"),
     path("instances/<int:instance_id>/monitor/", monitor_views.instance_monitor, name="console-instance-monitor"),
+    path("instances/<int:instance_id>/terminal/", monitor_views.instance_terminal, name="console-instance-terminal"),
     path("instances/<int:instance_id>/<str:action>/", views.instance_action, name="console-instance-action"),
     path("cluster/", monitor_views.cluster_monitor, name="console-cluster"),
     path("billing/", billing_views.billing_page, name="console-billing"),

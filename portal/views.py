@@ -1,16 +1,21 @@
 """Console pages: instances (live list, create form, actions) and batch jobs (list, submit, detail)."""
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing.statements import cost_so_far
 from portal import selectors, services
 from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
+from portal.housekeeping import release_due_at
 from scheduler.errors import NotFound, ServiceError
 
 
@@ -78,8 +83,14 @@ def _list(request, template: str, rows_template: str, context: dict):
 def instance_list(request):
     instances = list(selectors.instance_list(user=request.user))
     costs = cost_so_far([i.workload_id for i in instances])
+    now = timezone.now()
     for instance in instances:
         instance.cost = costs.get(instance.workload_id)
+        release_at = release_due_at(instance)
+        warn_from = timedelta(days=settings.HOUSEKEEPING_WARNING_DAYS)
+        instance.release_at = release_at if release_at and release_at - now <= warn_from else None
+        if instance.stop_warned_at:
+            instance.stop_due = instance.stop_warned_at + timedelta(seconds=settings.IDLE_WARNING_S)
     context = {"instances": instances}
     return _list(request, "portal/instance_list.html", "portal/_instance_rows.html", context)
 

@@ -137,6 +137,20 @@ class InstanceListApi(APIView):
         name = serializers.CharField(max_length=limits.NAME_CHARS, default="instance")
         disk_gb = serializers.IntegerField(min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, default=50)
         billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
+        idle_util_percent = serializers.IntegerField(
+            min_value=1,
+            max_value=100,
+            required=False,
+            allow_null=True,
+            default=None,
+            help_text="Stop the instance when its GPU utilization stays below this (%) ...",
+        )
+        idle_minutes = serializers.IntegerField(
+            min_value=1, max_value=7 * 24 * 60, default=60, help_text="... this long."
+        )
+        stop_at = serializers.DateTimeField(
+            required=False, allow_null=True, default=None, help_text="Stop at this time."
+        )
 
     rows = Rows(InstanceOutput)
 

@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def billed(user):
     """Two finished runs of alice's this month: half a card for 2 h, a spot card for 30 min."""
     now = timezone.now()
-    start = max(now.replace(day=1, hour=0, minute=0, second=0, microsecond=0), now - timedelta(days=2))
+    # On the hour: each run stays within its hours, so the amounts below are the rounded hour lines.
+    start = max(now.replace(day=1, hour=0), now - timedelta(days=2)).replace(minute=0, second=0, microsecond=0)
     RateCard.objects.create(gpu_model="", effective_from=start - timedelta(days=1), card_hour=Decimal(0))
     RateCard.objects.create(gpu_model="RTX3090", effective_from=start - timedelta(days=1), card_hour=Decimal("1.58"))
     for name, milli, spot, minutes in (("train", 500, False, 120), ("sweep", 1000, True, 30)):

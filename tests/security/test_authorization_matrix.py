@@ -32,6 +32,7 @@ MATRIX = {
     "console-instance-create": ("get", {}, "", MINE),
     "console-instance-action": ("post", {"action": "stop"}, "", OWNED),
     "console-instance-monitor": ("get", {}, "", OWNED),
+    "console-instance-terminal": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # the owner only
     "console-cluster": ("get", {}, "", STAFF_ONLY),
     "console-jobs": ("get", {}, "", MINE),
     "console-job-create": ("get", {}, "", MINE),
@@ -72,8 +73,10 @@ WEBSOCKET_MATRIX = {
     "ws/monitor/instances/<int:instance_id>/": OWNED,
     "ws/monitor/nodes/<slug:node>/": STAFF_ONLY,
     "ws/monitor/cluster/": STAFF_ONLY,
+    # The owner only (a shell in their container); the matrix's instance is queued: 4409 "not running".
+    "ws/terminal/instances/<int:instance_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),
 }
-CLOSE_CODES = {4401: DENIED, 4403: DENIED, 4404: HIDDEN}
+CLOSE_CODES = {4401: DENIED, 4403: DENIED, 4404: HIDDEN, 4409: ALLOWED}  # 4409: allowed, but not running
 # Django's admin: every page is for staff, but for these.
 ADMIN_EXPECTED = {
     "admin:login": OPEN,

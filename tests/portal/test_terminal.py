@@ -1,0 +1,82 @@
+"""The web terminal: a real shell in the owner's running container over a real WebSocket (daphne, Docker)."""
+
+import asyncio
+import json
+
+import pytest
+import websockets
+
+from portal.models import Instance
+from scheduler.services.workloads import workload_stop
+from tests.conftest import wait_status
+from tests.portal.test_instance_api import create
+from tests.portal.test_live_updates import session_cookie
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+async def read_until(ws, text: str, timeout: float = 15) -> str:
+    seen = ""
+
+    async def read():
+        nonlocal seen
+        while text not in seen:
+            seen += (await ws.recv()).decode(errors="replace")
+        return seen
+
+    return await asyncio.wait_for(read(), timeout)
+
+
+def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_it_stops(
+    api, user, outsider, catalog, node_worker, web_server
+):
+    assert create(api, catalog).status_code == 201
+    instance = Instance.objects.get()
+    wait_status(instance.workload, "running", timeout=30)
+    url = f"ws://{web_server}/ws/terminal/instances/{instance.pk}/"
+    mine = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
+    theirs = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(outsider)}
+
+    async def session():
+        async with websockets.connect(url, additional_headers=mine) as ws:
+            await ws.send(json.dumps({"type": "resize", "cols": 100, "rows": 30}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "input",
+                        "data": "echo hello-$((6*7)) > /root/autodl-tmp/f; cat /root/autodl-tmp/f; stty size\n",
+                    }
+                )
+            )
+            screen = await read_until(ws, "hello-42\r\n")
+            screen += await read_until(ws, "30 100")  # the resize reached the TTY
+            await asyncio.to_thread(stop)
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                while True:
+                    await asyncio.wait_for(ws.recv(), 30)
+        async with websockets.connect(url, additional_headers=theirs) as other:
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
+                await asyncio.wait_for(other.recv(), 10)
+        return screen, closed.value.rcvd.code, refused.value.rcvd.code
+
+    def stop():
+        from django.db import connection
+
+        try:
+            workload_stop(instance.workload)
+        finally:
+            connection.close()
+
+    screen, closed_code, refused_code = asyncio.run(session())
+    assert "hello-42" in screen
+    assert closed_code == 4000, "the shell's end closes the terminal cleanly"
+    assert refused_code == 4404
+    wait_status(instance.workload, "stopped", timeout=30)
+
+    async def after_stop():
+        async with websockets.connect(url, additional_headers=mine) as ws:
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
+                await asyncio.wait_for(ws.recv(), 10)
+        return refused.value.rcvd.code
+
+    assert asyncio.run(after_stop()) == 4409
