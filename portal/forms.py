@@ -57,7 +57,9 @@ class InstanceCreateForm(WorkForm):
         required=False,
         help_text="Empty: never stop for idleness.",
     )
-    idle_minutes = forms.IntegerField(label="… for (minutes)", min_value=1, max_value=7 * 24 * 60, initial=60)
+    idle_minutes = forms.IntegerField(
+        label="… for (minutes)", min_value=1, max_value=7 * 24 * 60, initial=60, required=False
+    )
 
 
 class JobCreateForm(WorkForm):

@@ -85,7 +85,7 @@ def instance_create(
     disk_gb: int,
     billing_mode: str = BillingMode.ON_DEMAND,
     idle_util_percent: int | None = None,
-    idle_minutes: int = 60,
+    idle_minutes: int | None = 60,
     stop_at=None,
 ) -> Instance:
     check_gpus(gpus)
@@ -107,7 +107,7 @@ def instance_create(
             billing_mode=billing_mode,
             workload=workload,
             idle_util_percent=idle_util_percent,
-            idle_minutes=idle_minutes,
+            idle_minutes=idle_minutes or 60,
             stop_at=stop_at,
         )
 
