@@ -15,16 +15,14 @@ from tests.portal.test_live_updates import session_cookie
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 
-async def read_until(ws, text: str, timeout: float = 15) -> str:
-    seen = ""
+async def read_until(ws, screen: list[str], text: str, timeout: float = 15) -> None:
+    """Read output into ``screen[0]`` until it shows ``text`` (output chunks split anywhere)."""
 
     async def read():
-        nonlocal seen
-        while text not in seen:
-            seen += (await ws.recv()).decode(errors="replace")
-        return seen
+        while text not in screen[0]:
+            screen[0] += (await ws.recv()).decode(errors="replace")
 
-    return await asyncio.wait_for(read(), timeout)
+    await asyncio.wait_for(read(), timeout)
 
 
 def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_it_stops(
@@ -48,8 +46,9 @@ def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_
                     }
                 )
             )
-            screen = await read_until(ws, "hello-42\r\n")
-            screen += await read_until(ws, "30 100")  # the resize reached the TTY
+            screen = [""]
+            await read_until(ws, screen, "hello-42\r\n")
+            await read_until(ws, screen, "30 100")  # the resize reached the TTY
             await asyncio.to_thread(stop)
             with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
                 while True:
@@ -57,7 +56,7 @@ def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_
         async with websockets.connect(url, additional_headers=theirs) as other:
             with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
                 await asyncio.wait_for(other.recv(), 10)
-        return screen, closed.value.rcvd.code, refused.value.rcvd.code
+        return screen[0], closed.value.rcvd.code, refused.value.rcvd.code
 
     def stop():
         from django.db import connection
