@@ -112,6 +112,26 @@ def instance_create(
         )
 
 
+def instance_clone(*, instance: Instance, owner) -> Instance:
+    """A new instance with the same settings (image, GPUs, CPU, memory, disk size, billing, idle stop).
+
+    The disk's contents are not copied: save the instance as an image for that.
+    """
+    return instance_create(
+        owner=owner,
+        name=f"{instance.name}-copy"[: limits.NAME_CHARS],
+        image_id=instance.image_id,
+        gpu_type_id=instance.gpu_type_id,
+        gpus=instance.gpus,
+        cpu_cores=instance.cpu_cores,
+        memory_gb=instance.memory_gb,
+        disk_gb=instance.disk_gb,
+        billing_mode=instance.billing_mode,
+        idle_util_percent=instance.idle_util_percent,
+        idle_minutes=instance.idle_minutes,
+    )
+
+
 ACTIONS = {
     "start": scheduler.workload_start,
     "stop": scheduler.workload_stop,

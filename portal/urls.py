@@ -2,13 +2,17 @@
 
 from django.urls import path
 
-from portal import billing_views, monitor_views, views
+from portal import account_views, billing_views, monitor_views, views
 
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
     path("instances/new/", views.instance_create, name="console-instance-create"),
     path("instances/<int:instance_id>/monitor/", monitor_views.instance_monitor, name="console-instance-monitor"),
     path("instances/<int:instance_id>/terminal/", monitor_views.instance_terminal, name="console-instance-terminal"),
+    path("instances/<int:instance_id>/clone/", account_views.instance_clone, name="console-instance-clone"),
+    path("account/", account_views.account_page, name="console-account"),
+    path("account/token/<str:action>/", account_views.account_token, name="console-account-token"),
+    path("account/password/", account_views.PasswordChangeView.as_view(), name="console-password"),
     path("instances/<int:instance_id>/<str:action>/", views.instance_action, name="console-instance-action"),
     path("cluster/", monitor_views.cluster_monitor, name="console-cluster"),
     path("billing/", billing_views.billing_page, name="console-billing"),

@@ -12,6 +12,7 @@ urlpatterns = [
     path("images/", views.ImageListApi.as_view(), name="api-images"),
     path("instances/", views.InstanceListApi.as_view(), name="api-instances"),
     path("instances/<int:instance_id>/", views.InstanceDetailApi.as_view(), name="api-instance"),
+    path("instances/<int:instance_id>/clone/", views.InstanceCloneApi.as_view(), name="api-instance-clone"),
     path("nodes/", views.NodeListApi.as_view(), name="api-nodes"),
     path("jobs/", views.JobListApi.as_view(), name="api-jobs"),
     path("jobs/<int:job_id>/", views.JobDetailApi.as_view(), name="api-job"),

@@ -189,6 +189,18 @@ class InstanceActionApi(APIView):
         return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
 
 
+class InstanceCloneApi(APIView):
+    """POST /instances/<id>/clone/: a new instance with the same settings (not the disk's contents)."""
+
+    throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
+
+    @extend_schema(request=None, responses={201: InstanceOutput})
+    def post(self, request, instance_id: int):
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        clone = services.instance_clone(instance=instance, owner=request.user)
+        return Response(InstanceOutput(clone).data, status=status.HTTP_201_CREATED)
+
+
 class NodeListApi(APIView):
     permission_classes = [IsAdminUser]
 

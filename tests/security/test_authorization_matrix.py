@@ -32,6 +32,10 @@ MATRIX = {
     "console-instance-create": ("get", {}, "", MINE),
     "console-instance-action": ("post", {"action": "stop"}, "", OWNED),
     "console-instance-monitor": ("get", {}, "", OWNED),
+    "console-instance-clone": ("post", {}, "", OWNED),
+    "console-account": ("get", {}, "", MINE),
+    "console-account-token": ("post", {"action": "create"}, "", MINE),
+    "console-password": ("get", {}, "", MINE),
     "console-instance-terminal": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # the owner only
     "console-cluster": ("get", {}, "", STAFF_ONLY),
     "console-jobs": ("get", {}, "", MINE),
@@ -53,6 +57,7 @@ MATRIX = {
     "api-instance-restart": ("post", {}, "", OWNED),
     "api-instance-release": ("post", {}, "", OWNED),
     "api-nodes": ("get", {}, "", STAFF_ONLY),
+    "api-instance-clone": ("post", {}, "", OWNED),
     "api-jobs": ("get", {}, "", MINE),
     "api-job": ("get", {}, "", OWNED),
     "api-job-cancel": ("post", {}, "", OWNED),

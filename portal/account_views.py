@@ -1,0 +1,58 @@
+"""The account page: API token (create, replace, revoke) and password; and cloning an instance from the list."""
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse_lazy
+from django.views.decorators.http import require_POST
+from rest_framework.authtoken.models import Token
+
+from portal import selectors, services
+from scheduler.errors import NotFound, ServiceError
+
+
+@login_required
+def account_page(request):
+    token = Token.objects.filter(user=request.user).first()
+    return render(request, "portal/account.html", {"token": token})
+
+
+@login_required
+@require_POST
+def account_token(request, action: str):
+    """``create`` makes a new token (the old one stops working); ``revoke`` deletes it."""
+    if action not in ("create", "revoke"):
+        raise Http404("no such action")
+    Token.objects.filter(user=request.user).delete()
+    if action == "create":
+        token = Token.objects.create(user=request.user)
+        messages.success(request, f"New API token: {token.key} — the previous one no longer works.")
+    else:
+        messages.info(request, "API token revoked: requests with it are refused from now on.")
+    return redirect("console-account")
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    template_name = "portal/password_change.html"
+    success_url = reverse_lazy("console-account")
+
+    def form_valid(self, form):
+        messages.success(self.request, "Password changed.")
+        return super().form_valid(form)
+
+
+@login_required
+@require_POST
+def instance_clone(request, instance_id: int):
+    try:
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    try:
+        clone = services.instance_clone(instance=instance, owner=request.user)
+        messages.success(request, f"Instance {clone.name} created with {instance.name}'s settings.")
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect("console-instances")
