@@ -254,6 +254,9 @@ CELERY_BEAT_SCHEDULE = {
     "idle-stop": {"task": "portal.tasks.idle_stop", "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
     "housekeeping": {"task": "portal.tasks.release_long_stopped", "schedule": timedelta(hours=1)},
 }
+# Files through the portal (portal/files.py): the largest upload or download, per file.
+FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # non-file form data; files stream to temporary files
 # Idle auto-stop: the console warns this long before an idle (or scheduled) instance is stopped.
 IDLE_WARNING_S = env.int("IDLE_WARNING_S", default=300)
 # Housekeeping: instances stopped this many days are released (AutoDL: 15), announced in the console

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal import account_views, billing_views, monitor_views, views
+from portal import account_views, billing_views, file_views, monitor_views, views
 
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
@@ -10,6 +10,17 @@ urlpatterns = [
     path("instances/<int:instance_id>/monitor/", monitor_views.instance_monitor, name="console-instance-monitor"),
     path("instances/<int:instance_id>/terminal/", monitor_views.instance_terminal, name="console-instance-terminal"),
     path("instances/<int:instance_id>/clone/", account_views.instance_clone, name="console-instance-clone"),
+    path("instances/<int:instance_id>/files/", file_views.instance_files, name="console-instance-files"),
+    path(
+        "instances/<int:instance_id>/files/download/",
+        file_views.instance_file_download,
+        name="console-instance-file-download",
+    ),
+    path(
+        "instances/<int:instance_id>/files/upload/",
+        file_views.instance_file_upload,
+        name="console-instance-file-upload",
+    ),
     path("account/", account_views.account_page, name="console-account"),
     path("account/token/<str:action>/", account_views.account_token, name="console-account-token"),
     path("account/password/", account_views.PasswordChangeView.as_view(), name="console-password"),

@@ -33,6 +33,10 @@ MATRIX = {
     "console-instance-action": ("post", {"action": "stop"}, "", OWNED),
     "console-instance-monitor": ("get", {}, "", OWNED),
     "console-instance-clone": ("post", {}, "", OWNED),
+    # Files: the owner only; the matrix's instance is queued, so the owner gets the page saying so (or a redirect).
+    "console-instance-files": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "console-instance-file-download": ("get", {}, "?path=/root/autodl-tmp/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "console-instance-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-account": ("get", {}, "", MINE),
     "console-account-token": ("post", {"action": "create"}, "", MINE),
     "console-password": ("get", {}, "", MINE),

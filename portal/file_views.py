@@ -1,0 +1,98 @@
+"""Files pages: browse, download and upload in the owner's running instance (see portal/files.py)."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
+from django.http import Http404, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_POST
+
+from portal import files
+from portal.models import Instance
+from scheduler.errors import ServiceError
+
+
+def _owned(request, instance_id: int) -> Instance:
+    instance = Instance.objects.filter(pk=instance_id, owner=request.user).select_related("workload").first()
+    if instance is None:
+        raise Http404("no such instance")
+    return instance
+
+
+@login_required
+def instance_files(request, instance_id: int):
+    instance = _owned(request, instance_id)
+    path = request.GET.get("path", files.ROOTS[0])
+    entries, error = [], None
+    try:
+        entries = files.listing(instance.workload, path)
+        path = files.safe_path(path)
+    except ServiceError as exc:
+        error = exc.message
+    parent = path.rsplit("/", 1)[0] if path not in files.ROOTS else None
+    return render(
+        request,
+        "portal/instance_files.html",
+        {
+            "instance": instance,
+            "path": path,
+            "parent": parent,
+            "entries": entries,
+            "error": error,
+            "roots": files.ROOTS,
+        },
+    )
+
+
+@login_required
+def instance_file_download(request, instance_id: int):
+    instance = _owned(request, instance_id)
+    try:
+        name, size, chunks = files.download(instance.workload, request.GET.get("path", ""))
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+        return redirect(reverse("console-instance-files", args=[instance.pk]))
+    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+    response["Content-Length"] = str(size)
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+class LimitedUpload(TemporaryFileUploadHandler):
+    """Stops reading an upload as soon as it passes FILE_TRANSFER_MAX_MB (nothing bigger lands on disk)."""
+
+    def receive_data_chunk(self, raw_data, start):
+        if start + len(raw_data) > settings.FILE_TRANSFER_MAX_MB * 1024 * 1024:
+            self.request.upload_too_large = True
+            raise StopUpload(connection_reset=False)
+        return super().receive_data_chunk(raw_data, start)
+
+
+@csrf_exempt  # the handler must be in place before anything reads the body; the check follows in _upload
+@login_required
+@require_POST
+def instance_file_upload(request, instance_id: int):
+    request.upload_handlers = [LimitedUpload(request)]
+    return _upload(request, instance_id)
+
+
+@csrf_protect
+def _upload(request, instance_id: int):
+    instance = _owned(request, instance_id)
+    folder = request.POST.get("dir", files.ROOTS[0])  # reading the body runs LimitedUpload
+    upload = request.FILES.get("file")
+    if getattr(request, "upload_too_large", False):
+        messages.error(request, f"Files are limited to {settings.FILE_TRANSFER_MAX_MB} MB each.")
+        return redirect(reverse("console-instance-files", args=[instance.pk]))
+    try:
+        if upload is None:
+            raise ServiceError("choose a file to upload", field="file")
+        where = files.upload(instance.workload, folder, upload.name, upload)
+        messages.success(request, f"Uploaded {where}.")
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect(reverse("console-instance-files", args=[instance.pk]) + "?" + urlencode({"path": folder}))
