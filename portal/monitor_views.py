@@ -13,7 +13,9 @@ from django.http import Http404
 from django.shortcuts import render
 from django.utils import timezone
 
+from billing.statements import cost_so_far
 from portal import selectors
+from portal.housekeeping import release_due_at
 from portal.models import Instance
 from scheduler.errors import NotFound
 from scheduler.models import Allocation, WorkloadGpuMinute
@@ -71,4 +73,26 @@ def instance_terminal(request, instance_id: int):
         request,
         "portal/instance_terminal.html",
         {"instance": instance, "config": {"socket": f"/ws/terminal/instances/{instance.pk}/"}},
+    )
+
+
+@login_required
+def instance_detail(request, instance_id: int):
+    """One instance: what it is, where it runs, what it cost, what it can do, and its history."""
+    try:
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    workload = instance.workload
+    instance.cost = cost_so_far([workload.pk]).get(workload.pk)
+    return render(
+        request,
+        "portal/instance_detail.html",
+        {
+            "instance": instance,
+            "w": workload,
+            "events": workload.events.order_by("-created_at", "-id")[:100],
+            "shares": Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index"),
+            "release_at": release_due_at(instance),
+        },
     )

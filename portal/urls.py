@@ -7,6 +7,7 @@ from portal import account_views, billing_views, file_views, monitor_views, view
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
     path("instances/new/", views.instance_create, name="console-instance-create"),
+    path("instances/<int:instance_id>/", monitor_views.instance_detail, name="console-instance"),
     path("instances/<int:instance_id>/monitor/", monitor_views.instance_monitor, name="console-instance-monitor"),
     path("instances/<int:instance_id>/terminal/", monitor_views.instance_terminal, name="console-instance-terminal"),
     path("instances/<int:instance_id>/clone/", account_views.instance_clone, name="console-instance-clone"),

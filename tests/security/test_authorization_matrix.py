@@ -31,6 +31,7 @@ MATRIX = {
     "console-instances": ("get", {}, "", MINE),
     "console-instance-create": ("get", {}, "", MINE),
     "console-instance-action": ("post", {"action": "stop"}, "", OWNED),
+    "console-instance": ("get", {}, "", OWNED),
     "console-instance-monitor": ("get", {}, "", OWNED),
     "console-instance-clone": ("post", {}, "", OWNED),
     # Files: the owner only; the matrix's instance is queued, so the owner gets the page saying so (or a redirect).
