@@ -1,4 +1,4 @@
-"""Make the project importable from bench/ scripts (policy code needs no Django)."""
+"""Make the project importable from bench/ scripts (policy code needs no Django); set up a bench database."""
 
 import sys
 from pathlib import Path
@@ -6,3 +6,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT.parent / "shared" / "traces"
 sys.path.insert(0, str(ROOT))
+
+
+def fresh_database(database_url: str, **environ: str) -> None:
+    """Recreate the bench's own PostgreSQL database, point Django at it (Redis db 14), migrate."""
+    import os
+    import secrets
+    import subprocess
+
+    server, name = database_url.rsplit("/", 1)
+    subprocess.run(["psql", f"{server}/postgres", "-qc", f"DROP DATABASE IF EXISTS {name}"], check=True)
+    subprocess.run(["psql", f"{server}/postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
+    os.environ.update(
+        DATABASE_URL=database_url,
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
+        SECRET_KEY=secrets.token_urlsafe(40),
+        DJANGO_SETTINGS_MODULE="config.settings",
+        LOG_LEVEL="WARNING",
+        **environ,
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", "--no-input", verbosity=0)

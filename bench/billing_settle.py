@@ -16,9 +16,6 @@ import argparse
 import json
 import os
 import random
-import secrets
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -31,23 +28,7 @@ START = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def setup():
-    server, name = DATABASE_URL.rsplit("/", 1)
-    subprocess.run(["psql", f"{server}/postgres", "-qc", f"DROP DATABASE IF EXISTS {name}"], check=True)
-    subprocess.run(["psql", f"{server}/postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
-    os.environ.update(
-        DATABASE_URL=DATABASE_URL,
-        SECRET_KEY=secrets.token_urlsafe(40),
-        DJANGO_SETTINGS_MODULE="config.settings",
-        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-        LOG_LEVEL="WARNING",
-    )
-    sys.path.insert(0, str(_setup.ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", "--no-input", verbosity=0)
+    _setup.fresh_database(DATABASE_URL)
 
 
 def populate(n: int, max_hours: float) -> None:

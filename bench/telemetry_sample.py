@@ -15,10 +15,7 @@ database 14; starts and removes its busybox containers. Ends with
 import argparse
 import json
 import os
-import secrets
 import statistics
-import subprocess
-import sys
 import time
 
 import _setup
@@ -27,23 +24,7 @@ DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0
 
 
 def setup() -> None:
-    server, name = DATABASE_URL.rsplit("/", 1)
-    subprocess.run(["psql", f"{server}/postgres", "-qc", f"DROP DATABASE IF EXISTS {name}"], check=True)
-    subprocess.run(["psql", f"{server}/postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
-    os.environ.update(
-        DATABASE_URL=DATABASE_URL,
-        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-        SECRET_KEY=secrets.token_urlsafe(40),
-        DJANGO_SETTINGS_MODULE="config.settings",
-        LOG_LEVEL="WARNING",
-    )
-    sys.path.insert(0, str(_setup.ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", "--no-input", verbosity=0)
+    _setup.fresh_database(DATABASE_URL)
 
 
 def main():

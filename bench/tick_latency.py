@@ -16,9 +16,6 @@ import argparse
 import json
 import os
 import random
-import secrets
-import subprocess
-import sys
 import time
 
 import _setup
@@ -28,24 +25,7 @@ SHAPES = [(1, 1000), (1, 500), (1, 250), (1, 300), (1, 100), (1, 700), (2, 1000)
 
 
 def setup_database():
-    server, name = DATABASE_URL.rsplit("/", 1)
-    subprocess.run(["psql", f"{server}/postgres", "-qc", f"DROP DATABASE IF EXISTS {name}"], check=True)
-    subprocess.run(["psql", f"{server}/postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
-    os.environ.update(
-        DATABASE_URL=DATABASE_URL,
-        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-        SECRET_KEY=secrets.token_urlsafe(40),
-        DJANGO_SETTINGS_MODULE="config.settings",
-        SCHEDULER_QUEUE="bench-scheduler",
-        LOG_LEVEL="WARNING",
-    )
-    sys.path.insert(0, str(_setup.ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", "--no-input", verbosity=0)
+    _setup.fresh_database(DATABASE_URL, SCHEDULER_QUEUE="bench-scheduler")
 
 
 def populate(requests: int, nodes: int) -> None:
