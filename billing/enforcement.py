@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from billing.models import ZERO, Account, AccountKind, Membership, Posting, PostingKind
 from billing.rating import charge_lines
-from billing.settlement import pending_segments, shape_of, timelines
+from billing.settlement import pending_segments, shape_of, timeline_for, timelines
 from scheduler.errors import Conflict, PaymentRequired
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_stop
@@ -64,10 +64,15 @@ def month_start(now):
 
 def unsettled(segments, now) -> Decimal:
     """What these segments would be charged if settled now (open ones as if they ended now)."""
+    return sum(unsettled_by_workload(segments, now).values(), ZERO)
+
+
+def unsettled_by_workload(segments, now) -> dict[int, Decimal]:
+    """Per workload: what its segments among these would be charged if settled now."""
     lines_by_model = timelines()
-    total = ZERO
+    owed: dict[int, Decimal] = {}
     for segment in segments.select_related("workload"):
-        timeline = lines_by_model.get(segment.workload.gpu_model) or lines_by_model.get("")
+        timeline = timeline_for(lines_by_model, segment.workload.gpu_model)
         if timeline is None:
             continue
         try:
@@ -81,8 +86,8 @@ def unsettled(segments, now) -> Decimal:
             )
         except LookupError:
             continue
-        total += sum((line.amount for line in lines), ZERO)
-    return total
+        owed[segment.workload_id] = owed.get(segment.workload_id, ZERO) + sum((line.amount for line in lines), ZERO)
+    return owed
 
 
 def work_of(account: Account):

@@ -26,8 +26,9 @@ class Filters:
     team: str = ""
 
 
-def _usage(f: Filters):
-    postings = Posting.objects.filter(kind=PostingKind.USAGE, period_start__gte=f.start, period_start__lt=f.end)
+def _charges(f: Filters, kinds: list[str]):
+    """Postings of these kinds for time in the range, of one GPU type and one team when asked."""
+    postings = Posting.objects.filter(kind__in=kinds, period_start__gte=f.start, period_start__lt=f.end)
     if f.gpu_model:
         postings = postings.filter(segment__workload__gpu_model=f.gpu_model)
     if f.team:
@@ -35,15 +36,12 @@ def _usage(f: Filters):
     return postings
 
 
+def _usage(f: Filters):
+    return _charges(f, [PostingKind.USAGE])
+
+
 def _spend(f: Filters):
-    spend = Posting.objects.filter(
-        kind__in=[PostingKind.USAGE, PostingKind.STORAGE], period_start__gte=f.start, period_start__lt=f.end
-    )
-    if f.gpu_model:
-        spend = spend.filter(segment__workload__gpu_model=f.gpu_model)
-    if f.team:
-        spend = spend.filter(debit__team__slug=f.team)
-    return spend
+    return _charges(f, [PostingKind.USAGE, PostingKind.STORAGE])
 
 
 def _hours(seconds) -> float:

@@ -66,6 +66,11 @@ def timelines() -> dict[str, Timeline]:
     return {model: Timeline(list(r), spots.get(model, [])) for model, r in rates.items()}
 
 
+def timeline_for(lines: dict[str, Timeline], gpu_model: str) -> Timeline | None:
+    """The GPU type's own rates, else the default card's (None when neither exists)."""
+    return lines.get(gpu_model) or lines.get("")
+
+
 def shape_of(workload) -> Shape:
     return Shape(
         gpu_model=workload.gpu_model,
@@ -88,7 +93,7 @@ def segment_assign(workload_id: int) -> int:
     if segment is None:
         return 0
     workload = segment.workload
-    timeline = timelines().get(workload.gpu_model) or timelines().get("")
+    timeline = timeline_for(timelines(), workload.gpu_model)
     try:
         rate_id = timeline.rate_at(segment.started_at).id if timeline else None
     except LookupError:
@@ -174,7 +179,7 @@ def _settle_batch(ids: list[int], now, lines: dict[str, Timeline], revenue: Acco
         ) in rows:
             if ended is None and status != WorkloadStatus.RUNNING:
                 continue  # its end is being recorded: settle it once it is
-            timeline = lines.get(model) or lines.get("")
+            timeline = timeline_for(lines, model)
             if timeline is None:
                 log.error("no rate card for %s: segment %s is not settled", model, pk)
                 continue

@@ -138,7 +138,7 @@ def statement_csv(lines: list[StatementLine], currency: str) -> str:
 
 def cost_so_far(workload_ids: list[int], now=None) -> dict[int, Decimal]:
     """Per workload: what it has been charged, plus its usage not yet settled."""
-    from billing.enforcement import unsettled
+    from billing.enforcement import unsettled_by_workload
     from billing.settlement import pending_segments
 
     charged = dict(
@@ -147,8 +147,7 @@ def cost_so_far(workload_ids: list[int], now=None) -> dict[int, Decimal]:
         .annotate(s=Sum("amount"))
         .values_list("segment__workload", "s")
     )
-    now = now or timezone.now()
-    for segment in pending_segments().filter(workload__in=workload_ids):
-        owed = unsettled(type(segment).objects.filter(pk=segment.pk), now)
-        charged[segment.workload_id] = charged.get(segment.workload_id, ZERO) + owed
+    owed = unsettled_by_workload(pending_segments().filter(workload__in=workload_ids), now or timezone.now())
+    for workload_id, amount in owed.items():
+        charged[workload_id] = charged.get(workload_id, ZERO) + amount
     return charged

@@ -11,16 +11,16 @@ from django.utils.http import urlencode
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 
-from portal import files
+from portal import files, selectors
 from portal.models import Instance
-from scheduler.errors import ServiceError
+from scheduler.errors import NotFound, ServiceError
 
 
 def _owned(request, instance_id: int) -> Instance:
-    instance = Instance.objects.filter(pk=instance_id, owner=request.user).select_related("workload").first()
-    if instance is None:
-        raise Http404("no such instance")
-    return instance
+    try:
+        return selectors.instance_get_owned(user=request.user, instance_id=instance_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
 
 
 @login_required

@@ -16,7 +16,6 @@ from django.utils import timezone
 from billing.statements import cost_so_far
 from portal import selectors
 from portal.housekeeping import release_due_at
-from portal.models import Instance
 from scheduler.errors import NotFound
 from scheduler.models import Allocation, WorkloadGpuMinute
 from scheduler.selectors import gpu_models_summary, node_list
@@ -66,9 +65,10 @@ def cluster_monitor(request):
 @login_required
 def instance_terminal(request, instance_id: int):
     """A shell in the owner's running instance (the socket refuses anyone else, and work not running)."""
-    instance = Instance.objects.filter(pk=instance_id, owner=request.user).select_related("workload").first()
-    if instance is None:
-        raise Http404("no such instance")
+    try:
+        instance = selectors.instance_get_owned(user=request.user, instance_id=instance_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
     return render(
         request,
         "portal/instance_terminal.html",

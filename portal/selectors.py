@@ -47,6 +47,14 @@ def instance_get(*, user, instance_id: int) -> Instance:
     return instance
 
 
+def instance_get_owned(*, user, instance_id: int) -> Instance:
+    """The user's own instance, for what only its owner may do (a shell, its files); NotFound otherwise, staff too."""
+    instance = Instance.objects.filter(pk=instance_id, owner=user).select_related("workload").first()
+    if instance is None:
+        raise NotFound("no such instance")
+    return instance
+
+
 def job_list(*, user, include_released: bool = False):
     return _visible(Job.objects.all(), user=user, include_released=include_released)
 

@@ -21,8 +21,9 @@ import logging
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from portal import selectors
 from portal.consumers import NOT_FOUND, NOT_SIGNED_IN, refuse
-from portal.models import Instance
+from scheduler.errors import NotFound
 from scheduler.models import WorkloadStatus
 from scheduler.node.launcher import docker_client
 
@@ -56,9 +57,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.reader = asyncio.create_task(self._pump())
 
     def _workload(self, user):
-        instance_id = self.scope["url_route"]["kwargs"]["instance_id"]
-        instance = Instance.objects.filter(pk=instance_id, owner=user).select_related("workload").first()
-        return instance.workload if instance else None
+        try:
+            instance_id = self.scope["url_route"]["kwargs"]["instance_id"]
+            return selectors.instance_get_owned(user=user, instance_id=instance_id).workload
+        except NotFound:
+            return None
 
     async def _pump(self):
         loop = asyncio.get_running_loop()
