@@ -256,6 +256,8 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Files through the portal (portal/files.py): the largest upload or download, per file.
 FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
+# Saved images per user (each is a full image on its node's disk).
+MAX_SAVED_IMAGES = env.int("MAX_SAVED_IMAGES", default=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # non-file form data; files stream to temporary files
 # Idle auto-stop: the console warns this long before an idle (or scheduled) instance is stopped.
 IDLE_WARNING_S = env.int("IDLE_WARNING_S", default=300)

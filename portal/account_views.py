@@ -10,7 +10,8 @@ from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
 from portal import selectors, services
-from scheduler.errors import NotFound, ServiceError
+from portal.shortcuts import or_404
+from scheduler.errors import ServiceError
 
 
 @login_required
@@ -46,10 +47,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 @login_required
 @require_POST
 def instance_clone(request, instance_id: int):
-    try:
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
     try:
         clone = services.instance_clone(instance=instance, owner=request.user)
         messages.success(request, f"Instance {clone.name} created with {instance.name}'s settings.")

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
-from django.http import Http404, StreamingHttpResponse
+from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import urlencode
@@ -13,14 +13,12 @@ from django.views.decorators.http import require_POST
 
 from portal import files, selectors
 from portal.models import Instance
-from scheduler.errors import NotFound, ServiceError
+from portal.shortcuts import or_404
+from scheduler.errors import ServiceError
 
 
 def _owned(request, instance_id: int) -> Instance:
-    try:
-        return selectors.instance_get_owned(user=request.user, instance_id=instance_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    return or_404(selectors.instance_get_owned, user=request.user, instance_id=instance_id)
 
 
 @login_required

@@ -3,6 +3,7 @@
 from decimal import Decimal
 
 from django import forms
+from django.utils.translation import gettext_lazy as _
 
 from portal import limits
 from portal.models import BillingMode
@@ -41,7 +42,18 @@ class WorkForm(forms.Form):
             )
             for t in gpu_types
         ]
-        self.fields["image"].choices = [(i.pk, f"{i.name} (CUDA {i.cuda_version})") for i in images]
+        groups = {"official": _("Official"), "community": _("Community"), "private": _("My images")}
+        self.fields["image"].choices = [
+            (label, [(i.pk, _image_label(i)) for i in images if i.visibility == key])
+            for key, label in groups.items()
+            if any(i.visibility == key for i in images)
+        ]
+
+
+def _image_label(image) -> str:
+    if image.visibility == "private":
+        return _("%(name)s (saved, on %(node)s)") % {"name": image.name, "node": image.node.name}
+    return f"{image.name} (CUDA {image.cuda_version})"
 
 
 class InstanceCreateForm(WorkForm):

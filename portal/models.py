@@ -7,8 +7,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
-from scheduler.models import Workload
+from scheduler.models import Node, Workload
 
 
 class GpuType(models.Model):
@@ -42,7 +43,17 @@ class ImageVisibility(models.TextChoices):
     PRIVATE = "private", "Private"
 
 
+class ImageStatus(models.TextChoices):
+    SAVING = "saving", "Saving"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+    DELETING = "deleting", "Deleting"
+    DELETED = "deleted", "Deleted"
+
+
 class Image(models.Model):
+    """A framework image of the catalog, or a user's instance saved as a private image (on one node)."""
+
     name = models.CharField(max_length=128)
     framework = models.CharField(max_length=64)
     framework_version = models.CharField(max_length=32)
@@ -51,6 +62,22 @@ class Image(models.Model):
     docker_ref = models.CharField(max_length=255, help_text="Image reference on the nodes' Docker engine.")
     visibility = models.CharField(max_length=16, choices=ImageVisibility.choices, default=ImageVisibility.OFFICIAL)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    # Saved images (portal/images.py): committed on the node that holds the instance's disk, used only there.
+    status = models.CharField(max_length=16, choices=ImageStatus.choices, default=ImageStatus.READY)
+    status_reason = models.CharField(max_length=255, blank=True)
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Node holding it; empty: all.",
+    )
+    source_instance = models.ForeignKey(
+        "Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="saved_images"
+    )
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["framework", "-framework_version", "cuda_version"]

@@ -9,14 +9,13 @@ from datetime import timedelta
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
 from django.shortcuts import render
 from django.utils import timezone
 
 from billing.statements import cost_so_far
 from portal import selectors
 from portal.housekeeping import release_due_at
-from scheduler.errors import NotFound
+from portal.shortcuts import or_404
 from scheduler.models import Allocation, WorkloadGpuMinute
 from scheduler.selectors import gpu_models_summary, node_list
 
@@ -25,10 +24,7 @@ LONG_CHART = timedelta(hours=24)
 
 @login_required
 def instance_monitor(request, instance_id: int):
-    try:
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
     workload = instance.workload
     shares = Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index")
     minutes = WorkloadGpuMinute.objects.filter(workload=workload, minute__gte=timezone.now() - LONG_CHART)
@@ -65,10 +61,7 @@ def cluster_monitor(request):
 @login_required
 def instance_terminal(request, instance_id: int):
     """A shell in the owner's running instance (the socket refuses anyone else, and work not running)."""
-    try:
-        instance = selectors.instance_get_owned(user=request.user, instance_id=instance_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    instance = or_404(selectors.instance_get_owned, user=request.user, instance_id=instance_id)
     return render(
         request,
         "portal/instance_terminal.html",
@@ -79,10 +72,7 @@ def instance_terminal(request, instance_id: int):
 @login_required
 def instance_detail(request, instance_id: int):
     """One instance: what it is, where it runs, what it cost, what it can do, and its history."""
-    try:
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
     workload = instance.workload
     instance.cost = cost_so_far([workload.pk]).get(workload.pk)
     return render(

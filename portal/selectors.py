@@ -10,7 +10,9 @@ from scheduler.selectors import gpu_models_summary
 
 
 def image_list(*, user):
-    return Image.objects.filter(Q(visibility__in=["official", "community"]) | Q(owner=user))
+    """Images the user may create work from: the catalog's, and their own saved ones that are ready."""
+    visible = Image.objects.filter(Q(visibility__in=["official", "community"]) | Q(owner=user), status="ready")
+    return visible.exclude(visibility="private", node__isnull=True)  # its node is gone, and the image with it
 
 
 def gpu_type_list():

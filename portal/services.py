@@ -6,10 +6,10 @@ from django.db import transaction
 
 from billing.enforcement import may_start
 from billing.ledger import payer_for
-from portal import limits
+from portal import images, limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
-from scheduler.errors import InvalidInput
+from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadKind
 from scheduler.services import workloads as scheduler
 
@@ -70,6 +70,8 @@ def _work(*, owner, name: str, image, gpu_type, gpus: Decimal, cpu_cores: int, m
         gpu_milli=gpu_milli,
         cpu_cores=cpu_cores,
         memory_mb=memory_gb * 1024,
+        # A saved image exists only on the node it was committed on.
+        pinned_node=image.node,
     )
 
 
@@ -142,6 +144,8 @@ ACTIONS = {
 
 def instance_act(*, instance: Instance, action: str) -> Instance:
     """Run one of ACTIONS on an instance the caller has already been allowed to touch."""
+    if action in ("start", "release") and images.image_busy(instance):
+        raise Conflict(f"the instance is being saved as an image; {action} it when that is done")
     if action == "start":
         _payable(instance.workload)
     with transaction.atomic():

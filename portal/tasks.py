@@ -1,8 +1,8 @@
-"""Portal's Celery tasks (scheduler queue): idle auto-stop and housekeeping of long-stopped instances."""
+"""Portal's Celery tasks (scheduler queue): idle auto-stop, housekeeping, node agents' replies about images."""
 
 from celery import shared_task
 
-from portal import housekeeping
+from portal import housekeeping, images
 
 
 @shared_task(ignore_result=True)
@@ -13,3 +13,14 @@ def idle_stop():
 @shared_task(ignore_result=True)
 def release_long_stopped():
     housekeeping.housekeeping()
+
+
+@shared_task(ignore_result=True)
+def image_saved(image_id: int, size_bytes: int, error: str):
+    """A node agent's reply: the commit of a saved image finished (or failed)."""
+    images.image_saved(image_id, size_bytes, error)
+
+
+@shared_task(ignore_result=True)
+def image_removed(image_id: int, size_bytes: int, error: str):
+    images.image_removed(image_id, size_bytes, error)

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal import account_views, billing_views, file_views, monitor_views, views
+from portal import account_views, billing_views, file_views, image_views, monitor_views, views
 
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
@@ -22,6 +22,11 @@ urlpatterns = [
         file_views.instance_file_upload,
         name="console-instance-file-upload",
     ),
+    path(
+        "instances/<int:instance_id>/save-image/", image_views.instance_save_image, name="console-instance-save-image"
+    ),
+    path("images/", image_views.image_page, name="console-images"),
+    path("images/<int:image_id>/delete/", image_views.image_delete, name="console-image-delete"),
     path("account/", account_views.account_page, name="console-account"),
     path("account/token/<str:action>/", account_views.account_token, name="console-account-token"),
     path("account/password/", account_views.PasswordChangeView.as_view(), name="console-password"),

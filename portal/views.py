@@ -6,7 +6,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
-from django.http import Http404, JsonResponse
+from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -16,7 +16,8 @@ from portal import selectors, services
 from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
 from portal.housekeeping import release_due_at
-from scheduler.errors import NotFound, ServiceError
+from portal.shortcuts import or_404
+from scheduler.errors import ServiceError
 
 
 def healthz(request):
@@ -45,7 +46,9 @@ class ThrottledLoginView(LoginView):
 def _create(request, form_class, template: str, create):
     """Show the form; on a valid POST call ``create(data)``; service errors go back to the field they name."""
     gpu_types = selectors.gpu_type_list()
-    form = form_class(request.POST or None, gpu_types=gpu_types, images=selectors.image_list(user=request.user))
+    images = list(selectors.image_list(user=request.user).select_related("node"))
+    initial = {"image": request.GET["image"]} if request.GET.get("image", "").isdigit() else {}
+    form = form_class(request.POST or None, gpu_types=gpu_types, images=images, initial=initial)
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
         data["image_id"], data["gpu_type_id"] = data.pop("image"), data.pop("gpu_type")
@@ -61,10 +64,7 @@ def _act(request, get, act, actions: dict, action: str, back: str):
 
     What the user may not see is a 404, as in the API, never a redirect that tells it exists.
     """
-    try:
-        obj = get()
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    obj = or_404(get)
     try:
         if action not in actions:
             raise ServiceError(f"unknown action {action}")
@@ -137,10 +137,7 @@ def job_create(request):
 
 @login_required
 def job_detail(request, job_id: int):
-    try:
-        job = selectors.job_get(user=request.user, job_id=job_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    job = or_404(selectors.job_get, user=request.user, job_id=job_id)
     return render(request, "portal/job_detail.html", {"job": job, "events": job.workload.events.all()})
 
 

@@ -34,7 +34,14 @@ class ImageOutput(serializers.ModelSerializer):
             "python_version",
             "docker_ref",
             "visibility",
+            "status",
+            "status_reason",
+            "size_bytes",
+            "node",
+            "created_at",
         ]
+
+    node = serializers.CharField(source="node.name", default=None, read_only=True)
 
 
 class WorkloadFields(serializers.Serializer):

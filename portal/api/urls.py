@@ -10,6 +10,10 @@ urlpatterns = [
     path("gpu-types/", views.GpuTypeListApi.as_view(), name="api-gpu-types"),
     path("gpu-types/recommend/", views.GpuTypeRecommendApi.as_view(), name="api-gpu-types-recommend"),
     path("images/", views.ImageListApi.as_view(), name="api-images"),
+    path("images/<int:image_id>/", views.ImageDetailApi.as_view(), name="api-image"),
+    path(
+        "instances/<int:instance_id>/save-image/", views.InstanceSaveImageApi.as_view(), name="api-instance-save-image"
+    ),
     path("instances/", views.InstanceListApi.as_view(), name="api-instances"),
     path("instances/<int:instance_id>/", views.InstanceDetailApi.as_view(), name="api-instance"),
     path("instances/<int:instance_id>/clone/", views.InstanceCloneApi.as_view(), name="api-instance-clone"),

@@ -8,7 +8,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal import limits, selectors, services
+from portal import images, limits, selectors, services
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.pagination import page_of, paginated, paginated_rows
 from portal.api.rows import Rows
@@ -17,7 +17,7 @@ from portal.api.throttles import CreateRateThrottle
 from portal.models import BillingMode
 from portal.recommend import BYTES, recommend
 from scheduler import selectors as cluster
-from scheduler.errors import InvalidInput
+from scheduler.errors import InvalidInput, NotFound
 from scheduler.models import Priority
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -125,9 +125,54 @@ class GpuTypeListApi(APIView):
 
 
 class ImageListApi(APIView):
-    @extend_schema(responses=page_of(ImageOutput))
+    """GET: images to create work from (the catalog's and your ready saved ones); ``?mine=1``: your saved
+    images in every state (saving, ready, failed, deleting)."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("mine", bool, description="Only your saved images, in every state.")],
+        responses=page_of(ImageOutput),
+    )
     def get(self, request):
-        return paginated(self, selectors.image_list(user=request.user), ImageOutput)
+        if request.query_params.get("mine") in ("1", "true"):
+            return paginated(self, images.saved_image_list(user=request.user), ImageOutput)
+        return paginated(self, selectors.image_list(user=request.user).select_related("node"), ImageOutput)
+
+
+class ImageDetailApi(APIView):
+    """GET one of your saved images; DELETE removes it from its node (202: deleting)."""
+
+    @staticmethod
+    def _get(request, image_id: int):
+        image = images.saved_image_list(user=request.user).filter(pk=image_id).first()
+        if image is None:
+            raise NotFound("no such image of yours")
+        return image
+
+    @extend_schema(responses=ImageOutput)
+    def get(self, request, image_id: int):
+        return Response(ImageOutput(self._get(request, image_id)).data)
+
+    @extend_schema(responses={202: ImageOutput})
+    def delete(self, request, image_id: int):
+        image = images.image_delete(image=self._get(request, image_id))
+        return Response(ImageOutput(image).data, status=status.HTTP_202_ACCEPTED)
+
+
+class InstanceSaveImageApi(APIView):
+    """POST /instances/<id>/save-image/ {"name"}: commit the stopped instance's system disk (202: saving)."""
+
+    throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
+
+    class SaveImageInput(serializers.Serializer):
+        name = serializers.CharField(max_length=limits.NAME_CHARS)
+
+    @extend_schema(request=SaveImageInput, responses={202: ImageOutput})
+    def post(self, request, instance_id: int):
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        data = self.SaveImageInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        image = images.image_save(instance=instance, name=data.validated_data["name"])
+        return Response(ImageOutput(image).data, status=status.HTTP_202_ACCEPTED)
 
 
 class InstanceListApi(APIView):

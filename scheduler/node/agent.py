@@ -125,6 +125,38 @@ def agent_release(workload_id: int) -> None:
     )
 
 
+def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int) -> None:
+    """Commit the stopped work's container as image ``ref``; tell the control plane (task ``reply_to``).
+
+    The reply carries (reply_id, size in bytes, error text): the agent writes no catalog row.
+    """
+    workload = Workload.objects.filter(pk=workload_id).first()
+    size, error = 0, ""
+    try:
+        if workload is None or workload.status != S.STOPPED:
+            raise ServiceError("the instance must be stopped while it is saved")
+        size = launcher.container_commit(workload, ref)
+    except Exception as exc:  # Docker or a state change: the image is marked failed, with why
+        log.warning("saving workload %s as %s failed: %s", workload_id, ref, exc)
+        error = _short(exc)
+    _reply(reply_to, reply_id, size, error)
+
+
+def agent_image_remove(ref: str, reply_to: str, reply_id: int) -> None:
+    error = ""
+    try:
+        launcher.image_remove(ref)
+    except Exception as exc:  # e.g. still used by a container (Docker 409)
+        error = _short(exc)
+    _reply(reply_to, reply_id, 0, error)
+
+
+def _reply(task: str, *args) -> None:
+    from config.celery import app
+
+    app.send_task(task, args=list(args), queue=settings.SCHEDULER_QUEUE)
+
+
 def _short(exc: Exception) -> str:
     text = exc.message if isinstance(exc, ServiceError) else str(exc)
     return (text.splitlines() or [type(exc).__name__])[0][:200]

@@ -16,7 +16,7 @@ import docker
 from django.conf import settings
 
 from scheduler.errors import InvalidInput
-from scheduler.models import WHOLE_CARD, WorkloadKind
+from scheduler.models import WorkloadKind
 from scheduler.node import disks
 
 LABEL = "gpucloud"
@@ -48,8 +48,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         "GPUCLOUD_DATA_DIR": settings.INSTANCE_DATA_PATH,
         **{str(k): str(v) for k, v in (workload.env or {}).items()},
     }
-    if node.simulated:
-        environment["GPUCLOUD_GPU_SIMULATED"] = "1"
+    environment["GPUCLOUD_GPU_SIMULATED"] = "1" if node.simulated else "0"
     volumes = {
         workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"},
         shared_volume_name(workload.owner_id): {"bind": "/root/shared", "mode": "rw"},
@@ -70,10 +69,11 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
                 "NPROC_PER_NODE": str(workload.gpu_count),
             }
         )
-    if workload.gpu_milli < WHOLE_CARD:
-        # A fraction: MPS caps the compute share and pins the memory of the one visible card.
-        environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
-        environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={shares[0].memory_mb}M"
+    # A fraction: MPS caps the compute share and pins the memory of the one visible card. Whole cards
+    # say 100 % and their full memory: set every time, because a committed disk (a saved image, or a
+    # snapshot when the cards change) keeps the environment of the container it came from.
+    environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
+    environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={s.memory_mb}M" for i, s in enumerate(shares))
     host_cpus = os.cpu_count() or 1
     if workload.cpu_cores > host_cpus:
         # Never quietly give less than was asked (and billed): Docker would cap the quota at the host.
@@ -236,14 +236,36 @@ def container_restart(name: str, *, grace_s: int) -> bool:
     return True
 
 
+def container_commit(workload, ref: str) -> int:
+    """Commit the (stopped) container's filesystem as image ``ref`` on this node; returns its size in bytes.
+
+    The data volume is not part of it (volumes never are), as on AutoDL: a saved image
+    holds the system disk. The container's settings that the platform sets at each
+    launch (cards, share, labels) are set again by the next launch.
+    """
+    container = _find(workload.container_name)
+    if container is None:
+        raise InvalidInput("the instance's disk is gone from its node", field="instance")
+    repository, _, tag = ref.rpartition(":")
+    image = container.commit(
+        repository=repository, tag=tag, message=f"saved from {workload.kind} {workload.uid}", pause=True
+    )
+    return int(image.attrs.get("Size") or 0)
+
+
+def image_remove(ref: str) -> None:
+    """Remove an image from this node's engine; already gone is fine."""
+    try:
+        docker_client().images.remove(ref, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+
+
 def container_remove(workload) -> None:
     """Delete the container, its data volume and any disk snapshot (not the user's shared volume)."""
     container_delete(workload.container_name)
     volume_delete(workload.volume_name)
-    try:
-        docker_client().images.remove(f"{SNAPSHOT_REPOSITORY}:{workload.uid}", force=True)
-    except docker.errors.ImageNotFound:
-        pass
+    image_remove(f"{SNAPSHOT_REPOSITORY}:{workload.uid}")
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,17 @@ def agent_release(workload_id: int):
     agent.agent_release(workload_id)
 
 
+# Committing a large disk takes longer than the default task limit.
+@shared_task(**NODE_TASK, time_limit=3600, soft_time_limit=3500)
+def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int):
+    agent.agent_image_commit(workload_id, ref, reply_to, reply_id)
+
+
+@shared_task(**NODE_TASK)
+def agent_image_remove(ref: str, reply_to: str, reply_id: int):
+    agent.agent_image_remove(ref, reply_to, reply_id)
+
+
 @shared_task(ignore_result=True)
 def agent_reconcile(node_name: str):
     reconcile.agent_reconcile(node_name)

@@ -30,6 +30,8 @@ class NodeTask(StrEnum):
     RESTART = "scheduler.node.tasks.agent_restart"
     RELEASE = "scheduler.node.tasks.agent_release"
     RECONCILE = "scheduler.node.tasks.agent_reconcile"
+    IMAGE_COMMIT = "scheduler.node.tasks.agent_image_commit"
+    IMAGE_REMOVE = "scheduler.node.tasks.agent_image_remove"
 
 
 def workload_submit(
@@ -51,8 +53,12 @@ def workload_submit(
     team: str = "",
     command: list | None = None,
     env: dict | None = None,
+    pinned_node=None,
 ) -> Workload:
-    """Queue new work. Refuses work that no registered node could ever run."""
+    """Queue new work. Refuses work that no registered node could ever run.
+
+    ``pinned_node``: the only node it may run on (its image exists only there).
+    """
     problem = fit_problem(gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb)
     if problem:
         raise InvalidInput(problem[1], field=problem[0])
@@ -83,6 +89,7 @@ def workload_submit(
             team=team,
             command=command or [],
             env=env or {},
+            pinned_node=pinned_node,
             status=S.QUEUED,
             queued_at=timezone.now(),
         )

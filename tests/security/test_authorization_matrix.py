@@ -15,7 +15,9 @@ from django.urls import URLResolver, get_resolver, reverse
 
 from config.asgi import application
 from portal import services
+from portal.models import Image
 from portal.routing import websocket_urlpatterns
+from scheduler.models import Node
 
 ALLOWED, HIDDEN, DENIED = "allowed", "404", "denied"
 ROLES = ("owner", "other", "anonymous", "staff")
@@ -38,6 +40,9 @@ MATRIX = {
     "console-instance-files": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-instance-file-download": ("get", {}, "?path=/root/autodl-tmp/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-instance-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "console-instance-save-image": ("post", {}, "", OWNED),  # the queued instance: refused with a message
+    "console-images": ("get", {}, "", MINE),
+    "console-image-delete": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # saved images: the owner only
     "console-account": ("get", {}, "", MINE),
     "console-account-token": ("post", {"action": "create"}, "", MINE),
     "console-password": ("get", {}, "", MINE),
@@ -55,6 +60,8 @@ MATRIX = {
     "api-gpu-types": ("get", {}, "", MINE),
     "api-gpu-types-recommend": ("get", {}, "?model_params_b=7", MINE),
     "api-images": ("get", {}, "", MINE),
+    "api-image": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-instance-save-image": ("post", {}, "", OWNED),
     "api-instances": ("get", {}, "", MINE),
     "api-instance": ("get", {}, "", OWNED),
     "api-instance-start": ("post", {}, "", OWNED),
@@ -151,7 +158,13 @@ def owned_objects(owner, catalog) -> dict:
     common |= dict(gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1)
     instance = services.instance_create(**common, disk_gb=10)
     job = services.job_create(**common, command="true")
+    image = Image.objects.create(
+        name="saved", framework="x", framework_version="1", cuda_version="12", docker_ref="gpucloud-saved:x",
+        visibility="private", owner=owner, node=Node.objects.first(),
+    )  # fmt: skip
     return {
+        "image_id": image.pk,
+        "portal_image": image.pk,
         "instance_id": instance.pk,
         "job_id": job.pk,
         "portal_instance": instance.pk,

@@ -1,0 +1,117 @@
+"""Saved images: a stopped instance's system disk committed as a private image of its owner.
+
+The node agent commits the container on the node that holds it (Docker commit) and
+replies with the size; the image exists only on that node, so instances created
+from it are pinned there. The data disk (/root/autodl-tmp) is a volume and is not
+saved, as on AutoDL. Deleting removes it from the node, then hides the row (released
+instances still name it in their history).
+"""
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from portal import limits
+from portal.models import Image, ImageStatus, ImageVisibility, Instance
+from scheduler.errors import Conflict, InvalidInput, TooMany
+from scheduler.models import WorkloadStatus
+from scheduler.services.workloads import NodeTask
+
+REPOSITORY = "gpucloud-saved"
+SAVED_REPLY = "portal.tasks.image_saved"
+REMOVED_REPLY = "portal.tasks.image_removed"
+
+
+def saved_image_list(*, user):
+    """The user's own saved images, newest first (deleted ones are history, not listed)."""
+    return (
+        Image.objects.filter(owner=user, visibility=ImageVisibility.PRIVATE)
+        .exclude(status=ImageStatus.DELETED)
+        .select_related("node", "source_instance")
+        .order_by("-created_at")
+    )
+
+
+def _send(queue: str, task: str, *args) -> None:
+    from config.celery import app
+
+    transaction.on_commit(lambda: app.send_task(task, args=list(args), queue=queue))
+
+
+def image_save(*, instance: Instance, name: str) -> Image:
+    """Start saving a stopped instance as a private image; the row is ``saving`` until the node replies."""
+    name = (name or "").strip()
+    if not name or len(name) > limits.NAME_CHARS:
+        raise InvalidInput(f"give the image a name of 1 to {limits.NAME_CHARS} characters", field="name")
+    with transaction.atomic():
+        workload = instance.workload.__class__.objects.select_for_update().get(pk=instance.workload_id)
+        if workload.status != WorkloadStatus.STOPPED:
+            raise Conflict(f"stop the instance before saving it as an image; it is {workload.status}")
+        node = workload.node or workload.pinned_node
+        if node is None:
+            raise Conflict("the instance's disk is on no node any more; it cannot be saved")
+        if instance.saved_images.filter(status=ImageStatus.SAVING).exists():
+            raise Conflict("this instance is already being saved; wait until it is ready")
+        if saved_image_list(user=instance.owner).count() >= settings.MAX_SAVED_IMAGES:
+            raise TooMany(f"you have {settings.MAX_SAVED_IMAGES} saved images, the limit: delete one first")
+        source = instance.image
+        image = Image.objects.create(
+            name=name,
+            framework=source.framework,
+            framework_version=source.framework_version,
+            cuda_version=source.cuda_version,
+            python_version=source.python_version,
+            docker_ref="",
+            visibility=ImageVisibility.PRIVATE,
+            owner=instance.owner,
+            status=ImageStatus.SAVING,
+            node=node,
+            source_instance=instance,
+        )
+        image.docker_ref = f"{REPOSITORY}:{settings.DEPLOYMENT_ID}-{image.pk}"
+        image.save(update_fields=["docker_ref"])
+        _send(node.queue, NodeTask.IMAGE_COMMIT, workload.pk, image.docker_ref, SAVED_REPLY, image.pk)
+    return image
+
+
+def image_saved(image_id: int, size_bytes: int, error: str) -> None:
+    """The node's reply to a commit."""
+    update = {"status": ImageStatus.FAILED, "status_reason": f"saving failed: {error}"[:255]}
+    if not error:
+        update = {"status": ImageStatus.READY, "status_reason": "", "size_bytes": size_bytes}
+    Image.objects.filter(pk=image_id, status=ImageStatus.SAVING).update(**update)
+
+
+def image_delete(*, image: Image) -> Image:
+    """Remove a saved image from its node (refused while instances that are not released use it)."""
+    with transaction.atomic():
+        image = Image.objects.select_for_update().get(pk=image.pk)
+        if image.status in (ImageStatus.SAVING, ImageStatus.DELETING):
+            raise Conflict(f"the image is {image.status}; wait until that is done")
+        in_use = Instance.objects.filter(image=image).exclude(workload__status=WorkloadStatus.RELEASED)
+        if in_use.exists():
+            names = ", ".join(in_use.values_list("name", flat=True)[:5])
+            raise Conflict(f"instances still use this image ({names}): release them first")
+        if image.node is None or image.status == ImageStatus.FAILED:
+            image.status = ImageStatus.DELETED
+            image.save(update_fields=["status"])
+            if image.node is not None:  # a failed commit may still have left a tag behind
+                _send(image.node.queue, NodeTask.IMAGE_REMOVE, image.docker_ref, REMOVED_REPLY, image.pk)
+            return image
+        image.status = ImageStatus.DELETING
+        image.save(update_fields=["status"])
+        _send(image.node.queue, NodeTask.IMAGE_REMOVE, image.docker_ref, REMOVED_REPLY, image.pk)
+    return image
+
+
+def image_removed(image_id: int, size_bytes: int, error: str) -> None:
+    """The node's reply to a removal: deleted, or back to ready saying why not."""
+    update = {"status": ImageStatus.DELETED, "status_reason": f"deleted {timezone.now():%Y-%m-%d %H:%M}"}
+    if error:
+        update = {"status": ImageStatus.READY, "status_reason": f"could not delete: {error}"[:255]}
+    Image.objects.filter(pk=image_id, status=ImageStatus.DELETING).update(**update)
+
+
+def image_busy(instance: Instance) -> bool:
+    """Whether the instance is being saved (it may not start or be released meanwhile)."""
+    return instance.saved_images.filter(status=ImageStatus.SAVING).exists()
