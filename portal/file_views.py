@@ -31,7 +31,7 @@ def instance_files(request, instance_id: int):
         path = files.safe_path(path)
     except ServiceError as exc:
         error = exc.message
-    parent = path.rsplit("/", 1)[0] if path not in files.ROOTS else None
+    parent = path.rsplit("/", 1)[0] if path != files.HOME else None
     return render(
         request,
         "portal/instance_files.html",

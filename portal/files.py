@@ -1,8 +1,9 @@
-"""Files of a running instance through the portal: list, download, upload — in its data disk and shared storage.
+"""Files of a running instance through the portal: list, download, upload — under /root.
 
-Only under ``/root/autodl-tmp`` (the instance's data volume) and ``/root/shared``
-(the user's shared storage); a path that leaves them (``..``, absolute
-elsewhere) is refused naming the field. Downloads stream the file out of
+Three places, all under ``/root``: ``/root/autodl-tmp`` (the instance's data
+volume), ``/root/shared`` (the user's shared storage) and ``/root`` itself (the
+system disk: what "save as image" keeps). A path that leaves ``/root`` (``..``,
+absolute elsewhere) is refused naming the field. Downloads stream the file out of
 Docker's archive API (a tar stream, unpacked on the fly); uploads are packed
 into a tar in a temporary file and put with the same API. Both are limited to
 ``FILE_TRANSFER_MAX_MB``.
@@ -21,17 +22,18 @@ from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WorkloadStatus
 from scheduler.node.launcher import docker_client
 
-ROOTS = ("/root/autodl-tmp", "/root/shared")
+ROOTS = ("/root/autodl-tmp", "/root/shared", "/root")
+HOME = "/root"
 LIST_SCRIPT = 'cd -- "$1" && for f in * .[!.]*; do [ -e "$f" ] && stat -c "%s|%F|%n" -- "$f"; done; true'
 
 
 def safe_path(path: str, *, field: str = "path") -> str:
-    """The normalized absolute path if it lies in one of ROOTS; InvalidInput naming ``field`` otherwise."""
+    """The normalized absolute path if it lies under /root; InvalidInput naming ``field`` otherwise."""
     if not path or "\x00" in path:
-        raise InvalidInput("give a path under /root/autodl-tmp or /root/shared", field=field)
+        raise InvalidInput("give a path under /root", field=field)
     normal = posixpath.normpath(path if path.startswith("/") else posixpath.join(ROOTS[0], path))
-    if not any(normal == root or normal.startswith(root + "/") for root in ROOTS):
-        raise InvalidInput(f"{path!r} is outside /root/autodl-tmp and /root/shared", field=field)
+    if not (normal == HOME or normal.startswith(HOME + "/")):
+        raise InvalidInput(f"{path!r} is outside /root", field=field)
     return normal
 
 
