@@ -77,7 +77,7 @@ def unsettled_by_workload(segments, now) -> dict[int, Decimal]:
             continue
         try:
             lines, _ = charge_lines(
-                shape_of(segment.workload),
+                shape_of(segment),
                 started_at=segment.started_at,
                 ended_at=segment.ended_at or max(now, segment.started_at),
                 settled_until=segment.settled_until,

@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import MeterSegment
-from scheduler.models import WorkloadEvent, WorkloadStatus
+from scheduler.models import Workload, WorkloadEvent, WorkloadStatus
 
 RUNNING = WorkloadStatus.RUNNING
 # A segment opened by the live receiver before its start was taken from the event
@@ -24,7 +24,10 @@ MATCH_WITHIN = timedelta(seconds=5)
 def meter_open(*, workload_id: int, at=None) -> None:
     try:
         with transaction.atomic():
-            MeterSegment.objects.create(workload_id=workload_id, started_at=at or timezone.now())
+            # Started without cards: the whole run is at the no-GPU price (its cards come back only
+            # with a new start, which opens a new segment).
+            no_gpu = Workload.objects.filter(pk=workload_id).values_list("no_gpu", flat=True).first() or False
+            MeterSegment.objects.create(workload_id=workload_id, started_at=at or timezone.now(), no_gpu=no_gpu)
     except IntegrityError:
         pass  # already open (or already recorded): the unique constraints make this a no-op
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import F, Q
+from django.utils.translation import gettext_lazy as _
 
 from scheduler.models import Workload
 
@@ -49,11 +50,11 @@ class Membership(models.Model):
 
 
 class AccountKind(models.TextChoices):
-    USER = "user", "User wallet"
-    TEAM = "team", "Team wallet"
-    REVENUE = "revenue", "Revenue"
-    FUNDING = "funding", "Top-ups received (money in)"
-    PROMOTION = "promotion", "Credits granted"
+    USER = "user", _("User wallet")
+    TEAM = "team", _("Team wallet")
+    REVENUE = "revenue", _("Revenue")
+    FUNDING = "funding", _("Top-ups received (money in)")
+    PROMOTION = "promotion", _("Credits granted")
 
 
 class Account(models.Model):
@@ -168,6 +169,7 @@ class MeterSegment(models.Model):
         help_text="In force at the start.",
     )
     settled_until = models.DateTimeField(null=True, blank=True, help_text="Charged up to here.")
+    no_gpu = models.BooleanField(default=False, help_text="A run without its cards: the no-GPU price.")
 
     class Meta:
         ordering = ["started_at"]
@@ -189,12 +191,12 @@ class MeterSegment(models.Model):
 
 
 class PostingKind(models.TextChoices):
-    USAGE = "usage", "Usage (GPU, CPU, memory)"
-    STORAGE = "storage", "Storage"
-    TOPUP = "topup", "Top-up"
-    REFUND = "refund", "Refund"
-    CREDIT = "credit", "Credit"
-    ADJUSTMENT = "adjustment", "Adjustment"
+    USAGE = "usage", _("Usage (GPU, CPU, memory)")
+    STORAGE = "storage", _("Storage")
+    TOPUP = "topup", _("Top-up")
+    REFUND = "refund", _("Refund")
+    CREDIT = "credit", _("Credit")
+    ADJUSTMENT = "adjustment", _("Adjustment")
 
 
 class Posting(models.Model):

@@ -71,7 +71,9 @@ def timeline_for(lines: dict[str, Timeline], gpu_model: str) -> Timeline | None:
     return lines.get(gpu_model) or lines.get("")
 
 
-def shape_of(workload) -> Shape:
+def shape_of(segment) -> Shape:
+    """What a segment's work holds (``segment.workload`` loaded); no_gpu is the segment's own."""
+    workload = segment.workload
     return Shape(
         gpu_model=workload.gpu_model,
         cards=workload.gpu_count,
@@ -79,6 +81,7 @@ def shape_of(workload) -> Shape:
         cpu_cores=workload.cpu_cores,
         memory_mb=workload.memory_mb,
         spot=workload.spot,
+        no_gpu=segment.no_gpu,
     )
 
 
@@ -146,6 +149,7 @@ SEGMENT_COLUMNS = (
     "workload__spot",
     "workload__owner_id",
     "workload__team",
+    "no_gpu",
 )
 
 
@@ -176,6 +180,7 @@ def _settle_batch(ids: list[int], now, lines: dict[str, Timeline], revenue: Acco
             spot,
             owner,
             team,
+            no_gpu,
         ) in rows:
             if ended is None and status != WorkloadStatus.RUNNING:
                 continue  # its end is being recorded: settle it once it is
@@ -183,7 +188,7 @@ def _settle_batch(ids: list[int], now, lines: dict[str, Timeline], revenue: Acco
             if timeline is None:
                 log.error("no rate card for %s: segment %s is not settled", model, pk)
                 continue
-            shape = Shape(model, cards, milli, cores, mem, spot)
+            shape = Shape(model, cards, milli, cores, mem, spot, no_gpu)
             try:
                 new_lines, settled_until = charge_lines(
                     shape, started_at=started, ended_at=ended, settled_until=settled, settle_to=now, timeline=timeline
@@ -216,7 +221,7 @@ def _settle_batch(ids: list[int], now, lines: dict[str, Timeline], revenue: Acco
 
 SEGMENT_SQL = (
     "SELECT s.id, s.started_at, s.ended_at, s.settled_until, s.account_id, s.rate_card_id, w.status, w.gpu_model, "
-    "w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, w.spot, w.owner_id, w.team "
+    "w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, w.spot, w.owner_id, w.team, s.no_gpu "
     "FROM billing_metersegment s JOIN scheduler_workload w ON w.id = s.workload_id WHERE s.id = ANY(%s)"
 )
 

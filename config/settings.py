@@ -52,6 +52,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -114,7 +115,11 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console-instances"
 LOGOUT_REDIRECT_URL = "login"
 
-LANGUAGE_CODE = "en-us"
+LANGUAGE_CODE = "en"
+# The console in English and Simplified Chinese: the browser's Accept-Language picks, the
+# language switch (account page, page footer) keeps a choice in a cookie. Translations in locale/.
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
@@ -256,6 +261,9 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Files through the portal (portal/files.py): the largest upload or download, per file.
 FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
+# An instance started without its cards (as AutoDL's no-card mode): at most this much CPU and memory.
+NO_GPU_CPU_CORES = env.int("NO_GPU_CPU_CORES", default=1)
+NO_GPU_MEMORY_MB = env.int("NO_GPU_MEMORY_MB", default=2048)
 # Saved images per user (each is a full image on its node's disk).
 MAX_SAVED_IMAGES = env.int("MAX_SAVED_IMAGES", default=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # non-file form data; files stream to temporary files

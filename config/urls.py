@@ -14,6 +14,7 @@ urlpatterns = [
     path("", include("portal.urls")),
     path("login/", portal_views.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("i18n/", include("django.conf.urls.i18n")),  # set_language: the language switch
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -6,6 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
@@ -29,9 +30,9 @@ def account_token(request, action: str):
     Token.objects.filter(user=request.user).delete()
     if action == "create":
         token = Token.objects.create(user=request.user)
-        messages.success(request, f"New API token: {token.key} — the previous one no longer works.")
+        messages.success(request, _("New API token: %(key)s — the previous one no longer works.") % {"key": token.key})
     else:
-        messages.info(request, "API token revoked: requests with it are refused from now on.")
+        messages.info(request, _("API token revoked: requests with it are refused from now on."))
     return redirect("console-account")
 
 
@@ -50,7 +51,11 @@ def instance_clone(request, instance_id: int):
     instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
     try:
         clone = services.instance_clone(instance=instance, owner=request.user)
-        messages.success(request, f"Instance {clone.name} created with {instance.name}'s settings.")
+        messages.success(
+            request,
+            _("Instance %(clone)s created with the settings of %(name)s.")
+            % {"clone": clone.name, "name": instance.name},
+        )
     except ServiceError as exc:
         messages.error(request, exc.message)
     return redirect("console-instances")

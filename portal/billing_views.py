@@ -11,6 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from billing import enforcement, ledger, reports, statements
 from billing.models import Posting, PostingKind, Team
@@ -36,11 +37,11 @@ def billing_page(request):
             if budget is not None and budget < 0:
                 raise InvalidOperation
         except InvalidOperation:
-            messages.error(request, "The budget must be an amount (e.g. 300) or empty for none.")
+            messages.error(request, _("The budget must be an amount (e.g. 300) or empty for none."))
         else:
             account.monthly_budget = budget
             account.save(update_fields=["monthly_budget"])
-            messages.success(request, "Budget saved." if budget is not None else "Budget removed.")
+            messages.success(request, _("Budget saved.") if budget is not None else _("Budget removed."))
         return redirect("console-billing")
     month = _month(request)
     lines = statements.statement(account, month)

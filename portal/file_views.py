@@ -8,6 +8,7 @@ from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 
@@ -84,13 +85,13 @@ def _upload(request, instance_id: int):
     folder = request.POST.get("dir", files.ROOTS[0])  # reading the body runs LimitedUpload
     upload = request.FILES.get("file")
     if getattr(request, "upload_too_large", False):
-        messages.error(request, f"Files are limited to {settings.FILE_TRANSFER_MAX_MB} MB each.")
+        messages.error(request, _("Files are limited to %(mb)s MB each.") % {"mb": settings.FILE_TRANSFER_MAX_MB})
         return redirect(reverse("console-instance-files", args=[instance.pk]))
     try:
         if upload is None:
             raise ServiceError("choose a file to upload", field="file")
         where = files.upload(instance.workload, folder, upload.name, upload)
-        messages.success(request, f"Uploaded {where}.")
+        messages.success(request, _("Uploaded %(where)s.") % {"where": where})
     except ServiceError as exc:
         messages.error(request, exc.message)
     return redirect(reverse("console-instance-files", args=[instance.pk]) + "?" + urlencode({"path": folder}))

@@ -12,20 +12,20 @@ from portal.models import BillingMode
 class WorkForm(forms.Form):
     """What instances and jobs ask for alike (as the API's WorkInput): image, GPUs, CPU and memory."""
 
-    name = forms.CharField(max_length=limits.NAME_CHARS)
-    gpu_type = forms.TypedChoiceField(coerce=int, label="GPU type")
-    image = forms.TypedChoiceField(coerce=int)
+    name = forms.CharField(label=_("Name"), max_length=limits.NAME_CHARS)
+    gpu_type = forms.TypedChoiceField(coerce=int, label=_("GPU type"))
+    image = forms.TypedChoiceField(label=_("Image"), coerce=int)
     gpus = forms.DecimalField(
-        label="GPUs", max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=limits.GPU_FRACTION_STEP
+        label=_("GPUs"), max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=limits.GPU_FRACTION_STEP
     )
     cpu_cores = forms.IntegerField(
-        label="CPU cores",
+        label=_("CPU cores"),
         min_value=limits.CPU_CORES.min,
         max_value=limits.CPU_CORES.max,
         initial=limits.DEFAULT_CPU_CORES,
     )
     memory_gb = forms.IntegerField(
-        label="Memory (GB)",
+        label=_("Memory (GB)"),
         min_value=limits.MEMORY_GB.min,
         max_value=limits.MEMORY_GB.max,
         initial=limits.DEFAULT_MEMORY_GB,
@@ -57,33 +57,39 @@ def _image_label(image) -> str:
 
 
 class InstanceCreateForm(WorkForm):
-    name = forms.CharField(max_length=limits.NAME_CHARS, initial="my-instance")
+    name = forms.CharField(label=_("Name"), max_length=limits.NAME_CHARS, initial="my-instance")
     disk_gb = forms.IntegerField(
-        label="Data disk (GB)", min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, initial=50
+        label=_("Data disk (GB)"), min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, initial=50
     )
-    billing_mode = forms.ChoiceField(choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
+    billing_mode = forms.ChoiceField(label=_("Billing"), choices=BillingMode.choices, initial=BillingMode.ON_DEMAND)
     idle_util_percent = forms.IntegerField(
-        label="Stop when idle: GPU below (%)",
+        label=_("Stop when idle: GPU below (%)"),
         min_value=1,
         max_value=100,
         required=False,
-        help_text="Empty: never stop for idleness.",
+        help_text=_("Empty: never stop for idleness."),
     )
     idle_minutes = forms.IntegerField(
-        label="… for (minutes)", min_value=1, max_value=7 * 24 * 60, initial=60, required=False
+        label=_("… for (minutes)"), min_value=1, max_value=7 * 24 * 60, initial=60, required=False
     )
 
 
 class JobCreateForm(WorkForm):
     field_order = ["name", "gpu_type", "image", "gpus", "command"]
 
-    name = forms.CharField(max_length=limits.NAME_CHARS, initial="train")
+    name = forms.CharField(label=_("Name"), max_length=limits.NAME_CHARS, initial="train")
     command = forms.CharField(
+        label=_("Command"),
         max_length=limits.COMMAND_CHARS,
         widget=forms.Textarea(attrs={"rows": 4}),
         initial="python train.py --ckpt $GPUCLOUD_CHECKPOINT_DIR",
     )
-    priority = forms.TypedChoiceField(coerce=int, choices=[(0, "High"), (1, "Normal"), (2, "Low")], initial=1)
+    priority = forms.TypedChoiceField(
+        label=_("Priority"), coerce=int, choices=[(0, _("High")), (1, _("Normal")), (2, _("Low"))], initial=1
+    )
     max_runtime_s = forms.IntegerField(
-        label="Max runtime (s)", min_value=limits.MAX_RUNTIME_S.min, max_value=limits.MAX_RUNTIME_S.max, required=False
+        label=_("Max runtime (s)"),
+        min_value=limits.MAX_RUNTIME_S.min,
+        max_value=limits.MAX_RUNTIME_S.max,
+        required=False,
     )

@@ -8,6 +8,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from scheduler.models import Node, Workload
 
@@ -38,17 +39,17 @@ class GpuType(models.Model):
 
 
 class ImageVisibility(models.TextChoices):
-    OFFICIAL = "official", "Official"
-    COMMUNITY = "community", "Community"
-    PRIVATE = "private", "Private"
+    OFFICIAL = "official", _("Official")
+    COMMUNITY = "community", _("Community")
+    PRIVATE = "private", _("Private")
 
 
 class ImageStatus(models.TextChoices):
-    SAVING = "saving", "Saving"
-    READY = "ready", "Ready"
-    FAILED = "failed", "Failed"
-    DELETING = "deleting", "Deleting"
-    DELETED = "deleted", "Deleted"
+    SAVING = "saving", _("Saving")
+    READY = "ready", _("Ready")
+    FAILED = "failed", _("Failed")
+    DELETING = "deleting", _("Deleting")
+    DELETED = "deleted", _("Deleted")
 
 
 class Image(models.Model):
@@ -92,8 +93,8 @@ class Image(models.Model):
 
 
 class BillingMode(models.TextChoices):
-    ON_DEMAND = "on_demand", "On-demand"
-    SPOT = "spot", "Spot (preemptible)"
+    ON_DEMAND = "on_demand", _("On-demand")
+    SPOT = "spot", _("Spot (preemptible)")
 
 
 class Instance(models.Model):
@@ -107,6 +108,9 @@ class Instance(models.Model):
     cpu_cores = models.PositiveIntegerField()
     memory_gb = models.PositiveIntegerField()
     disk_gb = models.PositiveIntegerField()
+    disk_growing_to = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Its node is growing the data disk to this size (GB)."
+    )
     billing_mode = models.CharField(max_length=16, choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
     workload = models.OneToOneField(Workload, on_delete=models.PROTECT, related_name="instance")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -10,7 +10,7 @@ from portal import images, limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
 from scheduler.errors import Conflict, InvalidInput
-from scheduler.models import WHOLE_CARD, WorkloadKind
+from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services import workloads as scheduler
 
 # The scheduler names resources its own way; users see these field names.
@@ -136,6 +136,7 @@ def instance_clone(*, instance: Instance, owner) -> Instance:
 
 ACTIONS = {
     "start": scheduler.workload_start,
+    "start-no-gpu": scheduler.workload_start_no_gpu,
     "stop": scheduler.workload_stop,
     "restart": scheduler.workload_restart,
     "release": scheduler.workload_release,
@@ -144,9 +145,9 @@ ACTIONS = {
 
 def instance_act(*, instance: Instance, action: str) -> Instance:
     """Run one of ACTIONS on an instance the caller has already been allowed to touch."""
-    if action in ("start", "release") and images.image_busy(instance):
+    if action in ("start", "start-no-gpu", "release") and images.image_busy(instance):
         raise Conflict(f"the instance is being saved as an image; {action} it when that is done")
-    if action == "start":
+    if action in ("start", "start-no-gpu"):
         _payable(instance.workload)
     with transaction.atomic():
         ACTIONS[action](instance.workload)
@@ -205,3 +206,65 @@ def job_act(*, job: Job, action: str) -> Job:
     with transaction.atomic():
         JOB_ACTIONS[action](job.workload)
     return job
+
+
+DISK_REPLY = "portal.tasks.disk_grown"
+
+
+def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
+    """Grow the data disk (never shrink): recorded at once if it has no disk yet, else when its node has grown it.
+
+    The node grows the filesystem online, so a running instance keeps running.
+    """
+    from config.celery import app
+
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update().select_related("workload").get(pk=instance.pk)
+        workload = instance.workload
+        if workload.status in (WorkloadStatus.RELEASING, WorkloadStatus.RELEASED):
+            raise Conflict(f"the instance is {workload.status}")
+        if instance.disk_growing_to is not None:
+            raise Conflict(f"the disk is already growing to {instance.disk_growing_to} GB; wait until it is done")
+        if disk_gb <= instance.disk_gb:
+            raise InvalidInput(f"a disk only grows: give more than {instance.disk_gb} GB", field="disk_gb")
+        if disk_gb > limits.DISK_GB.max:
+            raise InvalidInput(f"at most {limits.DISK_GB.max} GB", field="disk_gb")
+        node = workload.node or workload.pinned_node
+        if node is None:  # never ran: its disk is made at the new size when it starts
+            _disk_recorded(instance, disk_gb)
+            return instance
+        instance.disk_growing_to = disk_gb
+        instance.save(update_fields=["disk_growing_to"])
+        args = [workload.pk, disk_gb, DISK_REPLY, instance.pk]
+        transaction.on_commit(lambda: app.send_task(scheduler.NodeTask.DISK_GROW, args=args, queue=node.queue))
+    return instance
+
+
+def _disk_recorded(instance: Instance, disk_gb: int) -> None:
+    Instance.objects.filter(pk=instance.pk).update(disk_gb=disk_gb, disk_growing_to=None)
+    type(instance.workload).objects.filter(pk=instance.workload_id).update(disk_gb=disk_gb)
+    instance.refresh_from_db()
+
+
+def disk_grown(instance_id: int, disk_gb: int, error: str) -> None:
+    """The node's reply: the new size is recorded (storage is charged on it from now), or why not."""
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update().filter(pk=instance_id, disk_growing_to=disk_gb).first()
+        if instance is None:
+            return
+        if error:
+            Instance.objects.filter(pk=instance_id).update(disk_growing_to=None)
+            WorkloadEvent.objects.create(
+                workload_id=instance.workload_id,
+                from_status=instance.workload.status,
+                to_status=instance.workload.status,
+                reason=f"growing the data disk to {disk_gb} GB failed: {error}"[:255],
+            )
+            return
+        _disk_recorded(instance, disk_gb)
+        WorkloadEvent.objects.create(
+            workload_id=instance.workload_id,
+            from_status=instance.workload.status,
+            to_status=instance.workload.status,
+            reason=f"data disk grown to {disk_gb} GB",
+        )

@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from portal import housekeeping, images
+from portal import housekeeping, images, services
 
 
 @shared_task(ignore_result=True)
@@ -24,3 +24,8 @@ def image_saved(image_id: int, size_bytes: int, error: str):
 @shared_task(ignore_result=True)
 def image_removed(image_id: int, size_bytes: int, error: str):
     images.image_removed(image_id, size_bytes, error)
+
+
+@shared_task(ignore_result=True)
+def disk_grown(instance_id: int, size_gb: int, error: str):
+    services.disk_grown(instance_id, size_gb, error)

@@ -25,6 +25,7 @@ urlpatterns = [
     path(
         "instances/<int:instance_id>/save-image/", image_views.instance_save_image, name="console-instance-save-image"
     ),
+    path("instances/<int:instance_id>/disk/", views.instance_disk, name="console-instance-disk"),
     path("images/", image_views.image_page, name="console-images"),
     path("images/<int:image_id>/delete/", image_views.image_delete, name="console-image-delete"),
     path("account/", account_views.account_page, name="console-account"),

@@ -9,6 +9,8 @@ from django.contrib.auth.views import LoginView
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from billing.statements import cost_so_far
@@ -69,9 +71,13 @@ def _act(request, get, act, actions: dict, action: str, back: str):
         if action not in actions:
             raise ServiceError(f"unknown action {action}")
         act(obj, action)
-        messages.info(request, f"{action.capitalize()} requested for {obj.name}.")
+        messages.info(request, _("%(action)s requested for %(name)s.") % {"action": action.capitalize(), "name": obj})
     except ServiceError as exc:
         messages.error(request, exc.message)
+    # Back to the page the button was on (the list, or the instance's own page), if it is ours.
+    here = request.POST.get("next", "")
+    if url_has_allowed_host_and_scheme(here, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return redirect(here)
     return redirect(back)
 
 
@@ -99,7 +105,9 @@ def instance_list(request):
 def instance_create(request):
     def create(data):
         instance = services.instance_create(owner=request.user, **data)
-        messages.success(request, f"Instance {instance.name} created; it starts as soon as a card is placed.")
+        messages.success(
+            request, _("Instance %(name)s created; it starts as soon as a card is placed.") % {"name": instance.name}
+        )
         return redirect("console-instances")
 
     return _create(request, InstanceCreateForm, "portal/instance_create.html", create)
@@ -129,7 +137,7 @@ def job_list(request):
 def job_create(request):
     def create(data):
         job = services.job_create(owner=request.user, **data)
-        messages.success(request, f"Job {job.name} queued.")
+        messages.success(request, _("Job %(name)s queued.") % {"name": job.name})
         return redirect("console-job", job_id=job.pk)
 
     return _create(request, JobCreateForm, "portal/job_create.html", create)
@@ -152,3 +160,21 @@ def job_action(request, job_id: int, action: str):
         action,
         "console-jobs",
     )
+
+
+@login_required
+@require_POST
+def instance_disk(request, instance_id: int):
+    """Grow the data disk from the instance page."""
+    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
+    try:
+        size = int(request.POST.get("disk_gb", ""))
+    except ValueError:
+        messages.error(request, _("Disk size: give a whole number of GB."))
+    else:
+        try:
+            services.instance_grow_disk(instance=instance, disk_gb=size)
+            messages.info(request, _("Growing the data disk to %(size)s GB.") % {"size": size})
+        except ServiceError as exc:
+            messages.error(request, exc.message)
+    return redirect("console-instance", instance_id=instance.pk)

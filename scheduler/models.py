@@ -10,6 +10,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+from django.utils.translation import gettext_lazy as _
 
 from scheduler.policy import WHOLE_CARD
 
@@ -20,9 +21,9 @@ def new_uid() -> str:
 
 
 class NodeStatus(models.TextChoices):
-    ACTIVE = "active", "Active"
-    LOST = "lost", "Lost"
-    DRAINED = "drained", "Drained"
+    ACTIVE = "active", _("Active")
+    LOST = "lost", _("Lost")
+    DRAINED = "drained", _("Drained")
 
 
 class Node(models.Model):
@@ -87,15 +88,15 @@ class Gpu(models.Model):
 
 
 class WorkloadStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    STARTING = "starting", "Starting"
-    RUNNING = "running", "Running"
-    STOPPING = "stopping", "Stopping"
-    STOPPED = "stopped", "Stopped"
-    RELEASING = "releasing", "Releasing"
-    RELEASED = "released", "Released"
-    FAILED = "failed", "Failed"
-    SUCCEEDED = "succeeded", "Succeeded"
+    QUEUED = "queued", _("Queued")
+    STARTING = "starting", _("Starting")
+    RUNNING = "running", _("Running")
+    STOPPING = "stopping", _("Stopping")
+    STOPPED = "stopped", _("Stopped")
+    RELEASING = "releasing", _("Releasing")
+    RELEASED = "released", _("Released")
+    FAILED = "failed", _("Failed")
+    SUCCEEDED = "succeeded", _("Succeeded")
 
     @classmethod
     def holding_resources(cls):
@@ -113,14 +114,14 @@ class WorkloadStatus(models.TextChoices):
 
 
 class Priority(models.IntegerChoices):
-    HIGH = 0, "High"
-    NORMAL = 1, "Normal"
-    LOW = 2, "Low"
+    HIGH = 0, _("High")
+    NORMAL = 1, _("Normal")
+    LOW = 2, _("Low")
 
 
 class WorkloadKind(models.TextChoices):
-    INSTANCE = "instance", "Interactive instance"
-    JOB = "job", "Batch job"
+    INSTANCE = "instance", _("Interactive instance")
+    JOB = "job", _("Batch job")
 
 
 class Workload(models.Model):
@@ -155,6 +156,9 @@ class Workload(models.Model):
         help_text="When queued work may start, from running jobs' maximum runtimes; null: unknown.",
     )
     gpu_utilization = models.FloatField(null=True, blank=True, help_text="Recent mean GPU utilization, 0..1.")
+    no_gpu = models.BooleanField(
+        default=False, help_text="Running without its cards (CPU only, at the no-GPU price), as started last."
+    )
     preempt_requested = models.BooleanField(default=False)
     preemptions = models.PositiveIntegerField(default=0)
     log_tail = models.TextField(blank=True)
@@ -197,7 +201,16 @@ class Workload(models.Model):
 
     @property
     def gpu_share(self) -> float:
-        return self.gpu_count * self.gpu_milli / WHOLE_CARD
+        return 0.0 if self.no_gpu else self.gpu_count * self.gpu_milli / WHOLE_CARD
+
+    @property
+    def held_cpu_cores(self) -> int:
+        """CPU cores it holds on its node: as asked, or at most NO_GPU_CPU_CORES when started without cards."""
+        return min(self.cpu_cores, settings.NO_GPU_CPU_CORES) if self.no_gpu else self.cpu_cores
+
+    @property
+    def held_memory_mb(self) -> int:
+        return min(self.memory_mb, settings.NO_GPU_MEMORY_MB) if self.no_gpu else self.memory_mb
 
     @property
     def volume_name(self) -> str:

@@ -109,7 +109,7 @@ def schedule_tick() -> TickResult:
 def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
     for w in running:
         since = w.accrued_at or w.started_at
-        if w.status == S.RUNNING and since is not None:
+        if w.status == S.RUNNING and since is not None and not w.no_gpu:  # no cards held: no GPU service
             idle = w.gpu_utilization is not None and w.gpu_utilization < config.idle_util
             seconds = max((now - since).total_seconds(), 0.0)
             w.attained_service += w.gpu_share * seconds * (config.idle_weight if idle else 1.0)
@@ -242,6 +242,8 @@ def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
 def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]:
     running = []
     for w in holding:
+        if w.no_gpu:
+            continue  # holds no card: nothing for the policy to pack around or preempt
         work = _as_work(w, epoch)
         work.node = cluster.node_index.get(w.node_id)
         if work.node is None:

@@ -61,6 +61,7 @@ class WorkloadFields(serializers.Serializer):
 
 class InstanceOutput(WorkloadFields, serializers.ModelSerializer):
     container_id = serializers.CharField(source="workload.container_id")
+    no_gpu = serializers.BooleanField(source="workload.no_gpu", help_text="Started without its cards (CPU only).")
     image = ImageOutput()
     gpu_type = serializers.CharField(source="gpu_type.name")
 
@@ -77,7 +78,9 @@ class InstanceOutput(WorkloadFields, serializers.ModelSerializer):
             "cpu_cores",
             "memory_gb",
             "disk_gb",
+            "disk_growing_to",
             "billing_mode",
+            "no_gpu",
             "node",
             "simulated_gpu",
             "container_id",

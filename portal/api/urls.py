@@ -11,6 +11,7 @@ urlpatterns = [
     path("gpu-types/recommend/", views.GpuTypeRecommendApi.as_view(), name="api-gpu-types-recommend"),
     path("images/", views.ImageListApi.as_view(), name="api-images"),
     path("images/<int:image_id>/", views.ImageDetailApi.as_view(), name="api-image"),
+    path("instances/<int:instance_id>/disk/", views.InstanceDiskApi.as_view(), name="api-instance-disk"),
     path(
         "instances/<int:instance_id>/save-image/", views.InstanceSaveImageApi.as_view(), name="api-instance-save-image"
     ),

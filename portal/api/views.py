@@ -158,6 +158,21 @@ class ImageDetailApi(APIView):
         return Response(ImageOutput(image).data, status=status.HTTP_202_ACCEPTED)
 
 
+class InstanceDiskApi(APIView):
+    """POST /instances/<id>/disk/ {"disk_gb"}: grow the data disk (online; 202 while its node grows it)."""
+
+    class DiskInput(serializers.Serializer):
+        disk_gb = serializers.IntegerField(min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max)
+
+    @extend_schema(request=DiskInput, responses={202: InstanceOutput})
+    def post(self, request, instance_id: int):
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        data = self.DiskInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        instance = services.instance_grow_disk(instance=instance, disk_gb=data.validated_data["disk_gb"])
+        return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
+
+
 class InstanceSaveImageApi(APIView):
     """POST /instances/<id>/save-image/ {"name"}: commit the stopped instance's system disk (202: saving)."""
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, Workload, WorkloadKind, WorkloadStatus
-from scheduler.node import launcher, network
+from scheduler.node import disks, launcher, network
 from scheduler.node.gpus import discover
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
@@ -149,6 +149,19 @@ def agent_image_remove(ref: str, reply_to: str, reply_id: int) -> None:
     except Exception as exc:  # e.g. still used by a container (Docker 409)
         error = _short(exc)
     _reply(reply_to, reply_id, 0, error)
+
+
+def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int) -> None:
+    """Grow the work's data disk to ``size_gb`` (online if it runs); the reply says (reply_id, size, error)."""
+    error = ""
+    try:
+        workload = Workload.objects.get(pk=workload_id)
+        if settings.INSTANCE_DISK_QUOTA:
+            disks.disk_grow(workload.volume_name, size_gb)
+    except Exception as exc:  # a missing tool, a full host disk: the size stays as it was, with why
+        log.warning("growing the disk of workload %s failed: %s", workload_id, exc)
+        error = _short(exc)
+    _reply(reply_to, reply_id, size_gb, error)
 
 
 def _reply(task: str, *args) -> None:

@@ -41,6 +41,41 @@ def disk_ensure(volume: str, size_gb: int) -> dict:
     return {"type": "none", "o": "bind", "device": str(mount)}
 
 
+def disk_grow(volume: str, size_gb: int) -> bool:
+    """Grow the volume's filesystem to ``size_gb`` (never shrinks); False if it has none.
+
+    Online first (its container may be running): the loop device re-reads the file's new
+    size and ext4 grows in place. That needs CAP_SYS_RESOURCE on the host; without it
+    (some containerised hosts) the volume is unmounted, checked, grown and mounted again,
+    which works while no running container uses it.
+    """
+    image, mount = _paths(volume)
+    if not image.exists():
+        return False
+    if image.stat().st_size >= size_gb * 1024**3:
+        return True
+    with open(image, "r+b") as f:
+        f.truncate(size_gb * 1024**3)
+    if os.path.ismount(mount):
+        device = subprocess.run(
+            ["findmnt", "-n", "-o", "SOURCE", str(mount)], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        _run("losetup", "-c", device)
+        if subprocess.run(["resize2fs", device], capture_output=True, timeout=600).returncode == 0:
+            return True
+        if subprocess.run(["umount", str(mount)], capture_output=True, timeout=120).returncode != 0:
+            raise DiskBusy("this host cannot grow a disk in use: stop the instance, then grow it")
+    _run("e2fsck", "-f", "-y", str(image))
+    _run("resize2fs", str(image))
+    mount.mkdir(exist_ok=True)
+    _run("mount", "-o", "loop", str(image), str(mount))
+    return True
+
+
+class DiskBusy(Exception):
+    pass
+
+
 def disk_delete(volume: str) -> None:
     """Unmount and delete the volume's filesystem (nothing to do if it has none)."""
     image, mount = _paths(volume)

@@ -42,7 +42,8 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
     """Arguments for ``containers.create`` for a placed workload."""
     uuids = [s.uuid for s in shares]
     environment = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+        # Started without cards: "none" keeps the driver's libraries but shows no device.
+        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids) or "none",
         "GPUCLOUD_WORKLOAD_ID": str(workload.pk),
         "GPUCLOUD_GPU_SHARE": f"{workload.gpu_share:g}",
         "GPUCLOUD_DATA_DIR": settings.INSTANCE_DATA_PATH,
@@ -72,12 +73,14 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
     # A fraction: MPS caps the compute share and pins the memory of the one visible card. Whole cards
     # say 100 % and their full memory: set every time, because a committed disk (a saved image, or a
     # snapshot when the cards change) keeps the environment of the container it came from.
-    environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
-    environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={s.memory_mb}M" for i, s in enumerate(shares))
+    if shares:
+        environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
+        environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={s.memory_mb}M" for i, s in enumerate(shares))
     host_cpus = os.cpu_count() or 1
-    if workload.cpu_cores > host_cpus:
+    cpu_cores, memory_mb = workload.held_cpu_cores, workload.held_memory_mb
+    if cpu_cores > host_cpus:
         # Never quietly give less than was asked (and billed): Docker would cap the quota at the host.
-        raise InvalidInput(f"asks for {workload.cpu_cores} CPU cores; this host has {host_cpus}", field="cpu_cores")
+        raise InvalidInput(f"asks for {cpu_cores} CPU cores; this host has {host_cpus}", field="cpu_cores")
     spec = dict(
         image=workload.image_ref,
         command=workload.command or settings.INSTANCE_IDLE_COMMAND,
@@ -94,12 +97,12 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
             f"{LABEL}.simulated": "1" if node.simulated else "0",
         },
         environment=environment,
-        nano_cpus=int(workload.cpu_cores * 1e9),
-        mem_limit=f"{workload.memory_mb}m",
+        nano_cpus=int(cpu_cores * 1e9),
+        mem_limit=f"{memory_mb}m",
         pids_limit=settings.INSTANCE_PIDS_LIMIT,
         # PyTorch data loaders pass tensors through /dev/shm (Docker's default is 64 MB); it counts
         # against the memory limit, so it never exceeds half of it.
-        shm_size=f"{min(settings.INSTANCE_SHM_MB, workload.memory_mb // 2)}m",
+        shm_size=f"{min(settings.INSTANCE_SHM_MB, memory_mb // 2)}m",
         security_opt=["no-new-privileges"],
         cap_drop=["ALL"],
         cap_add=KEPT_CAPABILITIES,
@@ -109,7 +112,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         spec["network"] = settings.INSTANCE_NETWORK
     else:
         spec["network_mode"] = settings.INSTANCE_NETWORK_MODE
-    if node.nvidia_runtime and not node.simulated:
+    if node.nvidia_runtime and not node.simulated and uuids:
         spec["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
     return spec
 

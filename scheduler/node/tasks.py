@@ -49,6 +49,11 @@ def agent_image_remove(ref: str, reply_to: str, reply_id: int):
     agent.agent_image_remove(ref, reply_to, reply_id)
 
 
+@shared_task(**NODE_TASK)
+def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int):
+    agent.agent_disk_grow(workload_id, size_gb, reply_to, reply_id)
+
+
 @shared_task(ignore_result=True)
 def agent_reconcile(node_name: str):
     reconcile.agent_reconcile(node_name)

@@ -90,11 +90,12 @@ def _take(placement: Placement, node: Node | None, cards: dict) -> bool:
     workload = placement.workload
     if node is None:
         return False
-    if node.cpu_cores - node.allocated_cpu < workload.cpu_cores:
+    if node.cpu_cores - node.allocated_cpu < workload.held_cpu_cores:
         return False
-    if node.memory_mb - node.allocated_memory_mb < workload.memory_mb:
+    if node.memory_mb - node.allocated_memory_mb < workload.held_memory_mb:
         return False
-    if len({s.gpu_id for s in placement.shares}) != workload.gpu_count or len(placement.shares) != workload.gpu_count:
+    cards_asked = 0 if workload.no_gpu else workload.gpu_count
+    if len({s.gpu_id for s in placement.shares}) != cards_asked or len(placement.shares) != cards_asked:
         return False
     if any(s.milli != workload.gpu_milli for s in placement.shares):
         return False  # exactly the share asked for (and billed), on as many distinct cards as asked
@@ -109,8 +110,8 @@ def _take(placement: Placement, node: Node | None, cards: dict) -> bool:
     for share in placement.shares:
         cards[share.gpu_id].allocated_milli += share.milli
         cards[share.gpu_id].allocated_memory_mb += share.memory_mb
-    node.allocated_cpu += workload.cpu_cores
-    node.allocated_memory_mb += workload.memory_mb
+    node.allocated_cpu += workload.held_cpu_cores
+    node.allocated_memory_mb += workload.held_memory_mb
     return True
 
 

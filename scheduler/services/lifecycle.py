@@ -75,9 +75,11 @@ def workload_changed_send(payload: dict) -> None:
 def allocations_free(workload_id: int) -> None:
     """Give back every share the workload holds. Call inside a transaction."""
     allocations = list(Allocation.objects.filter(workload_id=workload_id).select_related("gpu"))
-    if not allocations:
+    workload = Workload.objects.only("node_id", "cpu_cores", "memory_mb", "no_gpu").get(pk=workload_id)
+    # Work started without cards holds only CPU and memory (no allocation rows); this runs once per
+    # leaving the holding states (the caller's compare-and-swap), so it is freed once.
+    if not allocations and not (workload.no_gpu and workload.node_id):
         return
-    workload = Workload.objects.only("node_id", "cpu_cores", "memory_mb").get(pk=workload_id)
     # Lock order everywhere: the workload row (updated by the caller), its node, its cards by id.
     list(Node.objects.select_for_update().filter(pk=workload.node_id))
     list(Gpu.objects.select_for_update().filter(id__in=[a.gpu_id for a in allocations]).order_by("id"))
@@ -86,7 +88,7 @@ def allocations_free(workload_id: int) -> None:
             allocated_milli=F("allocated_milli") - a.milli, allocated_memory_mb=F("allocated_memory_mb") - a.memory_mb
         )
     Node.objects.filter(pk=workload.node_id).update(
-        allocated_cpu=F("allocated_cpu") - workload.cpu_cores,
-        allocated_memory_mb=F("allocated_memory_mb") - workload.memory_mb,
+        allocated_cpu=F("allocated_cpu") - workload.held_cpu_cores,
+        allocated_memory_mb=F("allocated_memory_mb") - workload.held_memory_mb,
     )
     Allocation.objects.filter(workload_id=workload_id).delete()

@@ -13,8 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler.errors import Conflict, InvalidInput, TooMany
-from scheduler.models import NodeStatus, Workload, WorkloadEvent, WorkloadStatus
+from scheduler.models import NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.selectors import fit_problem
+from scheduler.services.allocation import Placement, allocations_create
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import workload_release_on_lost_node
 
@@ -32,6 +33,7 @@ class NodeTask(StrEnum):
     RECONCILE = "scheduler.node.tasks.agent_reconcile"
     IMAGE_COMMIT = "scheduler.node.tasks.agent_image_commit"
     IMAGE_REMOVE = "scheduler.node.tasks.agent_image_remove"
+    DISK_GROW = "scheduler.node.tasks.agent_disk_grow"
 
 
 def workload_submit(
@@ -109,9 +111,42 @@ def workload_start(workload: Workload) -> Workload:
         pinned_node=pinned,
         queued_at=timezone.now(),
         exit_code=None,
+        no_gpu=False,
     ):
         raise Conflict(f"cannot start: the {workload.kind} is {workload.status}")
     transaction.on_commit(tick_soon)
+    return workload
+
+
+def workload_start_no_gpu(workload: Workload) -> Workload:
+    """Start a stopped instance on its node without its cards (CPU only), at once or not at all.
+
+    It needs no card, so it does not wait in the queue: its CPU and memory are taken on
+    its node under the same row locks as the tick's placements (the tick never sees it
+    queued: this all commits together), or the start is refused saying why.
+    """
+    if workload.kind != WorkloadKind.INSTANCE:
+        raise Conflict("only instances can start without a GPU")
+    node = workload.node or workload.pinned_node
+    if node is None:
+        raise Conflict("its disk is on no node any more: start it normally")
+    with transaction.atomic():
+        if not workload_transition(
+            workload,
+            to=S.QUEUED,
+            allowed_from=[S.STOPPED, S.FAILED],
+            reason="start without GPU requested",
+            pinned_node=node,
+            queued_at=timezone.now(),
+            exit_code=None,
+            no_gpu=True,
+        ):
+            raise Conflict(f"cannot start: the {workload.kind} is {workload.status}")
+        placed = allocations_create([Placement(workload, node.pk, [])])
+        if not placed:
+            raise Conflict(f"node {node.name} has not enough CPU or memory free for it now; try again later")
+        launches_send([p.workload for p in placed])
+    workload.refresh_from_db()
     return workload
 
 

@@ -42,6 +42,8 @@ MATRIX = {
     "console-instance-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-instance-save-image": ("post", {}, "", OWNED),  # the queued instance: refused with a message
     "console-images": ("get", {}, "", MINE),
+    "console-instance-disk": ("post", {}, "", OWNED),  # an empty size: refused with a message
+    "set_language": ("post", {}, "", OPEN),  # a cookie for whoever asks, signed in or not
     "console-image-delete": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # saved images: the owner only
     "console-account": ("get", {}, "", MINE),
     "console-account-token": ("post", {"action": "create"}, "", MINE),
@@ -62,6 +64,7 @@ MATRIX = {
     "api-images": ("get", {}, "", MINE),
     "api-image": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-instance-save-image": ("post", {}, "", OWNED),
+    "api-instance-disk": ("post", {}, "", OWNED),
     "api-instances": ("get", {}, "", MINE),
     "api-instance": ("get", {}, "", OWNED),
     "api-instance-start": ("post", {}, "", OWNED),

@@ -1,0 +1,87 @@
+"""Language switch (English / Simplified Chinese on every console page) and growing a data disk."""
+
+import subprocess
+
+import pytest
+
+from portal.models import Instance
+from scheduler.models import WorkloadEvent
+from scheduler.node import disks
+from tests.conftest import wait_for, wait_status
+from tests.portal.test_instance_api import container, create
+
+PAGES = ["/", "/instances/new/", "/jobs/", "/jobs/new/", "/images/", "/billing/", "/account/", "/account/password/"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", PAGES)
+def test_every_page_is_translated_after_switching_to_chinese(path, client, user, catalog, sim_node):
+    client.force_login(user)
+    english = client.get(path).content.decode()
+    assert '<html lang="en">' in english and "Instances</a>" in english
+    switched = client.post("/i18n/setlang/", {"language": "zh-hans", "next": path})
+    assert switched.status_code == 302 and switched["Location"] == path
+    chinese = client.get(path).content.decode()
+    assert '<html lang="zh-hans">' in chinese
+    assert "实例</a>" in chinese and "租用 GPU</a>" in chinese and "退出登录" in chinese  # the navigation
+    assert "Instances</a>" not in chinese and "Sign out" not in chinese
+    client.post("/i18n/setlang/", {"language": "en", "next": path})
+    assert "Instances</a>" in client.get(path).content.decode()
+
+
+@pytest.mark.django_db
+def test_page_bodies_and_flash_messages_are_translated(client, user, catalog, sim_node):
+    client.force_login(user)
+    client.post("/i18n/setlang/", {"language": "zh-hans"})
+    page = client.get("/instances/new/").content.decode()
+    assert "GPU 市场" in page and "创建实例" in page and "按量计费" in page
+    assert "GPU market" not in page and "Create instance" not in page
+    form = {
+        "name": "zh", "image": catalog["image"].pk, "gpu_type": catalog["rtx3090"].pk, "gpus": "0.5",
+        "cpu_cores": 1, "memory_gb": 1, "disk_gb": 10, "billing_mode": "on_demand", "idle_minutes": 60,
+    }  # fmt: skip
+    listing = client.post("/instances/new/", form, follow=True).content.decode()
+    assert "实例 zh 已创建" in listing and "排队中" in listing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_data_disk_grows_and_the_instance_sees_it(api, catalog, node_worker, settings, tmp_path):
+    settings.INSTANCE_DISK_QUOTA, settings.VOLUMES_DIR = True, str(tmp_path)
+    assert create(api, catalog, disk_gb=1).status_code == 201
+    instance = Instance.objects.get()
+    wait_status(instance.workload, "running")
+
+    def size_mb() -> int:
+        out = container(instance).exec_run(["df", "-m", "/root/autodl-tmp"]).output.decode().splitlines()[-1]
+        return int(out.split()[1])
+
+    assert size_mb() < 1024
+    assert container(instance).exec_run(["sh", "-c", "echo kept > /root/autodl-tmp/k"]).exit_code == 0
+    refused = api.post(f"/api/v1/instances/{instance.pk}/disk/", {"disk_gb": 1}, format="json")
+    assert refused.status_code == 400 and "only grows" in str(refused.data)
+    # Stopped, so it grows on any host (online growth needs CAP_SYS_RESOURCE, which this one may lack).
+    assert api.post(f"/api/v1/instances/{instance.pk}/stop/").status_code == 202
+    wait_status(instance.workload, "stopped")
+    grown = api.post(f"/api/v1/instances/{instance.pk}/disk/", {"disk_gb": 3}, format="json")
+    assert grown.status_code == 202 and grown.data["disk_growing_to"] == 3
+    wait_for(lambda: Instance.objects.get(pk=instance.pk).disk_gb == 3, what="the new size recorded")
+    instance.refresh_from_db()
+    assert instance.disk_growing_to is None and instance.workload.disk_gb == 3
+    assert WorkloadEvent.objects.filter(workload=instance.workload, reason="data disk grown to 3 GB").exists()
+    assert api.post(f"/api/v1/instances/{instance.pk}/start/").status_code == 202
+    wait_status(instance.workload, "running")
+    assert 2900 < size_mb() < 3100 and container(instance).exec_run(["cat", "/root/autodl-tmp/k"]).output == b"kept\n"
+    fill = container(instance).exec_run(["sh", "-c", "dd if=/dev/zero of=/root/autodl-tmp/f bs=1M count=1500"])
+    assert fill.exit_code == 0  # more than the first 1 GB now fits
+
+
+def test_growing_an_unmounted_disk_checks_then_grows_it(settings, tmp_path):
+    settings.VOLUMES_DIR = str(tmp_path)
+    disks.disk_ensure("gpucloud-data-offline", 1)
+    mount = tmp_path / "gpucloud-data-offline"
+    subprocess.run(["umount", str(mount)], check=True)
+    assert disks.disk_grow("gpucloud-data-offline", 2)
+    disks.disk_ensure("gpucloud-data-offline", 2)
+    df = subprocess.run(["df", "-m", str(mount)], check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+    assert 1900 < int(df.split()[1]) < 2100
+    disks.disk_delete("gpucloud-data-offline")
