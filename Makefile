@@ -10,7 +10,7 @@ test: export WHITENOISE_USE_FINDERS = true
 test: export DB_CONN_MAX_AGE = 0
 test: export TEST_FAST_PASSWORD_HASHER = true
 
-.PHONY: run test services lint bench
+.PHONY: run test services lint bench messages
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@command -v python3 >/dev/null || { echo "ERROR: python3 is missing: install Python 3.11 (apt-get install python3 python3-venv)."; exit 1; }
@@ -37,3 +37,11 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/scheduler_throughput.py
+
+# After changing translatable text: collect it into locale/zh_Hans/LC_MESSAGES/django.po, translate
+# the new entries there, then run this again to compile the .mo (needs gettext: apt-get install gettext).
+messages: $(VENV)/.installed
+	@command -v msgfmt >/dev/null || { echo "ERROR: gettext is missing: apt-get install gettext"; exit 1; }
+	SECRET_KEY=messages-only-0123456789abcdef0123456789 $(PY) manage.py makemessages -l zh_Hans \
+		--ignore=.venv --ignore=bench --ignore=tests --ignore=static/vendor
+	SECRET_KEY=messages-only-0123456789abcdef0123456789 $(PY) manage.py compilemessages --ignore=.venv

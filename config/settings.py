@@ -320,6 +320,19 @@ DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.soc
 # scheduler/node/network.py), or any Docker network mode you fence yourself.
 INSTANCE_NETWORK_MODE = env.str("INSTANCE_NETWORK_MODE", default="none")
 INSTANCE_NETWORK = env.str("INSTANCE_NETWORK", default="gpucloud-tenants")
+# Services inside instances (name:container port), published on the node when INSTANCE_PUBLISH_PORTS
+# is on (needs a bridge network: "fenced" or "bridge") to a port Docker picks, bound to
+# INSTANCE_PORT_BIND_IP; users reach them at INSTANCE_PUBLIC_HOST (default: the node's hostname).
+INSTANCE_SERVICE_PORTS = {
+    name: int(port)
+    for name, port in (
+        item.split(":")
+        for item in env.list("INSTANCE_SERVICE_PORTS", default=["JupyterLab:8888", "TensorBoard:6006", "SSH:22"])
+    )
+}
+INSTANCE_PUBLISH_PORTS = env.bool("INSTANCE_PUBLISH_PORTS", default=False)
+INSTANCE_PORT_BIND_IP = env.str("INSTANCE_PORT_BIND_IP", default="0.0.0.0")
+INSTANCE_PUBLIC_HOST = env.str("INSTANCE_PUBLIC_HOST", default="")
 INSTANCE_BRIDGE = env.str("INSTANCE_BRIDGE", default="gpucloud0")
 INSTANCE_SUBNET = env.str("INSTANCE_SUBNET", default="10.213.0.0/16")
 FENCE_EXTRA_CIDRS = env.list("FENCE_EXTRA_CIDRS", default=[])

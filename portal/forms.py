@@ -31,8 +31,13 @@ class WorkForm(forms.Form):
         initial=limits.DEFAULT_MEMORY_GB,
     )
 
-    def __init__(self, *args, gpu_types, images, **kwargs):
+    team = forms.ChoiceField(label=_("Charge to"), required=False)
+
+    def __init__(self, *args, gpu_types, images, teams=(), **kwargs):
         super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [("", _("My wallet"))] + [
+            (t.slug, _("Team %(name)s") % {"name": t.name}) for t in teams
+        ]
         self.fields["gpu_type"].choices = [
             (
                 t.pk,

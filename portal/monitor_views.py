@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from billing.statements import cost_so_far
 from portal import selectors
+from portal.connect import services_of
 from portal.housekeeping import release_due_at
 from portal.shortcuts import or_404
 from scheduler.models import Allocation, WorkloadGpuMinute
@@ -84,5 +85,6 @@ def instance_detail(request, instance_id: int):
             "events": workload.events.order_by("-created_at", "-id")[:100],
             "shares": Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index"),
             "release_at": release_due_at(instance),
+            "services": services_of(workload),
         },
     )

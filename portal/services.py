@@ -4,8 +4,9 @@ from decimal import Decimal
 
 from django.db import transaction
 
-from billing.enforcement import may_start
+from billing.enforcement import may_start, member_may_start
 from billing.ledger import payer_for
+from billing.models import Membership
 from portal import images, limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
@@ -46,6 +47,8 @@ def _payable(workload_or_owner, team: str = "") -> None:
     """Refuse work on an account with no money left or its budget reached (402)."""
     owner_id = getattr(workload_or_owner, "owner_id", None) or workload_or_owner.pk
     team = getattr(workload_or_owner, "team", team)
+    if team:
+        member_may_start(owner_id, team)  # 402 past the member's monthly limit on the team
     may_start(payer_for(owner_id=owner_id, team_slug=team))
 
 
@@ -58,10 +61,21 @@ def _submit(**fields):
         raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc
 
 
-def _work(*, owner, name: str, image, gpu_type, gpus: Decimal, cpu_cores: int, memory_gb: int) -> dict:
-    """The scheduler's view of a product's resources."""
+def _team(owner, team: str) -> str:
+    """The team the work is charged to ("" for the owner's own wallet): the owner must be a member."""
+    if not team:
+        return ""
+    if not Membership.objects.filter(user=owner, team__slug=team).exists():
+        raise InvalidInput(f"you are not a member of team {team!r}", field="team")
+    return team
+
+
+def _work(owner, name: str, image_id: int, gpu_type_id: int, gpus: Decimal, cpu_cores: int, memory_gb: int, team: str):
+    """(image, GPU type, the scheduler's view of the resources) of what a user asks for, checked."""
     gpu_count, gpu_milli = check_gpus(gpus)
-    return dict(
+    image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
+    work = dict(
+        team=_team(owner, team),
         owner=owner,
         name=name,
         image_ref=image.docker_ref,
@@ -73,6 +87,7 @@ def _work(*, owner, name: str, image, gpu_type, gpus: Decimal, cpu_cores: int, m
         # A saved image exists only on the node it was committed on.
         pinned_node=image.node,
     )
+    return image, gpu_type, work
 
 
 def instance_create(
@@ -89,12 +104,9 @@ def instance_create(
     idle_util_percent: int | None = None,
     idle_minutes: int | None = 60,
     stop_at=None,
+    team: str = "",
 ) -> Instance:
-    check_gpus(gpus)
-    image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
-    work = _work(
-        owner=owner, name=name, image=image, gpu_type=gpu_type, gpus=gpus, cpu_cores=cpu_cores, memory_gb=memory_gb
-    )
+    image, gpu_type, work = _work(owner, name, image_id, gpu_type_id, gpus, cpu_cores, memory_gb, team)
     with transaction.atomic():
         workload = _submit(**work, kind=WorkloadKind.INSTANCE, disk_gb=disk_gb, spot=billing_mode == BillingMode.SPOT)
         return Instance.objects.create(
@@ -131,6 +143,7 @@ def instance_clone(*, instance: Instance, owner) -> Instance:
         billing_mode=instance.billing_mode,
         idle_util_percent=instance.idle_util_percent,
         idle_minutes=instance.idle_minutes,
+        team=instance.workload.team,
     )
 
 
@@ -167,15 +180,13 @@ def job_create(
     priority: int = 1,
     max_runtime_s: int | None = None,
     checkpoint_gb: int = 50,
+    team: str = "",
 ) -> Job:
     """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume."""
     check_gpus(gpus)
     if not command.strip():
         raise InvalidInput("a job needs a command", field="command")
-    image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
-    work = _work(
-        owner=owner, name=name, image=image, gpu_type=gpu_type, gpus=gpus, cpu_cores=cpu_cores, memory_gb=memory_gb
-    )
+    image, gpu_type, work = _work(owner, name, image_id, gpu_type_id, gpus, cpu_cores, memory_gb, team)
     with transaction.atomic():
         workload = _submit(
             **work,

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal import account_views, billing_views, file_views, image_views, monitor_views, views
+from portal import account_views, billing_views, file_views, image_views, monitor_views, team_views, views
 
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
@@ -28,6 +28,9 @@ urlpatterns = [
     path("instances/<int:instance_id>/disk/", views.instance_disk, name="console-instance-disk"),
     path("images/", image_views.image_page, name="console-images"),
     path("images/<int:image_id>/delete/", image_views.image_delete, name="console-image-delete"),
+    path("teams/", team_views.team_list, name="console-teams"),
+    path("teams/<slug:slug>/", team_views.team_detail, name="console-team"),
+    path("teams/<slug:slug>/members/<str:action>/", team_views.team_member, name="console-team-member"),
     path("account/", account_views.account_page, name="console-account"),
     path("account/token/<str:action>/", account_views.account_token, name="console-account-token"),
     path("account/password/", account_views.PasswordChangeView.as_view(), name="console-password"),

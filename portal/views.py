@@ -14,6 +14,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from billing.statements import cost_so_far
+from billing.teams import teams_of
 from portal import selectors, services
 from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
@@ -50,7 +51,10 @@ def _create(request, form_class, template: str, create):
     gpu_types = selectors.gpu_type_list()
     images = list(selectors.image_list(user=request.user).select_related("node"))
     initial = {"image": request.GET["image"]} if request.GET.get("image", "").isdigit() else {}
-    form = form_class(request.POST or None, gpu_types=gpu_types, images=images, initial=initial)
+    if request.GET.get("team"):
+        initial["team"] = request.GET["team"]
+    teams = teams_of(request.user)
+    form = form_class(request.POST or None, gpu_types=gpu_types, images=images, teams=teams, initial=initial)
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
         data["image_id"], data["gpu_type_id"] = data.pop("image"), data.pop("gpu_type")

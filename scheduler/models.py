@@ -177,6 +177,9 @@ class Workload(models.Model):
     )
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads")
     container_id = models.CharField(max_length=80, blank=True)
+    ports = models.JSONField(
+        default=dict, blank=True, help_text="Published service ports of its last launch: container port -> host port."
+    )
     exit_code = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)

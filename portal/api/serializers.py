@@ -1,7 +1,9 @@
 """Output shapes shared by several API views."""
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.connect import services_of
 from portal.models import GpuType, Image, Instance, Job
 
 
@@ -57,6 +59,15 @@ class WorkloadFields(serializers.Serializer):
     queue_position = serializers.IntegerField(source="workload.queue_position")
     preemptions = serializers.IntegerField(source="workload.preemptions")
     estimated_start_at = serializers.DateTimeField(source="workload.estimated_start_at")
+    team = serializers.CharField(source="workload.team", help_text="The team charged; empty: the owner's wallet.")
+
+
+class ServiceOutput(serializers.Serializer):
+    name = serializers.CharField()
+    port = serializers.IntegerField(help_text="Inside the instance.")
+    host = serializers.CharField()
+    host_port = serializers.IntegerField()
+    address = serializers.CharField(help_text="A URL, or the ssh command.")
 
 
 class InstanceOutput(WorkloadFields, serializers.ModelSerializer):
@@ -91,7 +102,23 @@ class InstanceOutput(WorkloadFields, serializers.ModelSerializer):
             "queue_position",
             "preemptions",
             "estimated_start_at",
+            "team",
         ]
+
+
+class InstanceDetailOutput(InstanceOutput):
+    """One instance, with how to reach its published services (lists leave them out: a hot path)."""
+
+    services = serializers.SerializerMethodField(
+        help_text="Published services of a running instance: name, port inside, host, host_port, address."
+    )
+
+    class Meta(InstanceOutput.Meta):
+        fields = [*InstanceOutput.Meta.fields, "services"]
+
+    @extend_schema_field(ServiceOutput(many=True))
+    def get_services(self, instance) -> list:
+        return services_of(instance.workload)
 
 
 class JobOutput(WorkloadFields, serializers.ModelSerializer):
@@ -127,5 +154,6 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
             "queue_position",
             "preemptions",
             "estimated_start_at",
+            "team",
             "log_tail",
         ]

@@ -12,7 +12,7 @@ from portal import images, limits, selectors, services
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.pagination import page_of, paginated, paginated_rows
 from portal.api.rows import Rows
-from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceOutput, JobOutput
+from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceDetailOutput, InstanceOutput, JobOutput
 from portal.api.throttles import CreateRateThrottle
 from portal.models import BillingMode
 from portal.recommend import BYTES, recommend
@@ -74,6 +74,12 @@ class WorkInput(serializers.Serializer):
     )
     memory_gb = serializers.IntegerField(
         min_value=limits.MEMORY_GB.min, max_value=limits.MEMORY_GB.max, default=limits.DEFAULT_MEMORY_GB
+    )
+    team = serializers.CharField(
+        max_length=64,
+        required=False,
+        default="",
+        help_text="A team's slug: charge the team's wallet (you are a member).",
     )
 
     def work_fields(self) -> dict:
@@ -231,9 +237,9 @@ class InstanceListApi(APIView):
 
 
 class InstanceDetailApi(APIView):
-    @extend_schema(responses=InstanceOutput)
+    @extend_schema(responses=InstanceDetailOutput)
     def get(self, request, instance_id: int):
-        return Response(InstanceOutput(selectors.instance_get(user=request.user, instance_id=instance_id)).data)
+        return Response(InstanceDetailOutput(selectors.instance_get(user=request.user, instance_id=instance_id)).data)
 
 
 class InstanceActionApi(APIView):

@@ -37,6 +37,7 @@ def agent_launch(workload_id: int) -> None:
             network.fence_check()
         spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
         container_id = launcher.container_launch(workload, spec)
+        ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)
         workload_transition(
@@ -53,6 +54,7 @@ def agent_launch(workload_id: int) -> None:
         allowed_from=[S.STARTING],
         reason="container running",
         container_id=container_id,
+        ports=ports,
         started_at=timezone.now(),
     ):
         # Stopped, released or lost while it launched: do not leave its container running.

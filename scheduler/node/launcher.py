@@ -112,6 +112,14 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         spec["network"] = settings.INSTANCE_NETWORK
     else:
         spec["network_mode"] = settings.INSTANCE_NETWORK_MODE
+    if (
+        settings.INSTANCE_PUBLISH_PORTS
+        and settings.INSTANCE_NETWORK_MODE != "none"
+        and workload.kind != WorkloadKind.JOB
+    ):
+        # Each service's port to a host port Docker picks (read back after start: container_ports).
+        bind = settings.INSTANCE_PORT_BIND_IP
+        spec["ports"] = {f"{port}/tcp": (bind, None) for port in settings.INSTANCE_SERVICE_PORTS.values()}
     if node.nvidia_runtime and not node.simulated and uuids:
         spec["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
     return spec
@@ -185,6 +193,19 @@ def _ensure_image(ref: str) -> None:
         client.images.get(ref)
     except docker.errors.ImageNotFound:
         client.images.pull(ref)
+
+
+def container_ports(name: str) -> dict[str, int]:
+    """Published ports of a running container: container port -> host port ({} when none)."""
+    container = _find(name)
+    if container is None:
+        return {}
+    container.reload()
+    published = {}
+    for key, bindings in (container.ports or {}).items():
+        if bindings:
+            published[key.split("/")[0]] = int(bindings[0]["HostPort"])
+    return published
 
 
 def container_stop(name: str, *, grace_s: int) -> int | None:

@@ -7,7 +7,8 @@ from FORWARD for traffic leaving that bridge, drops every destination in the
 private, shared, link-local (cloud metadata) and loopback ranges plus
 ``FENCE_EXTRA_CIDRS`` (the control plane's addresses, wherever they are) — the
 tenants' own subnet included, so tenants cannot reach each other either — and
-INPUT drops everything from the bridge to the host itself. Replies to
+INPUT drops everything from the bridge to the host itself but replies to connections
+the host opened (published ports, ``INSTANCE_PUBLISH_PORTS``). Replies to
 connections the tenant did not open are not affected (conntrack).
 
 The agent installs the rules at start and checks them before every launch: a
@@ -47,7 +48,13 @@ def fence_rules() -> list[list[str]]:
 
 def _jumps() -> list[tuple[str, list[str]]]:
     bridge = settings.INSTANCE_BRIDGE
-    return [("FORWARD", ["-i", bridge, "-j", CHAIN]), ("INPUT", ["-i", bridge, "-j", "DROP"])]
+    # Inserted at the top of their chain in this order, so INPUT ends up: replies to connections the
+    # host opened (the published ports' proxy reaching a tenant's JupyterLab) pass, everything else drops.
+    return [
+        ("FORWARD", ["-i", bridge, "-j", CHAIN]),
+        ("INPUT", ["-i", bridge, "-j", "DROP"]),
+        ("INPUT", ["-i", bridge, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]),
+    ]
 
 
 def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -13,6 +13,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 from django.urls import URLResolver, get_resolver, reverse
 
+from billing import teams
 from config.asgi import application
 from portal import services
 from portal.models import Image
@@ -45,6 +46,10 @@ MATRIX = {
     "console-instance-disk": ("post", {}, "", OWNED),  # an empty size: refused with a message
     "set_language": ("post", {}, "", OPEN),  # a cookie for whoever asks, signed in or not
     "console-image-delete": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # saved images: the owner only
+    "console-teams": ("get", {}, "", MINE),
+    # The owner's team: members see it; others get 404; staff see every team.
+    "console-team": ("get", {}, "", OWNED),
+    "console-team-member": ("post", {"action": "add"}, "", OWNED),  # refused with a message: no username
     "console-account": ("get", {}, "", MINE),
     "console-account-token": ("post", {"action": "create"}, "", MINE),
     "console-password": ("get", {}, "", MINE),
@@ -68,6 +73,7 @@ MATRIX = {
     "api-instances": ("get", {}, "", MINE),
     "api-instance": ("get", {}, "", OWNED),
     "api-instance-start": ("post", {}, "", OWNED),
+    "api-instance-start-no-gpu": ("post", {}, "", OWNED),  # the queued instance: 409, still "allowed"
     "api-instance-stop": ("post", {}, "", OWNED),
     "api-instance-restart": ("post", {}, "", OWNED),
     "api-instance-release": ("post", {}, "", OWNED),
@@ -165,7 +171,10 @@ def owned_objects(owner, catalog) -> dict:
         name="saved", framework="x", framework_version="1", cuda_version="12", docker_ref="gpucloud-saved:x",
         visibility="private", owner=owner, node=Node.objects.first(),
     )  # fmt: skip
+    team = teams.team_create(user=owner, name=f"team {image.pk}")
     return {
+        "slug": team.slug,
+        "billing_team": team.pk,
         "image_id": image.pk,
         "portal_image": image.pk,
         "instance_id": instance.pk,

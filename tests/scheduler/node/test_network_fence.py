@@ -159,3 +159,34 @@ def test_a_launch_is_refused_when_the_fence_is_missing(fenced):
     assert "does not send traffic" in network.fence_problem()
     with pytest.raises(network.InvalidInput, match="fence is not in place"):
         network.fence_check()
+
+
+def test_a_published_service_is_reached_from_the_host_through_the_fence(fenced, base_image, user):
+    """JupyterLab & co.: the instance's port is published on the node; the host gets the answer, fenced or not."""
+    from scheduler.models import Node
+    from tests.scheduler.factories import workload
+
+    settings = fenced
+    settings.INSTANCE_PUBLISH_PORTS, settings.INSTANCE_PORT_BIND_IP = True, "127.0.0.1"
+    settings.INSTANCE_SERVICE_PORTS = {"JupyterLab": 8888}
+    network.fence_install()
+    node = Node.objects.create(name=f"ports-{uuid.uuid4().hex[:6]}", hostname="node-a", cpu_cores=2, memory_mb=2048)
+    serve = "mkdir -p /www && echo jupyter > /www/index.html && httpd -f -p 8888 -h /www"
+    work = workload(user, image_ref=base_image, command=["sh", "-c", serve], memory_mb=256)
+    spec = launcher.container_spec(work, node=node, shares=[])
+    assert spec["ports"] == {"8888/tcp": ("127.0.0.1", None)}
+    spec["labels"]["gpuc-fence-test"] = "ports"
+    try:
+        launcher.container_launch(work, spec)
+        host_port = launcher.container_ports(work.container_name)["8888"]
+
+        def answer():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{host_port}/", timeout=3).read()
+            except OSError:
+                return None
+
+        assert wait_for(answer, timeout=20, what="the published service") == b"jupyter\n"
+        assert network.fence_problem() is None  # with the fence in place
+    finally:
+        launcher.container_remove(work)

@@ -1,0 +1,106 @@
+"""Teams: a shared wallet its members' work is charged to (as AutoDL's organisations, RunPod's teams).
+
+Anyone may create a team and becomes its first admin; admins add members by
+username, remove them, make them admins and set each member's monthly limit.
+Work is charged to a team when its owner picks the team at creation
+(``Workload.team`` = the team's slug, which is also the scheduler's team for
+quotas). Top-ups of a team's wallet are staff's, as for users.
+"""
+
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils.text import slugify
+
+from billing.enforcement import member_spend, standing
+from billing.ledger import team_account
+from billing.models import Membership, Team
+from scheduler.errors import Conflict, InvalidInput, NotFound
+
+
+def teams_of(user):
+    """The teams the user belongs to, with ``my_membership`` set on each."""
+    memberships = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
+    teams = []
+    for membership in memberships:
+        membership.team.my_membership = membership
+        teams.append(membership.team)
+    return teams
+
+
+def team_get(*, user, slug: str) -> Team:
+    """A team the user is a member of (staff: any); NotFound otherwise, as if it did not exist."""
+    team = Team.objects.filter(slug=slug).first()
+    membership = Membership.objects.filter(team=team, user=user).first() if team else None
+    if team is None or (membership is None and not user.is_staff):
+        raise NotFound("no such team")
+    team.my_membership = membership
+    return team
+
+
+def _admin(team: Team, user) -> None:
+    if not (user.is_staff or (team.my_membership is not None and team.my_membership.is_admin)):
+        raise Conflict("only the team's admins may change its members")
+
+
+def team_create(*, user, name: str) -> Team:
+    name = (name or "").strip()
+    slug = slugify(name)[:64]
+    if not name or len(name) > 128 or not slug:
+        raise InvalidInput("give the team a name of 1 to 128 characters with a letter or digit", field="name")
+    try:
+        with transaction.atomic():
+            team = Team.objects.create(slug=slug, name=name)
+            Membership.objects.create(team=team, user=user, is_admin=True)
+            team_account(team)
+    except IntegrityError:
+        raise InvalidInput(f"a team called {slug!r} exists already: choose another name", field="name") from None
+    return team
+
+
+def member_add(*, team: Team, by, username: str, is_admin: bool = False) -> Membership:
+    _admin(team, by)
+    user = get_user_model().objects.filter(username=(username or "").strip()).first()
+    if user is None:
+        raise InvalidInput(f"no user called {username!r}", field="username")
+    membership, created = Membership.objects.get_or_create(team=team, user=user, defaults={"is_admin": is_admin})
+    if not created:
+        raise Conflict(f"{user.username} is already a member")
+    return membership
+
+
+def member_update(*, team: Team, by, member_id: int, is_admin: bool, monthly_limit: Decimal | None) -> Membership:
+    _admin(team, by)
+    membership = Membership.objects.filter(team=team, pk=member_id).first()
+    if membership is None:
+        raise NotFound("no such member")
+    if monthly_limit is not None and monthly_limit < 0:
+        raise InvalidInput("a monthly limit is an amount of 0 or more, or empty for none", field="monthly_limit")
+    if not is_admin and membership.is_admin and _admins(team) == 1:
+        raise Conflict("a team keeps at least one admin")
+    membership.is_admin, membership.monthly_limit = is_admin, monthly_limit
+    membership.save(update_fields=["is_admin", "monthly_limit"])
+    return membership
+
+
+def member_remove(*, team: Team, by, member_id: int) -> None:
+    _admin(team, by)
+    membership = Membership.objects.filter(team=team, pk=member_id).first()
+    if membership is None:
+        raise NotFound("no such member")
+    if membership.is_admin and _admins(team) == 1:
+        raise Conflict("a team keeps at least one admin")
+    membership.delete()
+
+
+def _admins(team: Team) -> int:
+    return Membership.objects.filter(team=team, is_admin=True).count()
+
+
+def team_summary(team: Team) -> dict:
+    """The team's wallet standing and each member's spend this month."""
+    members = list(team.memberships.select_related("user").order_by("-is_admin", "user__username"))
+    for membership in members:
+        membership.month_spend = member_spend(membership)
+    return {"standing": standing(team_account(team)), "account": team_account(team), "members": members}

@@ -1,0 +1,92 @@
+"""Teams in the console: my teams and a new one; a team's wallet, members (admins manage them) and its work."""
+
+from decimal import Decimal, InvalidOperation
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
+
+from billing import teams
+from billing.statements import cost_so_far
+from portal.models import Instance, Job
+from portal.shortcuts import or_404
+from scheduler.errors import ServiceError
+from scheduler.models import WorkloadStatus
+
+
+@login_required
+def team_list(request):
+    if request.method == "POST":
+        try:
+            team = teams.team_create(user=request.user, name=request.POST.get("name", ""))
+        except ServiceError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, _("Team %(name)s created; you are its admin.") % {"name": team.name})
+            return redirect("console-team", slug=team.slug)
+    mine = teams.teams_of(request.user)
+    for team in mine:
+        team.summary = teams.team_summary(team)
+    return render(request, "portal/teams.html", {"teams": mine})
+
+
+@login_required
+def team_detail(request, slug: str):
+    team = or_404(teams.team_get, user=request.user, slug=slug)
+    not_released = {"workload__team": team.slug}
+    instances = list(
+        Instance.objects.filter(**not_released)
+        .exclude(workload__status=WorkloadStatus.RELEASED)
+        .select_related("workload", "owner", "gpu_type")
+    )
+    jobs = list(
+        Job.objects.filter(**not_released)
+        .exclude(workload__status=WorkloadStatus.RELEASED)
+        .select_related("workload", "owner", "gpu_type")
+    )
+    costs = cost_so_far([w.workload_id for w in [*instances, *jobs]])
+    for work in [*instances, *jobs]:
+        work.cost = costs.get(work.workload_id)
+    is_admin = request.user.is_staff or (team.my_membership is not None and team.my_membership.is_admin)
+    context = {"team": team, "is_admin": is_admin, "instances": instances, "jobs": jobs, **teams.team_summary(team)}
+    return render(request, "portal/team_detail.html", context)
+
+
+def _limit(text: str) -> Decimal | None:
+    if not text.strip():
+        return None
+    try:
+        return Decimal(text.strip())
+    except InvalidOperation:
+        raise ServiceError(_("The monthly limit must be an amount (e.g. 300) or empty for none.")) from None
+
+
+@login_required
+@require_POST
+def team_member(request, slug: str, action: str):
+    """``add`` (by username), ``update`` (admin flag, monthly limit) or ``remove`` a member: team admins only."""
+    team = or_404(teams.team_get, user=request.user, slug=slug)
+    post = request.POST
+    try:
+        if action == "add":
+            membership = teams.member_add(team=team, by=request.user, username=post.get("username", ""))
+            messages.success(request, _("%(user)s added to the team.") % {"user": membership.user.username})
+        elif action == "update":
+            teams.member_update(
+                team=team,
+                by=request.user,
+                member_id=int(post.get("member", 0)),
+                is_admin=post.get("is_admin") == "on",
+                monthly_limit=_limit(post.get("monthly_limit", "")),
+            )
+            messages.success(request, _("Member updated."))
+        elif action == "remove":
+            teams.member_remove(team=team, by=request.user, member_id=int(post.get("member", 0)))
+            messages.info(request, _("Member removed."))
+        else:
+            messages.error(request, _("Unknown action."))
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect("console-team", slug=team.slug)

@@ -1,0 +1,81 @@
+"""Teams: create one, add members, charge work to the team's wallet, limits per member, privacy."""
+
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+
+from billing.ledger import team_account, wallet_credit
+from billing.models import Membership, PostingKind, Team
+from portal.models import Instance
+from tests.conftest import wait_for, wait_status
+from tests.portal.test_instance_api import create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def console(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def messages_of(response) -> str:
+    return " ".join(str(m) for m in response.context["messages"])
+
+
+def test_a_team_is_created_members_are_added_and_work_is_charged_to_its_wallet(
+    api, user, outsider, outsider_api, catalog, node_worker
+):
+    admin = console(user)
+    created = admin.post("/teams/", {"name": "Vision Lab"}, follow=True)
+    assert "Team Vision Lab created" in messages_of(created)
+    team = Team.objects.get(slug="vision-lab")
+    added = admin.post("/teams/vision-lab/members/add/", {"username": outsider.username}, follow=True)
+    assert f"{outsider.username} added" in messages_of(added)
+    wallet_credit(account=team_account(team), amount=Decimal("100"), kind=PostingKind.TOPUP, memo="t", by=None)
+
+    # The member picks the team when creating: the team's wallet pays.
+    response = create(outsider_api, catalog, name="team-run", team="vision-lab")
+    assert response.status_code == 201, response.data
+    assert response.data["team"] == "vision-lab"
+    instance = Instance.objects.get(name="team-run")
+    wait_status(instance.workload, "running")
+    segment = wait_for(lambda: instance.workload.meter_segments.filter(account__isnull=False).first(), what="payer")
+    assert segment.account == team_account(team)
+    assert outsider_api.post(f"/api/v1/instances/{instance.pk}/stop/").status_code == 202
+    wait_status(instance.workload, "stopped")
+    charged = wait_for(lambda: segment.postings.first(), what="the stop settled")
+    assert charged.debit == team_account(team) and charged.amount > 0
+
+    page = admin.get("/teams/vision-lab/").content.decode()
+    assert 'data-team-work="team-run"' in page and f'data-member="{outsider.username}"' in page
+    member_page = console(outsider).get("/teams/vision-lab/").content.decode()
+    assert 'data-team-work="team-run"' in member_page and "data-add-member" not in member_page  # no admin forms
+
+    # Not a member: refused naming the field; a member past a limit: 402.
+    stranger = create(api, catalog, name="x", team="no-such-team")
+    assert stranger.status_code == 400 and "team" in stranger.data
+    membership = Membership.objects.get(team=team, user=outsider)
+    admin.post("/teams/vision-lab/members/update/", {"member": membership.pk, "monthly_limit": "0"})
+    membership.refresh_from_db()
+    assert membership.monthly_limit == Decimal("0")
+    limited = create(outsider_api, catalog, name="y", team="vision-lab")
+    assert limited.status_code == 402 and "limit" in str(limited.data)
+
+
+def test_only_admins_change_members_outsiders_see_nothing_and_a_team_keeps_an_admin(user, outsider, django_user_model):
+    admin = console(user)
+    admin.post("/teams/", {"name": "NLP"})
+    third = django_user_model.objects.create_user("third", password="third-pass-123")
+    assert console(outsider).get("/teams/nlp/").status_code == 404
+    assert console(outsider).post("/teams/nlp/members/add/", {"username": "third"}).status_code == 404
+    admin.post("/teams/nlp/members/add/", {"username": outsider.username})
+    refused = console(outsider).post("/teams/nlp/members/add/", {"username": "third"}, follow=True)
+    assert "only the team's admins" in messages_of(refused)
+    assert not Membership.objects.filter(user=third).exists()
+    mine = Membership.objects.get(team__slug="nlp", user=user)
+    last_admin = admin.post("/teams/nlp/members/remove/", {"member": mine.pk}, follow=True)
+    assert "keeps at least one admin" in messages_of(last_admin)
+    taken = admin.post("/teams/", {"name": "nlp"}, follow=True)
+    assert "exists already" in messages_of(taken)
