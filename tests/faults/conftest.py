@@ -201,7 +201,13 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(transactional_db, user, catalog, base_image, tmp_path):
+def cluster_env() -> dict:
+    """Extra settings for the cluster's processes; a test module overrides this fixture to change them."""
+    return {}
+
+
+@pytest.fixture
+def cluster(transactional_db, user, catalog, base_image, tmp_path, cluster_env):
     if connection.vendor != "postgresql":
         pytest.fail("run on PostgreSQL (make test does)")
     name = f"fault-{uuid.uuid4().hex[:6]}"
@@ -224,6 +230,7 @@ def cluster(transactional_db, user, catalog, base_image, tmp_path):
         "PREEMPTION_GRACE_S": "1",
         "DB_CONN_MAX_AGE": "0",
         "LOG_LEVEL": "INFO",
+        **cluster_env,
     }
     logs = str(settings.VAR_DIR / "log")
     os.makedirs(logs, exist_ok=True)
