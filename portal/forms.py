@@ -38,21 +38,24 @@ class WorkForm(forms.Form):
         self.fields["team"].choices = [("", _("My wallet"))] + [
             (t.slug, _("Team %(name)s") % {"name": t.name}) for t in teams
         ]
-        self.fields["gpu_type"].choices = [
-            (
-                t.pk,
-                f"{t.display_name} — {t.price_per_hour} {t.currency}/card-hour, "
-                f"{t.capacity['free_cards']} of {t.capacity['cards']} cards free"
-                f"{' (simulated)' if t.capacity['simulated'] else ''}",
-            )
-            for t in gpu_types
-        ]
+        self.fields["gpu_type"].choices = [(t.pk, _gpu_type_label(t)) for t in gpu_types]
         groups = {"official": _("Official"), "community": _("Community"), "private": _("My images")}
         self.fields["image"].choices = [
             (label, [(i.pk, _image_label(i)) for i in images if i.visibility == key])
             for key, label in groups.items()
             if any(i.visibility == key for i in images)
         ]
+
+
+def _gpu_type_label(t) -> str:
+    label = _("%(name)s — %(price)s %(currency)s/card-hour, %(free)s of %(cards)s cards free") % {
+        "name": t.display_name,
+        "price": t.price_per_hour,
+        "currency": t.currency,
+        "free": t.capacity["free_cards"],
+        "cards": t.capacity["cards"],
+    }
+    return label + (_(" (simulated)") if t.capacity["simulated"] else "")
 
 
 def _image_label(image) -> str:

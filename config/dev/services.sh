@@ -64,6 +64,12 @@ fi
 # Chromium for the browser tests (Debian's; no browser download is possible).
 if [ -n "${WITH_BROWSER:-}" ]; then
   need_pkg chromium chromium
+  # A Chinese font, so the zh-hans pages render (and their screenshots show) text, not boxes.
+  [ -e /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || {
+    command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && echo "installing fonts-wqy-microhei ..." &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-microhei >/dev/null ||
+      echo "note: no Chinese font (apt-get install fonts-wqy-microhei): Chinese screenshots show boxes" >&2
+  }
 fi
 
 # PostgreSQL, only when the database URL asks for it.

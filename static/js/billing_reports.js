@@ -5,7 +5,7 @@
   const bars = uPlot.paths.bars({ size: [0.6, 40] });
   for (const [name, label, color] of [["revenue", "revenue", "#2f6fed"], ["gpu_hours", "GPU-hours", "#1a8a3a"]]) {
     const el = document.querySelector(`[data-chart="${name}"]`);
-    if (!times.length) { el.innerHTML = '<p class="muted">Nothing billed in this range.</p>'; continue; }
+    if (!times.length) { el.innerHTML = `<p class="muted">${gettext("Nothing billed in this range.")}</p>`; continue; }
     const plot = new uPlot({
       width: Math.max(el.clientWidth, 280), height: 220,
       // Half a day either side, so one day's bar is a bar and not a sliver on a years-long axis.

@@ -52,14 +52,14 @@
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const base = document.querySelector('meta[name="websocket-url"]').content || `${scheme}://${location.host}`;
     const socket = new WebSocket(base + cfg.socket);
-    socket.onopen = () => { conn.dataset.state = "live"; conn.textContent = "live"; delay = 1000; };
+    socket.onopen = () => { conn.dataset.state = "live"; conn.textContent = gettext("live"); delay = 1000; };
     socket.onmessage = (event) => {
       const message = JSON.parse(event.data);
       (message.type === "history" ? message.samples : [message]).forEach(show);
     };
     socket.onclose = (event) => {
-      if (event.code >= 4400 && event.code < 4500) { conn.dataset.state = "refused"; conn.textContent = `refused (${event.code})`; return; }
-      conn.dataset.state = "reconnecting"; conn.textContent = "reconnecting…";
+      if (event.code >= 4400 && event.code < 4500) { conn.dataset.state = "refused"; conn.textContent = `${gettext("refused")} (${event.code})`; return; }
+      conn.dataset.state = "reconnecting"; conn.textContent = gettext("reconnecting…");
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 30000);
     };

@@ -93,7 +93,7 @@
     const el = document.querySelector('[data-chart="day"]');
     const uuids = [...new Set(cfg.minutes.map((m) => m[1]))];
     const times = [...new Set(cfg.minutes.map((m) => m[0]))];
-    if (!times.length) { el.innerHTML = '<p class="muted">No minutes recorded in the last 24 hours.</p>'; return; }
+    if (!times.length) { el.innerHTML = `<p class="muted">${gettext("No minutes recorded in the last 24 hours.")}</p>`; return; }
     const lines = [], data = [times];
     uuids.forEach((uuid, k) => {
       const rows = new Map(cfg.minutes.filter((m) => m[1] === uuid).map((m) => [m[0], m]));
@@ -111,14 +111,14 @@
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const base = document.querySelector('meta[name="websocket-url"]').content || `${scheme}://${location.host}`;
     const socket = new WebSocket(base + cfg.socket);
-    socket.onopen = () => { setState("live", "live"); delay = 1000; };
+    socket.onopen = () => { setState("live", gettext("live")); delay = 1000; };
     socket.onmessage = (event) => {
       const message = JSON.parse(event.data);
       add(message.type === "history" ? message.samples : [message]);
     };
     socket.onclose = (event) => {
-      if (event.code >= 4400 && event.code < 4500) { setState("refused", `refused (${event.code})`); return; }
-      setState("reconnecting", "reconnecting…");
+      if (event.code >= 4400 && event.code < 4500) { setState("refused", `${gettext("refused")} (${event.code})`); return; }
+      setState("reconnecting", gettext("reconnecting…"));
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 30000);
     };

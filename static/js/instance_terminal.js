@@ -15,12 +15,12 @@
   socket.binaryType = "arraybuffer";
   const send = (message) => socket.readyState === WebSocket.OPEN && socket.send(JSON.stringify(message));
   const resize = () => { fit.fit(); send({ type: "resize", cols: term.cols, rows: term.rows }); };
-  socket.onopen = () => { conn.dataset.state = "live"; conn.textContent = "connected"; resize(); term.focus(); };
+  socket.onopen = () => { conn.dataset.state = "live"; conn.textContent = gettext("connected"); resize(); term.focus(); };
   socket.onmessage = (event) => term.write(new Uint8Array(event.data));
   socket.onclose = (event) => {
-    const why = { 4401: "sign in again", 4404: "no such instance of yours", 4409: "the instance is not running" }[event.code];
+    const why = { 4401: gettext("sign in again"), 4404: gettext("no such instance of yours"), 4409: gettext("the instance is not running") }[event.code];
     conn.dataset.state = event.code === 4000 ? "reconnecting" : "refused";
-    conn.textContent = why ? `closed: ${why}` : `closed${event.reason ? ": " + event.reason : ""}`;
+    conn.textContent = gettext("closed") + (why ? `: ${why}` : event.reason ? `: ${event.reason}` : "");
     term.write(`\r\n\x1b[33m[${conn.textContent}]\x1b[0m\r\n`);
   };
   term.onData((data) => send({ type: "input", data }));

@@ -6,10 +6,10 @@
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const base = document.querySelector('meta[name="websocket-url"]').content || `${scheme}://${location.host}`;
     const socket = new WebSocket(`${base}/ws/instances/`);
-    socket.onopen = () => { state.textContent = "Live updates: on"; delay = 1000; };
+    socket.onopen = () => { state.textContent = gettext("Live updates: on"); delay = 1000; };
     socket.onmessage = () => document.body.dispatchEvent(new Event("instances-changed"));
     socket.onclose = () => {
-      state.textContent = "Live updates: reconnecting…";
+      state.textContent = gettext("Live updates: reconnecting…");
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 30000);
     };

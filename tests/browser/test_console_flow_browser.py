@@ -19,8 +19,11 @@ from tests.conftest import wait_status
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 
-def create_from_form(page, base: str, name: str, *, image_id: int | None = None, gpu_type_id: int) -> Instance:
-    page.goto(f"{base}/instances/new/" + (f"?image={image_id}" if image_id else ""))
+def create_from_form(page, base: str, name: str, *, image_id: int, gpu_type_id: int, preselected=False) -> Instance:
+    if not preselected:
+        page.goto(f"{base}/instances/new/")
+        page.select_option("#id_image", str(image_id))
+    expect(page.locator("#id_image")).to_have_value(str(image_id))
     page.fill("#id_name", name)
     page.select_option("#id_gpu_type", str(gpu_type_id))
     page.fill("#id_gpus", "0.5")
@@ -64,8 +67,8 @@ def test_a_user_gets_into_an_instance_saves_it_as_an_image_and_reuses_it(
     base = f"http://{web_server}"
     page.set_viewport_size({"width": 1280, "height": 900})
     sign_in(page, base, "alice", "alice-pass-123")
-    expect(page.get_by_role("heading", name="My instances")).to_be_visible()
-    first = create_from_form(page, base, "env", gpu_type_id=catalog["rtx3090"].pk)
+    expect(page.get_by_role("heading", name="My instances", exact=True)).to_be_visible()
+    first = create_from_form(page, base, "env", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk)
     page.screenshot(path=f"{SCREENSHOTS}/instances.png", full_page=True)
 
     # The instance page, its terminal and its files.
@@ -76,7 +79,7 @@ def test_a_user_gets_into_an_instance_saves_it_as_an_image_and_reuses_it(
     terminal_run(page, base, first, "echo made-in-terminal > /root/term.txt; echo ok-$((6*7))", "ok-42")
     page.goto(f"{base}/instances/{first.pk}/files/?path=/root")
     page.set_input_files("input[name=file]", {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"my notes\n"})
-    page.get_by_role("button", name="Upload").click()
+    page.get_by_role("button", name="Upload", exact=True).click()
     expect(page.locator(".flash")).to_contain_text("Uploaded")
     expect(page.locator('[data-entry="notes.txt"]')).to_be_visible()
     expect(page.locator('[data-entry="term.txt"]')).to_be_visible()
@@ -88,7 +91,7 @@ def test_a_user_gets_into_an_instance_saves_it_as_an_image_and_reuses_it(
     stop_from_instance_page(page, base, first)
     page.fill("#save-image input[name=name]", "my-env")
     page.get_by_role("button", name="Save as image").click()
-    expect(page.get_by_role("heading", name="Images")).to_be_visible()
+    expect(page.get_by_role("heading", name="Images", exact=True)).to_be_visible()
     saved = page.locator("[data-image]", has_text="my-env")
     expect(saved.locator("[data-image-status]")).to_have_text("Ready", timeout=60_000)  # htmx polls while saving
     page.screenshot(path=f"{SCREENSHOTS}/images.png", full_page=True)
@@ -98,7 +101,8 @@ def test_a_user_gets_into_an_instance_saves_it_as_an_image_and_reuses_it(
     saved.get_by_role("link", name="New instance").click()
     expect(page.locator("#id_image")).to_have_value(str(image.pk))
     page.screenshot(path=f"{SCREENSHOTS}/instance-create.png", full_page=True)
-    second = create_from_form(page, base, "from-image", image_id=image.pk, gpu_type_id=catalog["rtx3090"].pk)
+    gpu_type = catalog["rtx3090"].pk
+    second = create_from_form(page, base, "from-image", image_id=image.pk, gpu_type_id=gpu_type, preselected=True)
     terminal_run(page, base, second, "cat /root/notes.txt /root/term.txt", "made-in-terminal")
     assert "my notes" in page.evaluate(SCREEN)
     page.screenshot(path=f"{SCREENSHOTS}/terminal.png")
@@ -123,14 +127,14 @@ def test_a_user_gets_into_an_instance_saves_it_as_an_image_and_reuses_it(
     # The same pages in Chinese.
     page.goto(f"{base}/")
     page.select_option("[data-language] select", "zh-hans")
-    expect(page.get_by_role("heading", name="我的实例")).to_be_visible()
+    expect(page.get_by_role("heading", name="我的实例", exact=True)).to_be_visible()
     expect(page.locator("header nav")).to_contain_text("租用 GPU")
     page.goto(f"{base}/images/")
-    expect(page.get_by_role("heading", name="我的镜像")).to_be_visible()
+    expect(page.get_by_role("heading", name="我的镜像", exact=True)).to_be_visible()
     expect(saved.locator("[data-image-status]")).to_have_text("可用")
     page.screenshot(path=f"{SCREENSHOTS}/images-zh.png", full_page=True)
     page.goto(f"{base}/instances/new/")
-    expect(page.get_by_role("heading", name="GPU 市场")).to_be_visible()
+    expect(page.get_by_role("heading", name="GPU 市场", exact=True)).to_be_visible()
     page.screenshot(path=f"{SCREENSHOTS}/instance-create-zh.png", full_page=True)
 
 
@@ -141,7 +145,7 @@ def test_teams_account_and_a_phone_sized_screen(page, user, outsider, catalog, s
     page.goto(f"{base}/teams/")
     page.fill("input[name=name]", "Vision Lab")
     page.get_by_role("button", name="Create team").click()
-    expect(page.locator(".flash")).to_contain_text("Team Vision Lab created")
+    expect(page.locator(".flash.success")).to_contain_text("Team Vision Lab created")
     page.fill("[data-add-member] input[name=username]", outsider.username)
     page.get_by_role("button", name="Add", exact=True).click()
     expect(page.locator(f'[data-member="{outsider.username}"]')).to_be_visible()
@@ -150,7 +154,7 @@ def test_teams_account_and_a_phone_sized_screen(page, user, outsider, catalog, s
     expect(page.locator("#id_team")).to_have_value("vision-lab")
     page.goto(f"{base}/account/")
     page.get_by_role("button", name="Create a token").click()
-    expect(page.locator(".flash")).to_contain_text("New API token")
+    expect(page.locator(".flash.success")).to_contain_text("New API token")
     page.screenshot(path=f"{SCREENSHOTS}/account.png", full_page=True)
 
     # A phone: the navigation and tables fit the width (no page-wide horizontal scroll).

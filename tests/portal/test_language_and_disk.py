@@ -1,12 +1,13 @@
 """Language switch (English / Simplified Chinese on every console page) and growing a data disk."""
 
+import json
 import subprocess
 
 import pytest
 
 from portal.models import Instance
 from scheduler.models import WorkloadEvent
-from scheduler.node import disks
+from scheduler.node import disks, launcher
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import container, create
 
@@ -49,6 +50,14 @@ def test_a_data_disk_grows_and_the_instance_sees_it(api, catalog, node_worker, s
     settings.INSTANCE_DISK_QUOTA, settings.VOLUMES_DIR = True, str(tmp_path)
     assert create(api, catalog, disk_gb=1).status_code == 201
     instance = Instance.objects.get()
+    try:
+        grow_and_check(api, instance)
+    finally:
+        launcher.container_remove(instance.workload)  # unmounts and deletes its disk file too
+    assert not (tmp_path / instance.workload.volume_name).is_mount()
+
+
+def grow_and_check(api, instance):
     wait_status(instance.workload, "running")
 
     def size_mb() -> int:
@@ -93,9 +102,19 @@ def test_the_chinese_catalog_has_no_untranslated_or_fuzzy_entry_and_is_compiled(
     from django.conf import settings
     from django.utils import translation
 
-    text = (Path(settings.BASE_DIR) / "locale/zh_Hans/LC_MESSAGES/django.po").read_text()
-    entries = text.split("\n\n")[1:]  # the first is the header
+    folder = Path(settings.BASE_DIR) / "locale/zh_Hans/LC_MESSAGES"
+    text = (folder / "django.po").read_text() + (folder / "djangojs.po").read_text()
+    entries = [e for e in text.split("\n\n") if "msgid" in e and 'msgid ""\nmsgstr ""\n"' not in e]  # not headers
     untranslated = [e for e in entries if "#, fuzzy" in e or e.rstrip().endswith(('msgstr ""', 'msgstr[0] ""'))]
     assert not untranslated, untranslated[:3]
     with translation.override("zh-hans"):  # the compiled .mo holds the newest strings too
         assert translation.gettext("Add a member by username") == "按用户名添加成员"
+
+
+@pytest.mark.django_db
+def test_the_live_pages_strings_come_translated(client):
+    english = client.get("/jsi18n/").content.decode()
+    client.post("/i18n/setlang/", {"language": "zh-hans"})
+    chinese = client.get("/jsi18n/?l=zh-hans").content.decode()
+    escaped = json.dumps("实时更新：已开启")[1:-1]  # the catalog is JSON inside JavaScript
+    assert escaped in chinese and escaped not in english

@@ -44,7 +44,13 @@ MATRIX = {
     "console-instance-save-image": ("post", {}, "", OWNED),  # the queued instance: refused with a message
     "console-images": ("get", {}, "", MINE),
     "console-instance-disk": ("post", {}, "", OWNED),  # an empty size: refused with a message
-    "set_language": ("post", {}, "", OPEN),  # a cookie for whoever asks, signed in or not
+    "set_language": ("post", {}, "", OPEN),
+    "javascript-catalog": (
+        "get",
+        {},
+        "",
+        OPEN,
+    ),  # the live pages' translated strings  # a cookie for whoever asks, signed in or not
     "console-image-delete": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # saved images: the owner only
     "console-teams": ("get", {}, "", MINE),
     # The owner's team: members see it; others get 404; staff see every team.
