@@ -75,6 +75,9 @@ def estimate(*, gpu_model: str, cards: int, milli: int, cpu_cores: int, memory_m
     spot = hourly_price(Shape(gpu_model, cards, milli, cpu_cores, memory_mb, spot=True), rate, spot_card)
     return {
         "currency": card.currency,
+        # Included with each card (as AutoDL allots per card); more is charged per core / GB.
+        "cpus_per_card": card.cpus_per_card,
+        "memory_gb_per_card": card.memory_gb_per_card,
         "on_demand_per_hour": str(on_demand.quantize(Decimal("0.0001"))),
         "spot_per_hour": str(spot.quantize(Decimal("0.0001"))),
         "spot_card_hour": str(spot_card),

@@ -21,7 +21,8 @@ def gpu_type_list():
     types = list(GpuType.objects.filter(active=True))
     for gpu_type in types:
         gpu_type.capacity = summary.get(
-            gpu_type.name, {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0}
+            gpu_type.name,
+            {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0, "nodes": {}},
         )
         gpu_type.spot_now = spot_now(gpu_type.name)  # moves with load; None until first computed
     # Types that have cards in the cluster come first, cheapest first.

@@ -13,6 +13,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
+from billing.prices import rate_card_now
 from billing.statements import cost_so_far
 from billing.teams import teams_of
 from portal import selectors, services
@@ -62,7 +63,18 @@ def _create(request, form_class, template: str, create):
             return create(data)
         except ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-    return render(request, template, {"form": form, "gpu_types": gpu_types})
+    # What each card includes (the rate card in force), capped at the most one node with the type offers:
+    # the create page scales CPU and memory with the cards from these, at once as the cards change.
+    node_limits = {}
+    for t in gpu_types:
+        card = rate_card_now(t.name)
+        node_limits[t.pk] = {
+            "cpu": max((n["cpu_cores"] for n in t.capacity["nodes"].values()), default=0),
+            "memory_gb": max((n["memory_gb"] for n in t.capacity["nodes"].values()), default=0),
+            "cpus_per_card": card.cpus_per_card if card else None,
+            "memory_gb_per_card": card.memory_gb_per_card if card else None,
+        }
+    return render(request, template, {"form": form, "gpu_types": gpu_types, "node_limits": node_limits})
 
 
 def _act(request, get, act, actions: dict, action: str, back: str):
@@ -101,6 +113,11 @@ def instance_list(request):
         instance.release_at = release_at if release_at and release_at - now <= warn_from else None
         if instance.stop_warned_at:
             instance.stop_due = instance.stop_warned_at + timedelta(seconds=settings.IDLE_WARNING_S)
+        util = instance.workload.gpu_utilization  # the last minute's mean over its share (monitoring)
+        instance.gpu_busy, instance.idle = None, False
+        if instance.workload.status == "running" and util is not None and not instance.workload.no_gpu:
+            instance.gpu_busy = round(util * 100)
+            instance.idle = util < settings.SCHEDULER_IDLE_UTIL
     context = {"instances": instances}
     return _list(request, "portal/instance_list.html", "portal/_instance_rows.html", context)
 

@@ -27,22 +27,36 @@ def node_list():
 
 
 def gpu_models_summary() -> dict[str, dict]:
-    """Per GPU model on active nodes: cards, free whole cards, free share, most cards on one node."""
+    """Per GPU model on active nodes: cards, free whole cards, free share, most cards on one node, and per
+    node (name, free cards, free share, its CPU cores and memory) — what the GPU market shows."""
     summary: dict[str, dict] = {}
     per_node: Counter = Counter()
     cards = Gpu.objects.filter(node__status=NodeStatus.ACTIVE).values(
-        "model", "node_id", "allocated_milli", "node__simulated"
+        "model", "node_id", "allocated_milli", "node__simulated", "node__name", "node__cpu_cores", "node__memory_mb"
     )
-    for g in cards:
+    for g in cards.order_by("node__name", "index"):
         row = summary.setdefault(
-            g["model"], {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0}
+            g["model"],
+            {"cards": 0, "free_cards": 0, "free_share": 0.0, "simulated": False, "max_cards_per_node": 0, "nodes": {}},
         )
+        free = (WHOLE_CARD - g["allocated_milli"]) / WHOLE_CARD
         row["cards"] += 1
         row["free_cards"] += g["allocated_milli"] == 0
-        row["free_share"] = round(row["free_share"] + (WHOLE_CARD - g["allocated_milli"]) / WHOLE_CARD, 3)
+        row["free_share"] = round(row["free_share"] + free, 3)
         row["simulated"] |= g["node__simulated"]
         per_node[g["model"], g["node_id"]] += 1
         row["max_cards_per_node"] = max(row["max_cards_per_node"], per_node[g["model"], g["node_id"]])
+        node = row["nodes"].setdefault(
+            g["node__name"],
+            {
+                "free_cards": 0,
+                "free_share": 0.0,
+                "cpu_cores": g["node__cpu_cores"],
+                "memory_gb": g["node__memory_mb"] // 1024,
+            },
+        )
+        node["free_cards"] += g["allocated_milli"] == 0
+        node["free_share"] = round(node["free_share"] + free, 3)
     return summary
 
 

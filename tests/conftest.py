@@ -103,6 +103,12 @@ def remove_node_containers(node_name: str) -> None:
 
 
 @pytest.fixture
+def cluster_env() -> dict:
+    """Extra settings for the real-process cluster (tests/faults/conftest.py); a test module overrides it."""
+    return {}
+
+
+@pytest.fixture
 def sim_node(db):
     node = make_node()
     yield node

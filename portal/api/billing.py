@@ -99,6 +99,8 @@ class PriceApi(APIView):
 
     class PriceEstimateOutput(serializers.Serializer):
         currency = serializers.CharField()
+        cpus_per_card = serializers.IntegerField(help_text="CPU cores included with each card.")
+        memory_gb_per_card = serializers.IntegerField(help_text="Memory (GB) included with each card.")
         on_demand_per_hour = serializers.CharField()
         spot_per_hour = serializers.CharField()
         spot_card_hour = serializers.CharField()

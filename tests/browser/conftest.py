@@ -26,4 +26,4 @@ def browser_type_launch_args():
     }
 
 
-from tests.faults.conftest import cluster, cluster_env  # noqa: E402, F401  (fixtures: the real-process cluster)
+from tests.faults.conftest import cluster  # noqa: E402, F401  (a fixture: the real-process cluster)

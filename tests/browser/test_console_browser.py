@@ -27,6 +27,7 @@ def test_a_user_rents_a_fraction_and_sees_it_start_without_reloading(page, user,
     page.select_option("#id_gpu_type", str(catalog["rtx3090"].pk))
     page.select_option("#id_image", str(catalog["image"].pk))
     page.fill("#id_gpus", "0.5")
+    page.fill("#id_cpu_cores", "1")
     page.fill("#id_memory_gb", "1")
     page.click("button:has-text('Create instance')")
     expect(page.locator("#live-state")).to_have_text("Live updates: on", timeout=10_000)

@@ -100,7 +100,6 @@ def test_a_user_gets_into_an_instance_saves_it_as_an_image_and_reuses_it(
     # A new instance from it has the files of the system disk.
     saved.get_by_role("link", name="New instance").click()
     expect(page.locator("#id_image")).to_have_value(str(image.pk))
-    page.screenshot(path=f"{SCREENSHOTS}/instance-create.png", full_page=True)
     gpu_type = catalog["rtx3090"].pk
     second = create_from_form(page, base, "from-image", image_id=image.pk, gpu_type_id=gpu_type, preselected=True)
     terminal_run(page, base, second, "cat /root/notes.txt /root/term.txt", "made-in-terminal")
@@ -138,6 +137,35 @@ def test_a_user_gets_into_an_instance_saves_it_as_an_image_and_reuses_it(
     page.screenshot(path=f"{SCREENSHOTS}/instance-create-zh.png", full_page=True)
 
 
+def test_the_create_form_scales_cpu_and_memory_with_the_cards_and_the_helper_fills_it_in(
+    page, api, user, catalog, sim_node, web_server
+):
+    base = f"http://{web_server}"
+    page.set_viewport_size({"width": 1280, "height": 900})
+    sign_in(page, base, "alice", "alice-pass-123")
+    page.goto(f"{base}/instances/new/")
+    page.select_option("#id_gpu_type", str(catalog["rtx3090"].pk))
+    page.fill("#id_gpus", "0.5")
+    # 8 cores and 32 GB come with each card: half a card gets 4 and 16 (the node has 8 and 16 GB).
+    expect(page.locator("#id_cpu_cores")).to_have_value("4")
+    expect(page.locator("#id_memory_gb")).to_have_value("16")
+    expect(page.locator("[data-allotment]")).to_contain_text("8 cores and 32 GB")
+    page.fill("#id_memory_gb", "3")  # set by hand: the cards no longer move it
+    page.fill("#id_gpus", "1")
+    expect(page.locator("#id_cpu_cores")).to_have_value("8")
+    expect(page.locator("#id_memory_gb")).to_have_value("3")
+    expect(page.locator(f'[data-market="{catalog["rtx3090"].pk}"] [data-node-free]')).to_contain_text("2 free")
+
+    wanted = api.get("/api/v1/gpu-types/recommend/", {"model_params_b": 13, "precision": "bf16", "task": "inference"})
+    page.fill("#recommend input[name=model_params_b]", "13")
+    page.select_option("#recommend select[name=task]", "inference")
+    page.get_by_role("button", name="Recommend and fill in").click()
+    expect(page.locator("[data-recommendation]")).to_contain_text(wanted.data["gpu_type"]["display_name"])
+    expect(page.locator("#id_gpu_type")).to_have_value(str(wanted.data["gpu_type"]["id"]))
+    expect(page.locator("#id_gpus")).to_have_value(str(wanted.data["cards"]))
+    page.screenshot(path=f"{SCREENSHOTS}/instance-create.png", full_page=True)
+
+
 def test_teams_account_and_a_phone_sized_screen(page, user, outsider, catalog, sim_node, web_server):
     base = f"http://{web_server}"
     page.set_viewport_size({"width": 1280, "height": 900})
@@ -156,6 +184,8 @@ def test_teams_account_and_a_phone_sized_screen(page, user, outsider, catalog, s
     page.get_by_role("button", name="Create a token").click()
     expect(page.locator(".flash.success")).to_contain_text("New API token")
     page.screenshot(path=f"{SCREENSHOTS}/account.png", full_page=True)
+    page.goto(f"{base}/jobs/")
+    expect(page.get_by_role("heading", name="Batch jobs", exact=True)).to_be_visible()
 
     # A phone: the navigation and tables fit the width (no page-wide horizontal scroll).
     page.set_viewport_size({"width": 390, "height": 844})

@@ -201,12 +201,6 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster_env() -> dict:
-    """Extra settings for the cluster's processes; a test module overrides this fixture to change them."""
-    return {}
-
-
-@pytest.fixture
 def cluster(transactional_db, user, catalog, base_image, tmp_path, cluster_env):
     if connection.vendor != "postgresql":
         pytest.fail("run on PostgreSQL (make test does)")
