@@ -47,10 +47,9 @@ def terminal_run(page, base: str, instance: Instance, command: str, expected: st
 
 def stop_from_instance_page(page, base: str, instance: Instance) -> None:
     page.goto(f"{base}/instances/{instance.pk}/")
+    expect(page.locator("#live-state")).to_have_text("Live updates: on", timeout=10_000)
     page.get_by_role("button", name="Stop", exact=True).click()
-    wait_status(instance.workload, "stopped", timeout=30)
-    page.reload()
-    expect(page.locator("[data-status]")).to_have_text("Stopped")
+    expect(page.locator("[data-status]")).to_have_text("Stopped", timeout=30_000)  # the page follows it live
 
 
 def release_from_list(page, base: str, instance: Instance) -> None:
