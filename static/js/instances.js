@@ -6,7 +6,12 @@
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const base = document.querySelector('meta[name="websocket-url"]').content || `${scheme}://${location.host}`;
     const socket = new WebSocket(`${base}/ws/instances/`);
-    socket.onopen = () => { state.textContent = gettext("Live updates: on"); delay = 1000; };
+    socket.onopen = () => {
+      state.textContent = gettext("Live updates: on");
+      delay = 1000;
+      // A change between the page's render and this subscription would be missed: refresh once now.
+      document.body.dispatchEvent(new Event("instances-changed"));
+    };
     socket.onmessage = () => document.body.dispatchEvent(new Event("instances-changed"));
     socket.onclose = () => {
       state.textContent = gettext("Live updates: reconnecting…");
