@@ -98,9 +98,15 @@ def _admins(team: Team) -> int:
     return Membership.objects.filter(team=team, is_admin=True).count()
 
 
+def team_wallet(team: Team) -> dict:
+    """The team's account and its standing (balance, unsettled, available, month spend)."""
+    account = team_account(team)
+    return {"account": account, "standing": standing(account)}
+
+
 def team_summary(team: Team) -> dict:
-    """The team's wallet standing and each member's spend this month."""
+    """The wallet, and each member with their spend this month."""
     members = list(team.memberships.select_related("user").order_by("-is_admin", "user__username"))
     for membership in members:
         membership.month_spend = member_spend(membership)
-    return {"standing": standing(team_account(team)), "account": team_account(team), "members": members}
+    return {**team_wallet(team), "members": members}

@@ -15,7 +15,7 @@ from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
 from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import WorkloadStatus
-from scheduler.services.workloads import NodeTask
+from scheduler.services.workloads import NodeTask, task_send_after_commit
 
 REPOSITORY = "gpucloud-saved"
 SAVED_REPLY = "portal.tasks.image_saved"
@@ -30,12 +30,6 @@ def saved_image_list(*, user):
         .select_related("node", "source_instance")
         .order_by("-created_at")
     )
-
-
-def _send(queue: str, task: str, *args) -> None:
-    from config.celery import app
-
-    transaction.on_commit(lambda: app.send_task(task, args=list(args), queue=queue))
 
 
 def image_save(*, instance: Instance, name: str) -> Image:
@@ -70,7 +64,9 @@ def image_save(*, instance: Instance, name: str) -> Image:
         )
         image.docker_ref = f"{REPOSITORY}:{settings.DEPLOYMENT_ID}-{image.pk}"
         image.save(update_fields=["docker_ref"])
-        _send(node.queue, NodeTask.IMAGE_COMMIT, workload.pk, image.docker_ref, SAVED_REPLY, image.pk)
+        task_send_after_commit(
+            NodeTask.IMAGE_COMMIT, workload.pk, image.docker_ref, SAVED_REPLY, image.pk, queue=node.queue
+        )
     return image
 
 
@@ -92,15 +88,15 @@ def image_delete(*, image: Image) -> Image:
         if in_use.exists():
             names = ", ".join(in_use.values_list("name", flat=True)[:5])
             raise Conflict(f"instances still use this image ({names}): release them first")
-        if image.node is None or image.status == ImageStatus.FAILED:
-            image.status = ImageStatus.DELETED
-            image.save(update_fields=["status"])
-            if image.node is not None:  # a failed commit may still have left a tag behind
-                _send(image.node.queue, NodeTask.IMAGE_REMOVE, image.docker_ref, REMOVED_REPLY, image.pk)
-            return image
-        image.status = ImageStatus.DELETING
+        # Nothing on a node to wait for (it is gone, or the commit failed): deleted now. A failed commit may
+        # still have left a tag behind, so its node is told too; the reply finds nothing "deleting" to change.
+        gone_already = image.node is None or image.status == ImageStatus.FAILED
+        image.status = ImageStatus.DELETED if gone_already else ImageStatus.DELETING
         image.save(update_fields=["status"])
-        _send(image.node.queue, NodeTask.IMAGE_REMOVE, image.docker_ref, REMOVED_REPLY, image.pk)
+        if image.node is not None:
+            task_send_after_commit(
+                NodeTask.IMAGE_REMOVE, image.docker_ref, REMOVED_REPLY, image.pk, queue=image.node.queue
+            )
     return image
 
 

@@ -227,8 +227,6 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
 
     The node grows the filesystem online, so a running instance keeps running.
     """
-    from config.celery import app
-
     with transaction.atomic():
         instance = Instance.objects.select_for_update().select_related("workload").get(pk=instance.pk)
         workload = instance.workload
@@ -246,8 +244,9 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
             return instance
         instance.disk_growing_to = disk_gb
         instance.save(update_fields=["disk_growing_to"])
-        args = [workload.pk, disk_gb, DISK_REPLY, instance.pk]
-        transaction.on_commit(lambda: app.send_task(scheduler.NodeTask.DISK_GROW, args=args, queue=node.queue))
+        scheduler.task_send_after_commit(
+            scheduler.NodeTask.DISK_GROW, workload.pk, disk_gb, DISK_REPLY, instance.pk, queue=node.queue
+        )
     return instance
 
 
@@ -265,17 +264,11 @@ def disk_grown(instance_id: int, disk_gb: int, error: str) -> None:
             return
         if error:
             Instance.objects.filter(pk=instance_id).update(disk_growing_to=None)
-            WorkloadEvent.objects.create(
-                workload_id=instance.workload_id,
-                from_status=instance.workload.status,
-                to_status=instance.workload.status,
-                reason=f"growing the data disk to {disk_gb} GB failed: {error}"[:255],
-            )
-            return
-        _disk_recorded(instance, disk_gb)
+            reason = f"growing the data disk to {disk_gb} GB failed: {error}"
+        else:
+            _disk_recorded(instance, disk_gb)
+            reason = f"data disk grown to {disk_gb} GB"
+        status = instance.workload.status
         WorkloadEvent.objects.create(
-            workload_id=instance.workload_id,
-            from_status=instance.workload.status,
-            to_status=instance.workload.status,
-            reason=f"data disk grown to {disk_gb} GB",
+            workload_id=instance.workload_id, from_status=status, to_status=status, reason=reason[:255]
         )

@@ -28,23 +28,21 @@ def team_list(request):
             return redirect("console-team", slug=team.slug)
     mine = teams.teams_of(request.user)
     for team in mine:
-        team.summary = teams.team_summary(team)
+        team.wallet = teams.team_wallet(team)
+        team.member_count = team.memberships.count()
     return render(request, "portal/teams.html", {"teams": mine})
 
 
 @login_required
 def team_detail(request, slug: str):
     team = or_404(teams.team_get, user=request.user, slug=slug)
-    not_released = {"workload__team": team.slug}
-    instances = list(
-        Instance.objects.filter(**not_released)
-        .exclude(workload__status=WorkloadStatus.RELEASED)
-        .select_related("workload", "owner", "gpu_type")
-    )
-    jobs = list(
-        Job.objects.filter(**not_released)
-        .exclude(workload__status=WorkloadStatus.RELEASED)
-        .select_related("workload", "owner", "gpu_type")
+    instances, jobs = (
+        list(
+            model.objects.filter(workload__team=team.slug)
+            .exclude(workload__status=WorkloadStatus.RELEASED)
+            .select_related("workload", "owner", "gpu_type")
+        )
+        for model in (Instance, Job)
     )
     costs = cost_so_far([w.workload_id for w in [*instances, *jobs]])
     for work in [*instances, *jobs]:

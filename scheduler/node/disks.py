@@ -41,6 +41,10 @@ def disk_ensure(volume: str, size_gb: int) -> dict:
     return {"type": "none", "o": "bind", "device": str(mount)}
 
 
+class DiskBusy(Exception):
+    """The disk is in use and this host cannot grow it in place."""
+
+
 def disk_grow(volume: str, size_gb: int) -> bool:
     """Grow the volume's filesystem to ``size_gb`` (never shrinks); False if it has none.
 
@@ -70,10 +74,6 @@ def disk_grow(volume: str, size_gb: int) -> bool:
     mount.mkdir(exist_ok=True)
     _run("mount", "-o", "loop", str(image), str(mount))
     return True
-
-
-class DiskBusy(Exception):
-    pass
 
 
 def disk_delete(volume: str) -> None:

@@ -100,20 +100,24 @@ def workload_submit(
     return workload
 
 
-def workload_start(workload: Workload) -> Workload:
-    """Queue stopped or failed work again, on the node that keeps its disk."""
-    pinned = workload.node or workload.pinned_node
+def _requeue(workload: Workload, *, node, no_gpu: bool, reason: str) -> None:
+    """Stopped or failed work back to queued, on ``node`` (Conflict if it is in another state)."""
     if not workload_transition(
         workload,
         to=S.QUEUED,
         allowed_from=[S.STOPPED, S.FAILED],
-        reason="start requested",
-        pinned_node=pinned,
+        reason=reason,
+        pinned_node=node,
         queued_at=timezone.now(),
         exit_code=None,
-        no_gpu=False,
+        no_gpu=no_gpu,
     ):
         raise Conflict(f"cannot start: the {workload.kind} is {workload.status}")
+
+
+def workload_start(workload: Workload) -> Workload:
+    """Queue stopped or failed work again, on the node that keeps its disk."""
+    _requeue(workload, node=workload.node or workload.pinned_node, no_gpu=False, reason="start requested")
     transaction.on_commit(tick_soon)
     return workload
 
@@ -131,17 +135,7 @@ def workload_start_no_gpu(workload: Workload) -> Workload:
     if node is None:
         raise Conflict("its disk is on no node any more: start it normally")
     with transaction.atomic():
-        if not workload_transition(
-            workload,
-            to=S.QUEUED,
-            allowed_from=[S.STOPPED, S.FAILED],
-            reason="start without GPU requested",
-            pinned_node=node,
-            queued_at=timezone.now(),
-            exit_code=None,
-            no_gpu=True,
-        ):
-            raise Conflict(f"cannot start: the {workload.kind} is {workload.status}")
+        _requeue(workload, node=node, no_gpu=True, reason="start without GPU requested")
         placed = allocations_create([Placement(workload, node.pk, [])])
         if not placed:
             raise Conflict(f"node {node.name} has not enough CPU or memory free for it now; try again later")
@@ -198,12 +192,16 @@ def workload_release(workload: Workload) -> Workload:
     raise Conflict(f"cannot release: the {workload.kind} is {workload.status}")
 
 
-def send_to_node(workload: Workload, task_name: str, *, node=None) -> None:
-    """After commit, send a node-agent task for this workload to its node's queue (or ``node``'s)."""
+def task_send_after_commit(task_name: str, *args, queue: str) -> None:
+    """Send a task once the current transaction commits (nothing is sent if it rolls back)."""
     from config.celery import app
 
-    queue = (node or workload.node).queue
-    transaction.on_commit(lambda: app.send_task(task_name, args=[workload.pk], queue=queue))
+    transaction.on_commit(lambda: app.send_task(task_name, args=list(args), queue=queue))
+
+
+def send_to_node(workload: Workload, task_name: str, *, node=None) -> None:
+    """After commit, send a node-agent task for this workload to its node's queue (or ``node``'s)."""
+    task_send_after_commit(task_name, workload.pk, queue=(node or workload.node).queue)
 
 
 def launches_send(workloads: list[Workload]) -> None:
