@@ -3,7 +3,7 @@
 Each sample reads the running work from PostgreSQL, every container's cgroup
 CPU and memory, computes the simulated readings, appends the documents to the
 Redis history and publishes them to the channel layer — what
-``scheduler/node/sampler.py`` does every second.
+``scheduler/telemetry/sampler.py`` does every second.
 
     python bench/telemetry_sample.py [--containers 16] [--samples 100]
 
@@ -41,10 +41,10 @@ def main():
     from scheduler.node.gpus import simulated_inventory
     from scheduler.node.images import base_image_build, image_exists
     from scheduler.node.launcher import LABEL, docker_client
-    from scheduler.node.sampler import Sampler
-    from scheduler.node.simgpu import SimulatedBackend
     from scheduler.services.allocation import Share, allocation_create
     from scheduler.services.nodes import node_register
+    from scheduler.telemetry.sampler import Sampler
+    from scheduler.telemetry.simgpu import SimulatedBackend
 
     if not image_exists(BASE_IMAGE):
         base_image_build(BASE_IMAGE)
@@ -95,9 +95,9 @@ def main():
             start = time.perf_counter()
             doc = sampler.sample_once()
             times.append(time.perf_counter() - start)
-        from scheduler import monitoring
+        from scheduler.telemetry import streams
 
-        [workload_doc] = monitoring.history_read(monitoring.workload_stream(w.pk), count=1)
+        [workload_doc] = streams.history_read(streams.workload_stream(w.pk), count=1)
         times.sort()
         print(
             json.dumps(

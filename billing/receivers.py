@@ -3,13 +3,13 @@
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from billing.ledger import user_account, wallet_credit
 from billing.metering import meter_close, meter_open
 from billing.models import PostingKind
+from config.messages import ToScheduler, send_after_commit
 from scheduler.models import WorkloadStatus
 from scheduler.signals import workload_changed
 
@@ -21,18 +21,12 @@ def meter_on_lifecycle(sender, workload_id, from_status, to_status, reason, at, 
     if to_status == WorkloadStatus.RUNNING and from_status != WorkloadStatus.RUNNING:
         meter_open(workload_id=workload_id, at=at)
         # Who pays and the rate in force, recorded on the segment by the control plane.
-        transaction.on_commit(lambda: _send("billing.tasks.segment_assign", workload_id), robust=True)
+        send_after_commit(ToScheduler.SEGMENT_ASSIGN, workload_id, robust=True)
     elif from_status == WorkloadStatus.RUNNING and to_status != WorkloadStatus.RUNNING:
         meter_close(workload_id=workload_id, reason=f"{to_status}: {reason}", at=at)
         # Settled at each stop, as AutoDL does: by the control plane (the node agent that may
         # have recorded the stop has no right to write the ledger).
-        transaction.on_commit(lambda: _send("billing.tasks.settle_usage", workload_id), robust=True)
-
-
-def _send(task: str, workload_id: int) -> None:
-    from config.celery import app
-
-    app.send_task(task, kwargs={"workload_id": workload_id}, queue=settings.SCHEDULER_QUEUE)
+        send_after_commit(ToScheduler.SETTLE_USAGE, workload_id, robust=True)
 
 
 @receiver(post_save, sender=settings.AUTH_USER_MODEL)

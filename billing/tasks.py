@@ -9,18 +9,19 @@ from django.utils import timezone
 from billing import enforcement, prices, settlement, storage
 from billing.ledger import ledger_check
 from billing.metering import meter_reconcile as reconcile
+from config.messages import ToScheduler
 
 log = logging.getLogger(__name__)
 # Work whose events are older than this is settled: the live receivers and earlier runs covered it.
 RECONCILE_WINDOW = timedelta(days=1)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.METER_RECONCILE, ignore_result=True)
 def meter_reconcile():
     reconcile(since=timezone.now() - RECONCILE_WINDOW)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.SETTLE_USAGE, ignore_result=True)
 def settle_usage(workload_id: int | None = None):
     """Hourly for everything pending; at each stop for that workload's segments."""
     segments = None
@@ -31,27 +32,27 @@ def settle_usage(workload_id: int | None = None):
         log.info("settled %s segments: %s postings, %s", done.segments, done.postings, done.amount)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.SEGMENT_ASSIGN, ignore_result=True)
 def segment_assign(workload_id: int):
     settlement.segment_assign(workload_id)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.SETTLE_STORAGE, ignore_result=True)
 def settle_storage():
     storage.storage_settle()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.SPOT_PRICES, ignore_result=True)
 def spot_prices():
     prices.spot_recompute()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.BILLING_ENFORCE, ignore_result=True)
 def billing_enforce():
     enforcement.enforce()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.LEDGER_VERIFY, ignore_result=True)
 def ledger_verify():
     check = ledger_check()
     if not check.ok:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import environ
 
+from config.messages import ToScheduler
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -230,34 +232,34 @@ if CELERY_MESSAGE_SIGNING:
     CELERY_ACCEPT_CONTENT = ["auth"]
 CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
-        "task": "scheduler.tasks.schedule_tick",
+        "task": ToScheduler.SCHEDULE_TICK,
         "schedule": timedelta(seconds=env.int("SCHEDULER_TICK_S", default=5)),
     },
     "cluster-reconcile": {
-        "task": "scheduler.tasks.cluster_reconcile",
+        "task": ToScheduler.CLUSTER_RECONCILE,
         "schedule": timedelta(seconds=env.int("RECONCILE_S", default=10)),
     },
     "meter-reconcile": {
-        "task": "billing.tasks.meter_reconcile",
+        "task": ToScheduler.METER_RECONCILE,
         "schedule": timedelta(seconds=env.int("METER_RECONCILE_S", default=60)),
     },
-    "telemetry-prune": {"task": "scheduler.tasks.telemetry_prune", "schedule": timedelta(hours=1)},
+    "telemetry-prune": {"task": ToScheduler.TELEMETRY_PRUNE, "schedule": timedelta(hours=1)},
     "settle-usage": {
-        "task": "billing.tasks.settle_usage",
+        "task": ToScheduler.SETTLE_USAGE,
         "schedule": timedelta(seconds=env.int("SETTLE_S", default=3600)),
     },
-    "settle-storage": {"task": "billing.tasks.settle_storage", "schedule": timedelta(hours=1)},
+    "settle-storage": {"task": ToScheduler.SETTLE_STORAGE, "schedule": timedelta(hours=1)},
     "spot-prices": {
-        "task": "billing.tasks.spot_prices",
+        "task": ToScheduler.SPOT_PRICES,
         "schedule": timedelta(seconds=env.int("SPOT_PRICE_S", default=300)),
     },
     "billing-enforce": {
-        "task": "billing.tasks.billing_enforce",
+        "task": ToScheduler.BILLING_ENFORCE,
         "schedule": timedelta(seconds=env.int("BILLING_ENFORCE_S", default=60)),
     },
-    "ledger-verify": {"task": "billing.tasks.ledger_verify", "schedule": timedelta(hours=6)},
-    "idle-stop": {"task": "portal.tasks.idle_stop", "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
-    "housekeeping": {"task": "portal.tasks.release_long_stopped", "schedule": timedelta(hours=1)},
+    "ledger-verify": {"task": ToScheduler.LEDGER_VERIFY, "schedule": timedelta(hours=6)},
+    "idle-stop": {"task": ToScheduler.IDLE_STOP, "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
+    "housekeeping": {"task": ToScheduler.RELEASE_LONG_STOPPED, "schedule": timedelta(hours=1)},
 }
 # Files through the portal (portal/files.py): the largest upload or download, per file.
 FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
@@ -287,7 +289,7 @@ NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memor
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
 NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=30)
 
-# Live GPU monitoring (scheduler/node/sampler.py, scheduler/monitoring.py).
+# Live GPU monitoring (scheduler/telemetry/).
 TELEMETRY_INTERVAL_S = env.float("TELEMETRY_INTERVAL_S", default=1.0)
 if TELEMETRY_INTERVAL_S < 0.25:
     raise environ.ImproperlyConfigured(f"TELEMETRY_INTERVAL_S must be at least 0.25, not {TELEMETRY_INTERVAL_S}")

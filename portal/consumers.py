@@ -10,10 +10,10 @@ of yours.
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
+from config import messages
 from portal.models import Instance
-from portal.receivers import user_group
-from scheduler import monitoring
 from scheduler.models import Node
+from scheduler.telemetry import streams
 
 NOT_SIGNED_IN, NOT_STAFF, NOT_FOUND = 4401, 4403, 4404
 
@@ -30,7 +30,7 @@ class InstanceEventsConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await refuse(self, NOT_SIGNED_IN)
             return
-        self.group = user_group(user.pk)
+        self.group = messages.user_group(user.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
@@ -92,8 +92,8 @@ class InstanceMonitorConsumer(MonitorConsumer):
         workload_id = workload_id.first()
         if workload_id is None:
             return None
-        return [monitoring.workload_group(workload_id)], lambda: monitoring.history_read(
-            monitoring.workload_stream(workload_id)
+        return [messages.workload_group(workload_id)], lambda: streams.history_read(
+            streams.workload_stream(workload_id)
         )
 
 
@@ -106,7 +106,7 @@ class NodeMonitorConsumer(MonitorConsumer):
         name = self.scope["url_route"]["kwargs"]["node"]
         if not Node.objects.filter(name=name).exists():
             return None
-        return [monitoring.node_group(name)], lambda: monitoring.history_read(monitoring.node_stream(name))
+        return [messages.node_group(name)], lambda: streams.history_read(streams.node_stream(name))
 
 
 class ClusterMonitorConsumer(MonitorConsumer):
@@ -116,6 +116,6 @@ class ClusterMonitorConsumer(MonitorConsumer):
 
     def subscriptions(self, user):
         names = list(Node.objects.order_by("name").values_list("name", flat=True))
-        return [monitoring.node_group(n) for n in names], lambda: [
-            text for n in names for text in monitoring.history_read(monitoring.node_stream(n), count=1)
+        return [messages.node_group(n) for n in names], lambda: [
+            text for n in names for text in streams.history_read(streams.node_stream(n), count=1)
         ]

@@ -11,15 +11,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from config.messages import ToNode, ToScheduler, send_after_commit
 from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
 from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import WorkloadStatus
-from scheduler.services.workloads import NodeTask, task_send_after_commit
 
 REPOSITORY = "gpucloud-saved"
-SAVED_REPLY = "portal.tasks.image_saved"
-REMOVED_REPLY = "portal.tasks.image_removed"
 
 
 def saved_image_list(*, user):
@@ -64,8 +62,8 @@ def image_save(*, instance: Instance, name: str) -> Image:
         )
         image.docker_ref = f"{REPOSITORY}:{settings.DEPLOYMENT_ID}-{image.pk}"
         image.save(update_fields=["docker_ref"])
-        task_send_after_commit(
-            NodeTask.IMAGE_COMMIT, workload.pk, image.docker_ref, SAVED_REPLY, image.pk, queue=node.queue
+        send_after_commit(
+            ToNode.IMAGE_COMMIT, workload.pk, image.docker_ref, ToScheduler.IMAGE_SAVED, image.pk, node=node.name
         )
     return image
 
@@ -94,8 +92,8 @@ def image_delete(*, image: Image) -> Image:
         image.status = ImageStatus.DELETED if gone_already else ImageStatus.DELETING
         image.save(update_fields=["status"])
         if image.node is not None:
-            task_send_after_commit(
-                NodeTask.IMAGE_REMOVE, image.docker_ref, REMOVED_REPLY, image.pk, queue=image.node.queue
+            send_after_commit(
+                ToNode.IMAGE_REMOVE, image.docker_ref, ToScheduler.IMAGE_REMOVED, image.pk, node=image.node.name
             )
     return image
 

@@ -26,8 +26,8 @@ from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from scheduler import monitoring
 from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.telemetry import streams
 
 STALE_AFTER_S = 30
 
@@ -86,7 +86,7 @@ class ClusterCollector:
 
     def _gpus(self):
         names = list(Node.objects.values_list("name", flat=True))
-        latest = monitoring.latest_node_documents(names)
+        latest = streams.latest_node_documents(names)
         fresh = {n: d for n, d in latest.items() if time.time() - d["t"] <= STALE_AFTER_S}
         workloads = _tenant_names(fresh.values())
         families = []

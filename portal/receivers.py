@@ -7,6 +7,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from billing.models import RateCard
+from config import messages
 from portal.models import GpuType, Instance
 from scheduler.models import WorkloadKind
 from scheduler.signals import workload_changed
@@ -24,10 +25,6 @@ RATE_CARD_CARRIED = [
 ]
 
 
-def user_group(user_id: int) -> str:
-    return f"user-{user_id}"
-
-
 @receiver(workload_changed)
 def push_instance_status(sender, workload_id, owner_id, kind, to_status, reason, **kwargs):
     if kind != WorkloadKind.INSTANCE:
@@ -36,8 +33,8 @@ def push_instance_status(sender, workload_id, owner_id, kind, to_status, reason,
     if instance_id is None:
         return
     async_to_sync(get_channel_layer().group_send)(
-        user_group(owner_id),
-        {"type": "instance.status", "instance": instance_id, "status": to_status, "reason": reason},
+        messages.user_group(owner_id),
+        {"type": messages.INSTANCE_STATUS, "instance": instance_id, "status": to_status, "reason": reason},
     )
 
 

@@ -7,6 +7,7 @@ from django.db import transaction
 from billing.enforcement import may_start, member_may_start
 from billing.ledger import payer_for
 from billing.models import Membership
+from config.messages import ToNode, ToScheduler, send_after_commit
 from portal import images, limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
@@ -219,9 +220,6 @@ def job_act(*, job: Job, action: str) -> Job:
     return job
 
 
-DISK_REPLY = "portal.tasks.disk_grown"
-
-
 def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
     """Grow the data disk (never shrink): recorded at once if it has no disk yet, else when its node has grown it.
 
@@ -244,9 +242,7 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
             return instance
         instance.disk_growing_to = disk_gb
         instance.save(update_fields=["disk_growing_to"])
-        scheduler.task_send_after_commit(
-            scheduler.NodeTask.DISK_GROW, workload.pk, disk_gb, DISK_REPLY, instance.pk, queue=node.queue
-        )
+        send_after_commit(ToNode.DISK_GROW, workload.pk, disk_gb, ToScheduler.DISK_GROWN, instance.pk, node=node.name)
     return instance
 
 

@@ -2,30 +2,31 @@
 
 from celery import shared_task
 
+from config.messages import ToScheduler
 from portal import housekeeping, images, services
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.IDLE_STOP, ignore_result=True)
 def idle_stop():
     housekeeping.idle_stop()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.RELEASE_LONG_STOPPED, ignore_result=True)
 def release_long_stopped():
     housekeeping.housekeeping()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.IMAGE_SAVED, ignore_result=True)
 def image_saved(image_id: int, size_bytes: int, error: str):
     """A node agent's reply: the commit of a saved image finished (or failed)."""
     images.image_saved(image_id, size_bytes, error)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.IMAGE_REMOVED, ignore_result=True)
 def image_removed(image_id: int, size_bytes: int, error: str):
     images.image_removed(image_id, size_bytes, error)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.DISK_GROWN, ignore_result=True)
 def disk_grown(instance_id: int, size_gb: int, error: str):
     services.disk_grown(instance_id, size_gb, error)

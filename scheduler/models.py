@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
+from config.messages import node_queue
 from scheduler.policy import WHOLE_CARD
 
 
@@ -59,7 +60,7 @@ class Node(models.Model):
 
     @property
     def queue(self) -> str:
-        return f"node.{self.name}"
+        return node_queue(self.name)
 
 
 class Gpu(models.Model):

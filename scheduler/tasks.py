@@ -1,8 +1,8 @@
 """Scheduler-queue Celery tasks: thin wrappers that call the control plane.
 
-The tasks a node agent serves (launch, stop, ... on queue ``node.<name>``)
-live in ``scheduler.node.tasks``; they are sent by name, so the control plane
-never imports node-side code.
+Each is registered under its name in ``config.messages.ToScheduler``. The
+tasks a node agent serves live in ``scheduler.node.tasks``; the control plane
+sends them by their ``ToNode`` name and never imports node-side code.
 """
 
 from datetime import timedelta
@@ -11,27 +11,25 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from config.messages import ToNode, ToScheduler, send
 from scheduler import tick
 from scheduler.models import GpuMinute, Node, NodeStatus, WorkloadGpuMinute
 from scheduler.services.nodes import nodes_mark_lost
-from scheduler.services.workloads import NodeTask
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.SCHEDULE_TICK, ignore_result=True)
 def schedule_tick():
     tick.schedule_tick()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.CLUSTER_RECONCILE, ignore_result=True)
 def cluster_reconcile():
-    from config.celery import app
-
     nodes_mark_lost(silent_for=timedelta(seconds=settings.NODE_LOST_AFTER_S))
     for node in Node.objects.filter(status=NodeStatus.ACTIVE):
-        app.send_task(NodeTask.RECONCILE, args=[node.name], queue=node.queue, expires=settings.NODE_LOST_AFTER_S)
+        send(ToNode.RECONCILE, node.name, node=node.name, expires=settings.NODE_LOST_AFTER_S)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToScheduler.TELEMETRY_PRUNE, ignore_result=True)
 def telemetry_prune() -> int:
     """Delete GPU minute rollups older than TELEMETRY_RETENTION_DAYS."""
     cutoff = timezone.now() - timedelta(days=settings.TELEMETRY_RETENTION_DAYS)

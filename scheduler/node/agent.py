@@ -12,6 +12,7 @@ import socket
 from django.conf import settings
 from django.utils import timezone
 
+from config.messages import ToScheduler, send
 from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import disks, launcher, network
@@ -167,9 +168,7 @@ def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int
 
 
 def _reply(task: str, *args) -> None:
-    from config.celery import app
-
-    app.send_task(task, args=list(args), queue=settings.SCHEDULER_QUEUE)
+    send(ToScheduler(task), *args)
 
 
 def _short(exc: Exception) -> str:

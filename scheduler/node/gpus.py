@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
 
 from scheduler.errors import InvalidInput
+from scheduler.services.nodes import GpuInfo
 
 # Card memory for simulated models that do not carry it in their name.
 KNOWN_MEMORY_MB = {
@@ -32,14 +32,6 @@ KNOWN_MEMORY_MB = {
 }
 SIM_ITEM = re.compile(r"^(\d+)x([A-Za-z0-9][A-Za-z0-9_.-]*)$")
 MEMORY_SUFFIX = re.compile(r"-(\d+)GB$", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    uuid: str
-    model: str
-    memory_mb: int
 
 
 def model_key(nvml_name: str) -> str:

@@ -1,59 +1,60 @@
 """Node-queue Celery tasks (queue ``node.<name>``): take ids and call the node agent.
 
-Each task carries the name of the agent operation it runs; the control plane
-sends them by name (``scheduler.services.workloads.NodeTask``).
+Each is registered under its name in ``config.messages.ToNode``, which is how
+the control plane sends them without importing node-side code.
 """
 
 from celery import shared_task
 
+from config.messages import ToNode, send
 from scheduler.node import agent, reconcile
 
 NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
 
 
-@shared_task(**NODE_TASK)
+@shared_task(name=ToNode.LAUNCH, **NODE_TASK)
 def agent_launch(workload_id: int):
     agent.agent_launch(workload_id)
 
 
-@shared_task(ignore_result=True)
-def agent_launch_many(workload_ids: list[int], queue: str):
+@shared_task(name=ToNode.LAUNCH_MANY, ignore_result=True)
+def agent_launch_many(workload_ids: list[int], node_name: str):
     """The tick's launches for this node, one message: each becomes its own launch task here."""
     for workload_id in workload_ids:
-        agent_launch.apply_async(args=[workload_id], queue=queue)
+        send(ToNode.LAUNCH, workload_id, node=node_name)
 
 
-@shared_task(**NODE_TASK)
+@shared_task(name=ToNode.STOP, **NODE_TASK)
 def agent_stop(workload_id: int):
     agent.agent_stop(workload_id)
 
 
-@shared_task(**NODE_TASK)
+@shared_task(name=ToNode.RESTART, **NODE_TASK)
 def agent_restart(workload_id: int):
     agent.agent_restart(workload_id)
 
 
-@shared_task(**NODE_TASK)
+@shared_task(name=ToNode.RELEASE, **NODE_TASK)
 def agent_release(workload_id: int):
     agent.agent_release(workload_id)
 
 
 # Committing a large disk takes longer than the default task limit.
-@shared_task(**NODE_TASK, time_limit=3600, soft_time_limit=3500)
+@shared_task(name=ToNode.IMAGE_COMMIT, **NODE_TASK, time_limit=3600, soft_time_limit=3500)
 def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int):
     agent.agent_image_commit(workload_id, ref, reply_to, reply_id)
 
 
-@shared_task(**NODE_TASK)
+@shared_task(name=ToNode.IMAGE_REMOVE, **NODE_TASK)
 def agent_image_remove(ref: str, reply_to: str, reply_id: int):
     agent.agent_image_remove(ref, reply_to, reply_id)
 
 
-@shared_task(**NODE_TASK)
+@shared_task(name=ToNode.DISK_GROW, **NODE_TASK)
 def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int):
     agent.agent_disk_grow(workload_id, size_gb, reply_to, reply_id)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=ToNode.RECONCILE, ignore_result=True)
 def agent_reconcile(node_name: str):
     reconcile.agent_reconcile(node_name)

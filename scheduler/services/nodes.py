@@ -1,5 +1,10 @@
-"""Node registration, heartbeats, and marking silent nodes lost."""
+"""Node registration, heartbeats, and marking silent nodes lost.
 
+Control-plane code: it takes what a node agent reports (``GpuInfo``) and never
+imports the GPU-host side (``scheduler.node``).
+"""
+
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
@@ -7,10 +12,19 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
-from scheduler.node.gpus import GpuInfo
 from scheduler.services.lifecycle import workload_transition
 
 S = WorkloadStatus
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One card as its host reports it when it registers (NVML, or the simulated inventory)."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
 
 
 def node_register(

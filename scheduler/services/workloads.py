@@ -5,13 +5,13 @@ node's queue (``transaction.on_commit``), where the node agent does it.
 """
 
 import logging
-from enum import StrEnum
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from config.messages import ToNode, ToScheduler, send, send_after_commit
 from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.selectors import fit_problem
@@ -21,19 +21,6 @@ from scheduler.services.nodes import workload_release_on_lost_node
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
-
-
-class NodeTask(StrEnum):
-    """Names of the node agent's tasks (``scheduler.node.tasks``), sent to queue ``node.<name>``."""
-
-    LAUNCH_MANY = "scheduler.node.tasks.agent_launch_many"
-    STOP = "scheduler.node.tasks.agent_stop"
-    RESTART = "scheduler.node.tasks.agent_restart"
-    RELEASE = "scheduler.node.tasks.agent_release"
-    RECONCILE = "scheduler.node.tasks.agent_reconcile"
-    IMAGE_COMMIT = "scheduler.node.tasks.agent_image_commit"
-    IMAGE_REMOVE = "scheduler.node.tasks.agent_image_remove"
-    DISK_GROW = "scheduler.node.tasks.agent_disk_grow"
 
 
 def workload_submit(
@@ -154,7 +141,7 @@ def workload_stop(workload: Workload, *, reason: str = "") -> Workload:
     )
     if not stopping:
         raise Conflict(f"cannot stop: the {workload.kind} is {workload.status}")
-    send_to_node(workload, NodeTask.STOP)
+    send_after_commit(ToNode.STOP, workload.pk, node=workload.node.name)
     return workload
 
 
@@ -166,7 +153,7 @@ def workload_restart(workload: Workload) -> Workload:
     """
     if not workload_transition(workload, to=S.RUNNING, allowed_from=[S.RUNNING], reason="restart requested"):
         raise Conflict(f"cannot restart: the {workload.kind} is {workload.status}")
-    send_to_node(workload, NodeTask.RESTART)
+    send_after_commit(ToNode.RESTART, workload.pk, node=workload.node.name)
     return workload
 
 
@@ -185,23 +172,11 @@ def workload_release(workload: Workload) -> Workload:
         ):
             return workload
     elif workload_transition(workload, to=S.RELEASING, allowed_from=releasable, reason="release requested"):
-        send_to_node(workload, NodeTask.RELEASE, node=node)
+        send_after_commit(ToNode.RELEASE, workload.pk, node=node.name)
         return workload
     if workload.status in (S.RUNNING, S.STARTING, S.STOPPING):
         raise Conflict(f"cannot release: the {workload.kind} is {workload.status}; stop it first")
     raise Conflict(f"cannot release: the {workload.kind} is {workload.status}")
-
-
-def task_send_after_commit(task_name: str, *args, queue: str) -> None:
-    """Send a task once the current transaction commits (nothing is sent if it rolls back)."""
-    from config.celery import app
-
-    transaction.on_commit(lambda: app.send_task(task_name, args=list(args), queue=queue))
-
-
-def send_to_node(workload: Workload, task_name: str, *, node=None) -> None:
-    """After commit, send a node-agent task for this workload to its node's queue (or ``node``'s)."""
-    task_send_after_commit(task_name, workload.pk, queue=(node or workload.node).queue)
 
 
 def launches_send(workloads: list[Workload]) -> None:
@@ -212,22 +187,20 @@ def launches_send(workloads: list[Workload]) -> None:
     """
     from config.celery import app
 
-    by_queue: dict[str, list[int]] = {}
+    by_node: dict[str, list[int]] = {}
     for w in workloads:
-        by_queue.setdefault(w.node.queue, []).append(w.pk)
+        by_node.setdefault(w.node.name, []).append(w.pk)
 
     def publish():
         with app.producer_or_acquire() as producer:
-            for queue, ids in by_queue.items():
-                app.send_task(NodeTask.LAUNCH_MANY, args=[ids, queue], queue=queue, producer=producer)
+            for node, ids in by_node.items():
+                send(ToNode.LAUNCH_MANY, ids, node, node=node, producer=producer)
 
     transaction.on_commit(publish)
 
 
 def tick_soon() -> None:
-    from config.celery import app
-
-    app.send_task("scheduler.tasks.schedule_tick", queue=settings.SCHEDULER_QUEUE)
+    send(ToScheduler.SCHEDULE_TICK)
 
 
 def workload_preempt(workload: Workload, *, reason: str) -> bool:
@@ -236,5 +209,5 @@ def workload_preempt(workload: Workload, *, reason: str) -> bool:
         workload, to=S.STOPPING, allowed_from=[S.RUNNING], reason=f"preempted: {reason}", preempt_requested=True
     ):
         return False
-    send_to_node(workload, NodeTask.STOP)
+    send_after_commit(ToNode.STOP, workload.pk, node=workload.node.name)
     return True

@@ -17,9 +17,9 @@ import redis
 from django.db import connection, transaction
 
 from billing.models import MeterSegment
-from scheduler import monitoring
 from scheduler.models import Node, Workload, WorkloadStatus
 from scheduler.node import launcher
+from scheduler.telemetry import streams
 from tests.conftest import url_as, wait_for, wait_status
 from tests.faults.conftest import LOST_AFTER_S, dockerd_pid
 
@@ -218,7 +218,7 @@ def test_a_node_agent_runs_its_whole_lifecycle_on_its_least_privilege_database_r
     instance = cluster.create_instance(catalog)
     job = cluster.create_job(catalog, "sleep 1; echo done")
     wait_status(instance, "running", timeout=30)
-    stream = monitoring.workload_stream(instance.pk)
+    stream = streams.workload_stream(instance.pk)
     wait_for(lambda: cluster.redis().xlen(stream) >= 2, timeout=20, what="GPU samples taken as the node role")
     wait_status(job, "succeeded", timeout=30)
     assert cluster.api("post", f"instances/{instance.instance.pk}/stop/").status_code == 202

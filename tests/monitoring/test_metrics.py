@@ -9,8 +9,8 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from portal import services
-from scheduler import monitoring
-from scheduler.node.telemetry import CardReading, Tenant, TenantReading, TenantShare, node_document, tenant_holder
+from scheduler.telemetry import streams
+from scheduler.telemetry.documents import CardReading, Tenant, TenantReading, TenantShare, node_document, tenant_holder
 from tests.conftest import make_node
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +40,7 @@ def sampled(settings, user, catalog):
     reading.tenants.append(tenant_holder(tenant, share, TenantReading(1.0, 3000)))
     idle = CardReading(1, spare.uuid, "RTX3090", util=0.0, mem_used=0, mem_total=24576, temp=35.0, power=40.0)
     doc = node_document(t=time.time(), node=node.name, simulated=True, cards=[reading, idle])
-    monitoring.history_append([(monitoring.node_stream(node.name), json.dumps(doc))])
+    streams.history_append([(streams.node_stream(node.name), json.dumps(doc))])
     return node, instance, card
 
 

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from config.celery import app
+from config.messages import ToNode
 from scheduler.models import WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
 from tests.conftest import wait_status
@@ -29,8 +30,8 @@ def test_a_forged_unsigned_task_is_refused_and_a_signed_one_runs(user, node_work
     # Whoever can write to the broker (no key): the same task, serialized as plain JSON.
     forger = Celery("forger", broker=settings.CELERY_BROKER_URL)
     forger.conf.task_serializer = "json"
-    forger.send_task("scheduler.node.tasks.agent_stop", args=[forged_target.pk], queue=node_worker.queue)
-    app.send_task("scheduler.node.tasks.agent_stop", args=[signed_target.pk], queue=node_worker.queue)
+    forger.send_task(ToNode.STOP, args=[forged_target.pk], queue=node_worker.queue)
+    app.send_task(ToNode.STOP, args=[signed_target.pk], queue=node_worker.queue)
 
     wait_status(signed_target, "stopped", timeout=30)  # the worker read the queue past the forged message
     forged_target.refresh_from_db()

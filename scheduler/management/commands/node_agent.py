@@ -15,7 +15,7 @@ from scheduler.node import launcher
 from scheduler.node.agent import agent_register
 from scheduler.node.network import fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
-from scheduler.node.sampler import sampler_for
+from scheduler.telemetry.sampler import sampler_for
 
 
 class Command(BaseCommand):

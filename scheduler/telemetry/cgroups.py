@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.node.telemetry import ContainerUsage
+from scheduler.telemetry.documents import ContainerUsage
 
 log = logging.getLogger(__name__)
 

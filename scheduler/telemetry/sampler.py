@@ -22,11 +22,12 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import Prefetch
 
-from scheduler import monitoring
+from config import messages
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
-from scheduler.node.cgroups import UsageReader
-from scheduler.node.rollups import MinuteRollups
-from scheduler.node.telemetry import Card, Tenant, TenantShare, node_document, workload_document
+from scheduler.telemetry import streams
+from scheduler.telemetry.cgroups import UsageReader
+from scheduler.telemetry.documents import Card, Tenant, TenantShare, node_document, workload_document
+from scheduler.telemetry.rollups import MinuteRollups
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Sampler:
         cards, own = self.backend.sample(self.cards, tenants, usage)
         by_uuid = {c.uuid: c for c in cards}
         doc = node_document(t=t, node=self.node_name, simulated=self.simulated, cards=cards)
-        messages = [(monitoring.node_group(self.node_name), monitoring.node_stream(self.node_name), _dumps(doc))]
+        outgoing = [(messages.node_group(self.node_name), streams.node_stream(self.node_name), _dumps(doc))]
         for tenant in tenants:
             tenant_doc = workload_document(
                 t=t,
@@ -90,23 +91,23 @@ class Sampler:
                 readings={uuid: r for (w, uuid), r in own.items() if w == tenant.workload_id},
                 usage=usage.get(tenant.container_id),
             )
-            messages.append(
+            outgoing.append(
                 (
-                    monitoring.workload_group(tenant.workload_id),
-                    monitoring.workload_stream(tenant.workload_id),
+                    messages.workload_group(tenant.workload_id),
+                    streams.workload_stream(tenant.workload_id),
                     _dumps(tenant_doc),
                 )
             )
-        monitoring.history_append([(stream, text) for _, stream, text in messages])
-        self._loop.run_until_complete(self._publish([(group, text) for group, _, text in messages]))
+        streams.history_append([(stream, text) for _, stream, text in outgoing])
+        self._loop.run_until_complete(self._publish([(group, text) for group, _, text in outgoing]))
         self.rollups.add(t, cards, own)
         return doc
 
-    async def _publish(self, messages: list[tuple[str, str]]) -> None:
+    async def _publish(self, outgoing: list[tuple[str, str]]) -> None:
         # One after the other: concurrent sends for a node with many tenants run out of the
         # layer's Redis connections (measured in bench/ws_fanout.py), and each takes ~1-2 ms.
-        for group, text in messages:
-            await self._layer.group_send(group, {"type": monitoring.MESSAGE_TYPE, "doc": text})
+        for group, text in outgoing:
+            await self._layer.group_send(group, {"type": messages.TELEMETRY_SAMPLE, "doc": text})
 
     def run_forever(self, stop: threading.Event) -> None:
         interval = settings.TELEMETRY_INTERVAL_S
@@ -135,11 +136,11 @@ class Sampler:
 
 def sampler_for(node: Node, docker_client) -> Sampler:
     if node.simulated:
-        from scheduler.node.simgpu import SimulatedBackend
+        from scheduler.telemetry.simgpu import SimulatedBackend
 
         backend = SimulatedBackend()
     else:
-        from scheduler.node.nvml import NvmlBackend
+        from scheduler.telemetry.nvml import NvmlBackend
 
         backend = NvmlBackend(node_cards(node.name), pcie=settings.TELEMETRY_NVML_PCIE)
     return Sampler(node, backend=backend, docker_client=docker_client)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from scheduler.models import Gpu, GpuMinute, Workload, WorkloadGpuMinute
-from scheduler.node.telemetry import CardReading, TenantReading
+from scheduler.telemetry.documents import CardReading, TenantReading
 
 log = logging.getLogger(__name__)
 MAX_PENDING_MINUTES = 10

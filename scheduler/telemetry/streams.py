@@ -1,8 +1,8 @@
-"""Live GPU stats between node agents and viewers: channel-layer groups and the Redis history.
+"""The recent history of live GPU stats: a bounded Redis stream per node and per workload.
 
-A node agent publishes each sample document (``scheduler.node.telemetry``) to
-the group of its node and to the group of each workload on it, and appends it
-to a bounded Redis stream per node and per workload holding the last
+A node agent publishes each sample document (``documents.py``) to the
+channel-layer group of its node and of each workload on it (``config.messages``
+names them), and appends it here, to a stream per node and per workload holding the last
 ``TELEMETRY_HISTORY_S`` seconds, so that a page that opens or reconnects draws
 its chart at once. The streams expire when nothing is written to them (a
 released instance's history goes by itself).
@@ -15,16 +15,6 @@ from functools import cache
 
 import redis
 from django.conf import settings
-
-MESSAGE_TYPE = "telemetry.sample"  # the consumers' handler: telemetry_sample
-
-
-def node_group(node_name: str) -> str:
-    return f"monitor.node.{node_name}"
-
-
-def workload_group(workload_id: int) -> str:
-    return f"monitor.workload.{workload_id}"
 
 
 def node_stream(node_name: str) -> str:

@@ -9,11 +9,11 @@ from django.utils import timezone
 
 from scheduler.models import GpuMinute, Workload, WorkloadGpuMinute, WorkloadStatus
 from scheduler.node.launcher import LABEL, docker_client
-from scheduler.node.rollups import MinuteRollups
-from scheduler.node.sampler import Sampler
-from scheduler.node.simgpu import SimulatedBackend
-from scheduler.node.telemetry import CardReading, TenantReading
 from scheduler.services.allocation import Share, allocation_create
+from scheduler.telemetry.documents import CardReading, TenantReading
+from scheduler.telemetry.rollups import MinuteRollups
+from scheduler.telemetry.sampler import Sampler
+from scheduler.telemetry.simgpu import SimulatedBackend
 from scheduler.tick import schedule_tick
 from tests.conftest import make_node, wait_for
 from tests.scheduler.factories import workload
@@ -82,11 +82,11 @@ def test_the_sampler_publishes_each_workloads_own_document(user, base_image, con
     w = running_on(node, user, card, 300, container_id=containers["idle"].id)
     sampler = Sampler(node, backend=SimulatedBackend(), docker_client=docker_client())
     sampler.sample_once()
-    from scheduler import monitoring
+    from scheduler.telemetry import streams
 
-    [text] = monitoring.history_read(monitoring.workload_stream(w.pk), count=1)
+    [text] = streams.history_read(streams.workload_stream(w.pk), count=1)
     assert f'"workload":{w.pk}' in text and '"share":0.3' in text and f'"mem_cap":{card.memory_mb * 3 // 10}' in text
-    assert monitoring.history_read(monitoring.node_stream(node.name), count=5)
+    assert streams.history_read(streams.node_stream(node.name), count=5)
     sampler.close()
 
 

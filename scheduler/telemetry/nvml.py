@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from scheduler.node.cgroups import PROC, container_of_pid
-from scheduler.node.telemetry import Card, CardReading, ContainerUsage, Tenant, TenantReading, tenant_holder
+from scheduler.telemetry.cgroups import PROC, container_of_pid
+from scheduler.telemetry.documents import Card, CardReading, ContainerUsage, Tenant, TenantReading, tenant_holder
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from scheduler.node.telemetry import Card, CardReading, ContainerUsage, Tenant, TenantReading, tenant_holder
+from scheduler.telemetry.documents import Card, CardReading, ContainerUsage, Tenant, TenantReading, tenant_holder
 
 # Board power limits (W) of the models the simulated catalog knows; others get DEFAULT_POWER_W.
 POWER_LIMIT_W = {

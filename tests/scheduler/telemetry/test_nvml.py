@@ -5,8 +5,8 @@ import types
 import pynvml
 import pytest
 
-from scheduler.node.nvml import NvmlBackend
-from scheduler.node.telemetry import Card, Tenant, TenantShare
+from scheduler.telemetry.documents import Card, Tenant, TenantShare
+from scheduler.telemetry.nvml import NvmlBackend
 
 UUID = "GPU-8f1c0000-0000-0000-0000-000000000001"
 CID_A = "a" * 64

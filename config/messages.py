@@ -1,0 +1,118 @@
+"""Every message one process sends another: its name, who serves it, and the one way to send it.
+
+The processes — web (gunicorn), WebSocket server (daphne), scheduler worker + beat,
+and one node agent per GPU host — talk only through Redis: signed Celery tasks
+on a queue, and channel-layer groups for what browsers watch live. This module
+is the map of those routes; a sender names a task by its member here, never by
+a string of its own, and each task function is registered under that member's
+name (``tests/test_messages.py`` holds the two sides together).
+
+    queue                      served by                  tasks
+    settings.SCHEDULER_QUEUE   scheduler worker (+ beat)  ToScheduler: the tick, reconciliation,
+                                                          billing, housekeeping, node agents' replies
+    node.<name>                that host's node agent     ToNode: launch, stop, restart, release,
+                                                          reconcile, image commit / remove, disk growth
+
+    channel-layer group        written by                 read by (message type -> handler)
+    user-<id>                  any process that changes   the owner's console pages
+                               a workload's status        (instance.status -> instance_status)
+    monitor.node.<name>        the host's sampler         the cluster and node monitors
+    monitor.workload.<id>      the host's sampler         the instance monitor
+                                                          (telemetry.sample -> telemetry_sample)
+
+Node agents never write to the scheduler's tables they do not own: what the
+control plane must record after a node did something (an image saved, a disk
+grown) comes back as a ``ToScheduler`` reply naming the task to run there.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ToScheduler(StrEnum):
+    """Tasks of the scheduler queue (``settings.SCHEDULER_QUEUE``)."""
+
+    SCHEDULE_TICK = "scheduler.tasks.schedule_tick"
+    CLUSTER_RECONCILE = "scheduler.tasks.cluster_reconcile"
+    TELEMETRY_PRUNE = "scheduler.tasks.telemetry_prune"
+    METER_RECONCILE = "billing.tasks.meter_reconcile"
+    SETTLE_USAGE = "billing.tasks.settle_usage"
+    SEGMENT_ASSIGN = "billing.tasks.segment_assign"
+    SETTLE_STORAGE = "billing.tasks.settle_storage"
+    SPOT_PRICES = "billing.tasks.spot_prices"
+    BILLING_ENFORCE = "billing.tasks.billing_enforce"
+    LEDGER_VERIFY = "billing.tasks.ledger_verify"
+    IDLE_STOP = "portal.tasks.idle_stop"
+    RELEASE_LONG_STOPPED = "portal.tasks.release_long_stopped"
+    # Replies from node agents: (reply id, size, error text).
+    IMAGE_SAVED = "portal.tasks.image_saved"
+    IMAGE_REMOVED = "portal.tasks.image_removed"
+    DISK_GROWN = "portal.tasks.disk_grown"
+
+
+class ToNode(StrEnum):
+    """Tasks of a node agent's queue (``node.<name>``, ``node_queue``)."""
+
+    LAUNCH = "scheduler.node.tasks.agent_launch"
+    LAUNCH_MANY = "scheduler.node.tasks.agent_launch_many"
+    STOP = "scheduler.node.tasks.agent_stop"
+    RESTART = "scheduler.node.tasks.agent_restart"
+    RELEASE = "scheduler.node.tasks.agent_release"
+    RECONCILE = "scheduler.node.tasks.agent_reconcile"
+    IMAGE_COMMIT = "scheduler.node.tasks.agent_image_commit"
+    IMAGE_REMOVE = "scheduler.node.tasks.agent_image_remove"
+    DISK_GROW = "scheduler.node.tasks.agent_disk_grow"
+
+
+def node_queue(node_name: str) -> str:
+    return f"node.{node_name}"
+
+
+def send(task: ToScheduler | ToNode, *args, node: str | None = None, **options) -> None:
+    """Send ``task`` now: to the scheduler queue, or for a ``ToNode`` task to node ``node``'s queue.
+
+    ``options`` go to Celery's ``send_task`` (``expires``, ``producer``).
+    """
+    from django.conf import settings
+
+    from config.celery import app
+
+    if isinstance(task, ToNode):
+        if not node:
+            raise ValueError(f"{task.name} goes to a node's queue: name the node")
+        queue = node_queue(node)
+    else:
+        queue = settings.SCHEDULER_QUEUE
+    app.send_task(task, args=list(args), queue=queue, **options)
+
+
+def send_after_commit(
+    task: ToScheduler | ToNode, *args, node: str | None = None, robust: bool = False, **options
+) -> None:
+    """Send ``task`` once the current transaction commits; nothing is sent if it rolls back.
+
+    ``robust``: a failure to send is logged, not raised into the committed caller (for
+    messages that a periodic task repeats anyway).
+    """
+    from django.db import transaction
+
+    transaction.on_commit(lambda: send(task, *args, node=node, **options), robust=robust)
+
+
+# Channel-layer groups and the message types sent to them (a consumer's handler is the type
+# with "." replaced by "_").
+INSTANCE_STATUS = "instance.status"
+TELEMETRY_SAMPLE = "telemetry.sample"
+
+
+def user_group(user_id: int) -> str:
+    return f"user-{user_id}"
+
+
+def node_group(node_name: str) -> str:
+    return f"monitor.node.{node_name}"
+
+
+def workload_group(workload_id: int) -> str:
+    return f"monitor.workload.{workload_id}"
