@@ -32,6 +32,12 @@ class Node(models.Model):
 
     name = models.SlugField(max_length=63, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
+    address = models.CharField(
+        max_length=255, blank=True, help_text="Where the control plane and other hosts reach it (NODE_ADDRESS)."
+    )
+    relay_url = models.CharField(
+        max_length=255, blank=True, help_text="The agent's relay service: terminal, files and logs of its containers."
+    )
     status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.ACTIVE)
     simulated = models.BooleanField(default=False, help_text="GPUs are simulated (no NVML on this host).")
     nvidia_runtime = models.BooleanField(default=False)

@@ -185,6 +185,7 @@ def agent_register(node_name: str) -> Node:
     return node_register(
         name=node_name,
         hostname=socket.gethostname(),
+        address=settings.NODE_ADDRESS,
         # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has.
         cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS"),
         memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB"),

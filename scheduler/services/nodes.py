@@ -31,6 +31,8 @@ def node_register(
     *,
     name: str,
     hostname: str,
+    address: str = "",
+    relay_url: str = "",
     cpu_cores: int,
     memory_mb: int,
     gpus: list[GpuInfo],
@@ -48,6 +50,8 @@ def node_register(
             name=name,
             defaults=dict(
                 hostname=hostname,
+                address=address,
+                relay_url=relay_url,
                 cpu_cores=cpu_cores,
                 memory_mb=memory_mb,
                 simulated=simulated,
