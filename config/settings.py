@@ -289,6 +289,20 @@ NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memor
 # The address the control plane and the other GPU hosts reach this host at (its LAN address).
 NODE_ADDRESS = env.str("NODE_ADDRESS", default="127.0.0.1")
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
+# The agent's relay (scheduler/node/relay/): terminal and files of its containers for the web tier,
+# which never talks to Docker itself. It listens on RELAY_BIND (default NODE_ADDRESS):RELAY_PORT
+# (0: any free port, e.g. for tests) and is registered as the node's relay URL.
+RELAY_PORT = env.int("RELAY_PORT", default=8470)
+RELAY_BIND = env.str("RELAY_BIND", default="") or NODE_ADDRESS
+# Signs the short-lived tickets the web tier gives the relay; the same on web servers and agents.
+RELAY_SECRET = env.str("RELAY_SECRET", default=SECRET_KEY)
+if not DEBUG and len(RELAY_SECRET) < 32:
+    raise environ.ImproperlyConfigured("RELAY_SECRET must be at least 32 characters (it defaults to SECRET_KEY)")
+# Terminal and file sessions one user may hold open at once, across every web server and host.
+RELAY_MAX_SESSIONS_PER_USER = env.int("RELAY_MAX_SESSIONS_PER_USER", default=8)
+# Time limits: a file transfer (upload or download) and a terminal session.
+RELAY_TRANSFER_TIMEOUT_S = env.int("RELAY_TRANSFER_TIMEOUT_S", default=30 * 60)
+RELAY_TERMINAL_MAX_S = env.int("RELAY_TERMINAL_MAX_S", default=12 * 3600)
 NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=30)
 
 # Live GPU monitoring (scheduler/telemetry/).

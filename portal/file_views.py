@@ -1,5 +1,7 @@
 """Files pages: browse, download and upload in the owner's running instance (see portal/files.py)."""
 
+import posixpath
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -7,7 +9,7 @@ from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandl
 from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import urlencode
+from django.utils.http import content_disposition_header, urlencode
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
@@ -25,13 +27,17 @@ def _owned(request, instance_id: int) -> Instance:
 @login_required
 def instance_files(request, instance_id: int):
     instance = _owned(request, instance_id)
-    path = request.GET.get("path", files.ROOTS[0])
-    entries, error = [], None
+    return _files_page(request, instance, request.GET.get("path", files.ROOTS[0]))
+
+
+def _files_page(request, instance: Instance, path: str, *, error: ServiceError | None = None):
+    """The folder's page; with ``error`` (of an operation on a file in it) shown, and its status answered."""
+    entries, truncated = [], False
     try:
-        entries = files.listing(instance.workload, path)
+        entries, truncated = files.listing(instance.workload, path, user=request.user)
         path = files.safe_path(path)
     except ServiceError as exc:
-        error = exc.message
+        error = error or exc
     parent = path.rsplit("/", 1)[0] if path != files.HOME else None
     return render(
         request,
@@ -41,23 +47,29 @@ def instance_files(request, instance_id: int):
             "path": path,
             "parent": parent,
             "entries": entries,
-            "error": error,
+            "truncated": truncated,
+            "error": error and (f"{error.field}: {error.message}" if error.field else error.message),
             "roots": files.ROOTS,
         },
+        status=error.status_code if error else 200,
     )
 
 
 @login_required
 def instance_file_download(request, instance_id: int):
     instance = _owned(request, instance_id)
+    path = request.GET.get("path", "")
     try:
-        name, size, chunks = files.download(instance.workload, request.GET.get("path", ""))
-    except ServiceError as exc:
-        messages.error(request, exc.message)
-        return redirect(reverse("console-instance-files", args=[instance.pk]))
+        name, size, chunks = files.download(instance.workload, path, user=request.user)
+    except ServiceError as exc:  # the folder's page, saying why, with the error's status (400 naming path)
+        try:
+            folder = posixpath.dirname(files.safe_path(path))
+        except ServiceError:
+            folder = files.ROOTS[0]
+        return _files_page(request, instance, folder, error=exc)
     response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
     response["Content-Length"] = str(size)
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["Content-Disposition"] = content_disposition_header(True, name)
     return response
 
 
@@ -90,7 +102,7 @@ def _upload(request, instance_id: int):
     try:
         if upload is None:
             raise ServiceError("choose a file to upload", field="file")
-        where = files.upload(instance.workload, folder, upload.name, upload)
+        where = files.upload(instance.workload, folder, upload.name, upload, user=request.user)
         messages.success(request, _("Uploaded %(where)s.") % {"where": where})
     except ServiceError as exc:
         messages.error(request, exc.message)

@@ -1,30 +1,35 @@
-"""Files of a running instance through the portal: list, download, upload — under /root.
+"""Files of a running instance through the portal: list, download, upload — through its host's relay.
 
-Three places, all under ``/root``: ``/root/autodl-tmp`` (the instance's data
-volume), ``/root/shared`` (the user's shared storage) and ``/root`` itself (the
+Three places, all under ``/root`` (``config.relay.FILE_ROOTS``): the data disk
+``/root/autodl-tmp``, the user's shared storage, and ``/root`` itself (the
 system disk: what "save as image" keeps). A path that leaves ``/root`` (``..``,
-absolute elsewhere) is refused naming the field. Downloads stream the file out of
-Docker's archive API (a tar stream, unpacked on the fly); uploads are packed
-into a tar in a temporary file and put with the same API. Both are limited to
-``FILE_TRANSFER_MAX_MB``.
+absolute elsewhere) is refused here naming the field; the relay refuses a
+symbolic link that leads out of the path's root, and lists links as links.
+
+The web tier never talks to Docker: each operation goes to the relay of the
+node holding the container (``portal.relay``), and streams. A listing is read
+line by line (the relay stops at its cap), a download flows from the relay to
+the browser a chunk at a time, an upload flows from Django's temporary file to
+the relay a chunk at a time. Each holds one of the user's session slots while
+it runs. Both transfers are limited to ``FILE_TRANSFER_MAX_MB``.
 """
 
 from __future__ import annotations
 
-import io
+import json
 import posixpath
-import tarfile
-import tempfile
+import time
 
+import requests
 from django.conf import settings
 
+from config.relay import FILE_ROOTS, HOME, Op, file_root
+from portal.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_target, unreachable
 from scheduler.errors import Conflict, InvalidInput
-from scheduler.models import WorkloadStatus
-from scheduler.node.launcher import docker_client
 
-ROOTS = ("/root/autodl-tmp", "/root/shared", "/root")
-HOME = "/root"
-LIST_SCRIPT = 'cd -- "$1" && for f in * .[!.]*; do [ -e "$f" ] && stat -c "%s|%F|%n" -- "$f"; done; true'
+ROOTS = FILE_ROOTS
+CHUNK = 1024 * 1024
+ERROR_BYTES = 64 * 1024  # the most of a relay's error answer that is read
 
 
 def safe_path(path: str, *, field: str = "path") -> str:
@@ -37,101 +42,110 @@ def safe_path(path: str, *, field: str = "path") -> str:
     return normal
 
 
-def _container(workload):
-    if workload.status != WorkloadStatus.RUNNING:
-        raise Conflict(f"files are reachable while the instance runs; it is {workload.status}")
-    return docker_client().containers.get(workload.container_name)
-
-
-def listing(workload, path: str) -> list[dict]:
+def listing(workload, path: str, *, user) -> tuple[list[dict], bool]:
+    """(entries of the folder, folders first, and whether the relay cut the list at its cap)."""
     directory = safe_path(path)
-    result = _container(workload).exec_run(["sh", "-c", LIST_SCRIPT, "sh", directory], user="root")
-    if result.exit_code != 0:
-        raise InvalidInput(f"{directory} is not a directory", field="path")
-    entries = []
-    for line in result.output.decode(errors="replace").splitlines():
-        size, kind, name = (line.split("|", 2) + ["", ""])[:3]
-        entries.append(
-            {
-                "name": name,
-                "path": posixpath.join(directory, name),
-                "dir": kind == "directory",
-                "size": int(size) if size.isdigit() else None,
-            }
-        )
-    return sorted(entries, key=lambda e: (not e["dir"], e["name"]))
+    with SessionSlot(user.pk):
+        url, headers = relay_target(workload=workload, user=user, op=Op.LIST, root=file_root(directory), path=directory)
+        entries, last = [], {}
+        try:
+            with requests.get(url, headers=headers, stream=True, timeout=(CONNECT_S, IDLE_S)) as response:
+                _check(response, 200)
+                for line in response.iter_lines(chunk_size=CHUNK):
+                    item = json.loads(line)
+                    if "name" not in item:
+                        last = item
+                        break
+                    kind = item["kind"]
+                    entries.append(
+                        {
+                            "name": item["name"],
+                            "path": posixpath.join(directory, item["name"]),
+                            "dir": kind == "dir",
+                            "link": kind == "link",
+                            "size": item["size"] if kind == "file" else None,
+                        }
+                    )
+        except requests.RequestException as exc:
+            raise unreachable(exc) from exc
+    if not last:
+        raise Conflict("the listing was cut short; try again")
+    return sorted(entries, key=lambda e: (not e["dir"], e["name"])), bool(last.get("truncated"))
 
 
-def download(workload, path: str):
-    """(file name, size, iterator of byte chunks) of one regular file."""
+def download(workload, path: str, *, user):
+    """(file name, size, iterable of byte chunks) of one regular file; close the iterable when done."""
     target = safe_path(path)
-    container = _container(workload)
+    slot = SessionSlot(user.pk).take()
     try:
-        stream, stat = container.get_archive(target)
-    except Exception as exc:  # docker.errors.NotFound and friends
-        raise InvalidInput(f"no file {target}", field="path") from exc
-    if stat.get("mode", 0) & 0o040000 or stat.get("size", 0) > settings.FILE_TRANSFER_MAX_MB * 1024 * 1024:
-        raise InvalidInput(
-            f"download a regular file of at most {settings.FILE_TRANSFER_MAX_MB} MB (pack folders first)", field="path"
-        )
-    archive = tarfile.open(fileobj=_Reader(stream), mode="r|")
-    member = next(iter(archive))
-    body = archive.extractfile(member)
+        url, headers = relay_target(workload=workload, user=user, op=Op.DOWNLOAD, root=file_root(target), path=target)
+        try:
+            response = requests.get(url, headers=headers, stream=True, timeout=(CONNECT_S, IDLE_S))
+        except requests.RequestException as exc:
+            raise unreachable(exc) from exc
+        try:
+            _check(response, 200)
+            size = int(response.headers["Content-Length"])
+            if size > settings.FILE_TRANSFER_MAX_MB * 1024 * 1024:
+                raise InvalidInput(f"download a file of at most {settings.FILE_TRANSFER_MAX_MB} MB", field="path")
+        except BaseException:
+            response.close()
+            raise
+    except BaseException:
+        slot.release()
+        raise
+    return posixpath.basename(target), size, _Download(response, slot)
 
-    def chunks():
-        while block := body.read(64 * 1024):
-            yield block
-        archive.close()
 
-    return posixpath.basename(target), member.size, chunks()
+class _Download:
+    """The relay's bytes, chunk by chunk; ``close()`` (Django calls it) ends the call and frees the slot."""
+
+    def __init__(self, response: requests.Response, slot: SessionSlot):
+        self.response, self.slot = response, slot
+
+    def __iter__(self):
+        renewed = time.monotonic()
+        for chunk in self.response.iter_content(CHUNK):
+            yield chunk
+            if time.monotonic() - renewed > RENEW_S:
+                self.slot.renew()
+                renewed = time.monotonic()
+
+    def close(self) -> None:
+        self.response.close()
+        self.slot.release()
 
 
-def upload(workload, directory: str, name: str, source) -> str:
-    """Put an uploaded file (``source``: a file object) into ``directory``; returns its path."""
+def upload(workload, directory: str, name: str, source, *, user) -> str:
+    """Put an uploaded file (``source``: a Django UploadedFile) into ``directory``; returns its path."""
     folder = safe_path(directory, field="dir")
     if not name or "/" in name or name in (".", ".."):
         raise InvalidInput("a plain file name, without folders", field="file")
-    size = getattr(source, "size", None)
-    if size is not None and size > settings.FILE_TRANSFER_MAX_MB * 1024 * 1024:
+    if source.size > settings.FILE_TRANSFER_MAX_MB * 1024 * 1024:
         raise InvalidInput(f"at most {settings.FILE_TRANSFER_MAX_MB} MB per file", field="file")
-    container = _container(workload)
-    with tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024) as packed:
-        with tarfile.open(fileobj=packed, mode="w") as archive:
-            info = tarfile.TarInfo(name)
-            info.size = size if size is not None else _length(source)
-            info.mode = 0o644
-            archive.addfile(info, source)
-        packed.seek(0)
-        if not container.put_archive(folder, packed.read()):
-            raise InvalidInput(f"could not write into {folder}", field="dir")
+    with SessionSlot(user.pk) as slot:
+        url, headers = relay_target(
+            workload=workload, user=user, op=Op.UPLOAD, root=file_root(folder), path=folder, name=name, size=source.size
+        )
+        try:
+            response = requests.put(url, data=_chunks(source, slot), headers=headers, timeout=(CONNECT_S, IDLE_S))
+        except requests.RequestException as exc:
+            raise unreachable(exc) from exc
+        with response:
+            _check(response, 201)
     return posixpath.join(folder, name)
 
 
-def _length(source) -> int:
-    here = source.tell()
-    source.seek(0, io.SEEK_END)
-    end = source.tell()
-    source.seek(here)
-    return end - here
+def _chunks(source, slot: SessionSlot):
+    renewed = time.monotonic()
+    source.seek(0)
+    while chunk := source.read(CHUNK):
+        yield chunk
+        if time.monotonic() - renewed > RENEW_S:
+            slot.renew()
+            renewed = time.monotonic()
 
 
-class _Reader(io.RawIOBase):
-    """A file object over Docker's chunk iterator, for tarfile's stream mode."""
-
-    def __init__(self, chunks):
-        self._chunks = iter(chunks)
-        self._buffer = b""
-
-    def readable(self):
-        return True
-
-    def readinto(self, target):
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(target), len(self._buffer))
-        target[:n] = self._buffer[:n]
-        self._buffer = self._buffer[n:]
-        return n
+def _check(response: requests.Response, status: int) -> None:
+    if response.status_code != status:
+        raise refusal(response.status_code, response.raw.read(ERROR_BYTES, decode_content=True))

@@ -52,7 +52,7 @@ def instance_get(*, user, instance_id: int) -> Instance:
 
 def instance_get_owned(*, user, instance_id: int) -> Instance:
     """The user's own instance, for what only its owner may do (a shell, its files); NotFound otherwise, staff too."""
-    instance = Instance.objects.filter(pk=instance_id, owner=user).select_related("workload").first()
+    instance = Instance.objects.filter(pk=instance_id, owner=user).select_related("workload__node").first()
     if instance is None:
         raise NotFound("no such instance")
     return instance

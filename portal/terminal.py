@@ -1,107 +1,109 @@
-"""Web terminal: a shell in an instance's running container (``docker exec`` with a TTY) over a WebSocket.
+"""Web terminal: a shell in an instance's running container over a WebSocket, through its host's relay.
 
 Only the instance's owner gets one (staff and others: 4404; not signed in: 4401;
-an instance that is not running: 4409). Frames from the browser are JSON text:
-``{"type": "input", "data": "..."}`` or ``{"type": "resize", "cols": 80, "rows": 24}``;
-the shell's output comes back as binary frames. When the shell exits or the
-container stops, the socket closes with 4000 and a reason.
+an instance that is not running, or whose host does not answer: 4409; a user
+who already holds RELAY_MAX_SESSIONS_PER_USER terminal and file sessions: 4429).
+Frames from the browser are JSON text: ``{"type": "input", "data": "..."}`` or
+``{"type": "resize", "cols": 80, "rows": 24}``; the shell's output comes back as
+binary frames. When the shell exits or the container stops, the socket closes
+with 4000 and a reason.
 
-The web process talks to the Docker engine of the instance's node at
-``DOCKER_BASE_URL``: on one host (``make run``, the tests) that is the local
-engine; a multi-host deployment must expose each node's engine to the web
-servers (README, "Web terminal").
+This process never talks to Docker: it opens a WebSocket to the relay of the
+node holding the container (``scheduler/node/relay/terminal.py``) with a signed
+ticket, and passes frames both ways unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
+import aiohttp
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from config.relay import SHELL_ENDED, Op
 from portal import selectors
 from portal.consumers import NOT_FOUND, NOT_SIGNED_IN, refuse
-from scheduler.errors import NotFound
-from scheduler.models import WorkloadStatus
-from scheduler.node.launcher import docker_client
+from portal.relay import CONNECT_S, RENEW_S, SessionSlot, relay_target
+from scheduler.errors import NotFound, ServiceError, TooMany
 
 log = logging.getLogger(__name__)
-NOT_RUNNING, ENDED = 4409, 4000
-SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"]
-READ_BYTES = 65536
+NOT_RUNNING, TOO_MANY, ENDED = 4409, 4429, SHELL_ENDED
 
 
 class TerminalConsumer(AsyncWebsocketConsumer):
     async def connect(self):
-        self.sock = None
+        self.relay = self.http = self.slot = None
+        self.tasks: list[asyncio.Task] = []
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await refuse(self, NOT_SIGNED_IN)
             return
-        workload = await database_sync_to_async(self._workload)(user)
-        if workload is None:
+        try:
+            url, headers = await database_sync_to_async(self._target)(user)
+        except NotFound:
             await refuse(self, NOT_FOUND)
             return
-        if workload.status != WorkloadStatus.RUNNING:
-            await refuse(self, NOT_RUNNING)
+        except ServiceError as exc:
+            await self._refuse(NOT_RUNNING, exc.message)
             return
         try:
-            self.exec_id, self.stream, self.sock = await asyncio.to_thread(_exec_shell, workload.container_name)
-        except Exception as exc:  # the container went away between the check and the exec
-            log.info("terminal for %s refused: %s", workload.container_name, exc)
-            await refuse(self, NOT_RUNNING)
+            self.slot = await asyncio.to_thread(SessionSlot(user.pk).take)
+        except TooMany as exc:
+            await self._refuse(TOO_MANY, exc.message)
+            return
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_S))
+        try:
+            self.relay = await self.http.ws_connect(url, headers=headers, heartbeat=30, max_msg_size=1 << 20)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("terminal relay %s refused: %s", url.split("?")[0], exc)
+            await self._end()
+            await self._refuse(NOT_RUNNING, "the instance's host did not open a shell")
             return
         await self.accept()
-        self.reader = asyncio.create_task(self._pump())
+        self.tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._renew())]
 
-    def _workload(self, user):
-        try:
-            instance_id = self.scope["url_route"]["kwargs"]["instance_id"]
-            return selectors.instance_get_owned(user=user, instance_id=instance_id).workload
-        except NotFound:
-            return None
+    def _target(self, user):
+        instance_id = self.scope["url_route"]["kwargs"]["instance_id"]
+        workload = selectors.instance_get_owned(user=user, instance_id=instance_id).workload
+        return relay_target(workload=workload, user=user, op=Op.TERMINAL)
+
+    async def _refuse(self, code: int, reason: str) -> None:
+        await self.accept()
+        await self.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
 
     async def _pump(self):
-        loop = asyncio.get_running_loop()
-        try:
-            while data := await loop.sock_recv(self.sock, READ_BYTES):
-                await self.send(bytes_data=data)
-        except OSError:
-            pass
-        await self.close(code=ENDED, reason="the shell ended (exit, or the instance stopped)")
+        """The relay's frames to the browser; the relay's close (the shell ended) closes the browser's socket."""
+        while (frame := await self.relay.receive()).type == aiohttp.WSMsgType.BINARY:
+            await self.send(bytes_data=frame.data)
+        said = frame.extra if frame.type == aiohttp.WSMsgType.CLOSE and isinstance(frame.extra, str) else ""
+        await self.close(code=ENDED, reason=said or "the connection to the instance's host ended")
+
+    async def _renew(self):
+        while True:
+            await asyncio.sleep(RENEW_S)
+            await asyncio.to_thread(self.slot.renew)
 
     async def receive(self, text_data=None, bytes_data=None):
-        try:
-            message = json.loads(text_data or bytes_data or b"{}")
-        except ValueError:
+        if self.relay is None or self.relay.closed:
             return
-        if message.get("type") == "input" and isinstance(message.get("data"), str):
-            await asyncio.get_running_loop().sock_sendall(self.sock, message["data"].encode())
-        elif message.get("type") == "resize":
-            cols, rows = _size(message.get("cols")), _size(message.get("rows"))
-            if cols and rows:
-                await asyncio.to_thread(docker_client().api.exec_resize, self.exec_id, height=rows, width=cols)
+        if text_data is not None:
+            await self.relay.send_str(text_data)
+        elif bytes_data:
+            await self.relay.send_bytes(bytes_data)
 
     async def disconnect(self, code):
-        if self.sock is not None:
-            if hasattr(self, "reader"):
-                self.reader.cancel()
-            self.sock.close()  # the shell reads EOF and exits
-            self.stream.close()
+        await self._end()
 
-
-def _exec_shell(container_name: str):
-    api = docker_client().api
-    exec_id = api.exec_create(
-        container_name, SHELL, stdin=True, tty=True, environment={"TERM": "xterm-256color"}, workdir="/root"
-    )["Id"]
-    stream = api.exec_start(exec_id, tty=True, socket=True)  # kept: it owns the connection
-    raw = stream._sock
-    raw.setblocking(False)
-    return exec_id, stream, raw
-
-
-def _size(value) -> int | None:
-    return value if isinstance(value, int) and 1 <= value <= 1000 else None
+    async def _end(self):
+        for task in self.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if self.relay is not None:
+            await self.relay.close()  # the shell reads EOF and exits
+        if self.http is not None:
+            await self.http.close()
+        if self.slot is not None:
+            await asyncio.to_thread(self.slot.release)
+            self.slot = None

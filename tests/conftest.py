@@ -24,6 +24,7 @@ from scheduler.node.launcher import LABEL, docker_client
 from scheduler.services.nodes import node_register
 
 TEST_IMAGE = "gpucloud/pytorch:2.5.1-cuda12.4"
+NO_DOCKER = "unix:///nonexistent/docker.sock"  # the web tier's Docker engine: none
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -116,8 +117,20 @@ def sim_node(db):
 
 
 @pytest.fixture
-def node_worker(transactional_db, sim_node, base_image):
-    """A real Celery worker on Redis serving the scheduler queue and the node's queue."""
+def node_relay(sim_node):
+    """The node's relay, as its agent runs it (a thread), on a free loopback port and registered for the node."""
+    from scheduler.node.relay.server import RelayServer
+
+    relay = RelayServer(sim_node.name, api=docker_client().api, host="127.0.0.1", port=0)
+    sim_node.relay_url = relay.start()
+    sim_node.save(update_fields=["relay_url"])
+    yield relay
+    relay.stop()
+
+
+@pytest.fixture
+def node_worker(transactional_db, sim_node, node_relay, base_image):
+    """A real Celery worker on Redis serving the scheduler queue and the node's queue, and the node's relay."""
     from celery.contrib.testing.worker import start_worker
     from celery.signals import task_postrun
 
@@ -219,7 +232,10 @@ def roles(transactional_db):
 
 @pytest.fixture
 def web_server(transactional_db):
-    """daphne serving config.asgi on a free loopback port, on the test database; yields "127.0.0.1:<port>"."""
+    """daphne serving config.asgi on a free loopback port, on the test database; yields "127.0.0.1:<port>".
+
+    As in production, it has no Docker engine to talk to: terminals go through the node's relay.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -230,6 +246,7 @@ def web_server(transactional_db):
         "SCHEDULER_QUEUE": settings.SCHEDULER_QUEUE,
         "DEPLOYMENT_ID": settings.DEPLOYMENT_ID,
         "CACHE_KEY_PREFIX": f"{settings.DEPLOYMENT_ID}-{port}",  # its own throttle counts
+        "DOCKER_BASE_URL": NO_DOCKER,
     }
     log_path = settings.VAR_DIR / "log" / f"test-daphne-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -176,8 +176,8 @@ def _short(exc: Exception) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:200]
 
 
-def agent_register(node_name: str) -> Node:
-    """Register this host and its cards (NVML, or the simulated spec)."""
+def agent_register(node_name: str, *, relay_url: str = "") -> Node:
+    """Register this host and its cards (NVML, or the simulated spec), and where its relay listens."""
     gpus, simulated = discover(settings.GPU_BACKEND, node_name=node_name, sim_default=settings.SIM_GPU_DEFAULT)
     info = launcher.docker_client().info()
     host_cpus = os.cpu_count() or 1
@@ -186,6 +186,7 @@ def agent_register(node_name: str) -> Node:
         name=node_name,
         hostname=socket.gethostname(),
         address=settings.NODE_ADDRESS,
+        relay_url=relay_url,
         # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has.
         cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS"),
         memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB"),

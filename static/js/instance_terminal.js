@@ -18,7 +18,8 @@
   socket.onopen = () => { conn.dataset.state = "live"; conn.textContent = gettext("connected"); resize(); term.focus(); };
   socket.onmessage = (event) => term.write(new Uint8Array(event.data));
   socket.onclose = (event) => {
-    const why = { 4401: gettext("sign in again"), 4404: gettext("no such instance of yours"), 4409: gettext("the instance is not running") }[event.code];
+    const why = { 4401: gettext("sign in again"), 4404: gettext("no such instance of yours"), 4409: gettext("the instance is not running"),
+      4429: gettext("too many terminal and file sessions open: close one") }[event.code];
     conn.dataset.state = event.code === 4000 ? "reconnecting" : "refused";
     conn.textContent = gettext("closed") + (why ? `: ${why}` : event.reason ? `: ${event.reason}` : "");
     term.write(`\r\n\x1b[33m[${conn.textContent}]\x1b[0m\r\n`);

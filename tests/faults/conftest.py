@@ -25,7 +25,7 @@ from rest_framework.authtoken.models import Token
 
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
 from scheduler.node import launcher
-from tests.conftest import database_url, remove_node_containers, wait_for
+from tests.conftest import NO_DOCKER, database_url, remove_node_containers, wait_for
 
 RECONCILE_S = 1  # beat: scheduler tick and cluster reconciliation every second
 DEADLINE_S = 4  # transitional states
@@ -223,12 +223,14 @@ def cluster(transactional_db, user, catalog, base_image, tmp_path, cluster_env):
         "INSTANCE_STOP_GRACE_S": "1",
         "PREEMPTION_GRACE_S": "1",
         "DB_CONN_MAX_AGE": "0",
+        "RELAY_PORT": "0",  # the agent's relay on any free port (several clusters may run at once)
         "LOG_LEVEL": "INFO",
         **cluster_env,
     }
     logs = str(settings.VAR_DIR / "log")
     os.makedirs(logs, exist_ok=True)
     c = Cluster(name, redis_port, redis_password, web_port, env, Token.objects.create(user=user).key, logs)
+    c.env_for["web"] = {"DOCKER_BASE_URL": NO_DOCKER}  # as in production: the web tier has no Docker
     try:
         c.start("redis")
         wait_for(lambda: _listening(redis_port), timeout=10, what="redis")

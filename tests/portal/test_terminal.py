@@ -1,4 +1,7 @@
-"""The web terminal: a real shell in the owner's running container over a real WebSocket (daphne, Docker)."""
+"""The web terminal: a real shell in the owner's running container over a real WebSocket.
+
+daphne runs with no Docker engine to reach (as in production): the shell comes through the node's relay.
+"""
 
 import asyncio
 import json
@@ -7,6 +10,7 @@ import pytest
 import websockets
 
 from portal.models import Instance
+from portal.relay import SessionSlot
 from scheduler.services.workloads import workload_stop
 from tests.conftest import wait_status
 from tests.portal.test_instance_api import create
@@ -79,3 +83,33 @@ def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_
         return refused.value.rcvd.code
 
     assert asyncio.run(after_stop()) == 4409
+
+
+def test_a_terminal_beyond_the_users_session_cap_is_refused_with_4429_until_one_ends(
+    api, user, catalog, node_worker, web_server, settings
+):
+    assert create(api, catalog).status_code == 201
+    instance = Instance.objects.get()
+    wait_status(instance.workload, "running", timeout=30)
+    url = f"ws://{web_server}/ws/terminal/instances/{instance.pk}/"
+    mine = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
+    held = [SessionSlot(user.pk).take() for _ in range(settings.RELAY_MAX_SESSIONS_PER_USER)]  # e.g. downloads
+
+    async def refused():
+        async with websockets.connect(url, additional_headers=mine) as ws:
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        return closed.value.rcvd.code
+
+    async def works():
+        async with websockets.connect(url, additional_headers=mine) as ws:
+            await ws.send(json.dumps({"type": "input", "data": "echo ok-$((6*7))\n"}))
+            await read_until(ws, [""], "ok-42")
+
+    try:
+        assert asyncio.run(refused()) == 4429
+        held.pop().release()
+        asyncio.run(works())
+    finally:
+        for slot in held:
+            slot.release()

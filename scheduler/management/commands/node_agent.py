@@ -1,4 +1,4 @@
-"""Run this host's node agent: register its cards, heartbeat, and serve queue node.<name>."""
+"""Run this host's node agent: register its cards, heartbeat, serve queue node.<name> and its relay."""
 
 import logging
 import os
@@ -15,6 +15,7 @@ from scheduler.node import launcher
 from scheduler.node.agent import agent_register
 from scheduler.node.network import fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
+from scheduler.node.relay.server import RelayServer
 from scheduler.telemetry.sampler import sampler_for
 
 
@@ -32,12 +33,22 @@ class Command(BaseCommand):
             agent_reconcile(name)
             if settings.INSTANCE_NETWORK_MODE == "fenced":
                 fence_install()  # tenants' network fenced off before any of them runs here
-            node = agent_register(name)
+        except ServiceError as exc:
+            raise CommandError(exc.message) from exc
+        # The terminal and files of this host's containers, for the web tier (which has no Docker).
+        relay = RelayServer(name, api=launcher.docker_client().api)
+        try:
+            relay_url = relay.start()
+        except OSError as exc:  # the port is taken, or the address is not this host's
+            raise CommandError(f"the relay cannot listen on {relay.host}:{relay.port}: {exc}") from exc
+        try:
+            node = agent_register(name, relay_url=relay_url)
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
         kind = "SIMULATED" if node.simulated else "NVML"
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
+        self.stdout.write(f"relay at {node.relay_url}")
         stop = threading.Event()
         threading.Thread(
             target=heartbeat_forever,
@@ -73,3 +84,4 @@ class Command(BaseCommand):
             )
         finally:
             stop.set()
+            relay.stop()

@@ -1,0 +1,87 @@
+"""The relay's contract: how the web tier reaches a container's shell and files through its host's agent.
+
+The web tier (gunicorn, daphne) never talks to a Docker engine. Once it has
+authorized the user (the instance's owner), it signs a ticket naming one
+operation on one container and calls the relay of the node that holds it
+(``Node.relay_url``; served by ``scheduler/node/relay/``), which checks the
+ticket and the container's labels before it touches Docker.
+
+    operation   relay route                  body                      web side
+    terminal    GET /v1/terminal  WebSocket  the browser's frames       portal/terminal.py
+    list        GET /v1/list                 NDJSON, one entry a line   portal/files.py
+    download    GET /v1/download             the file's bytes           portal/files.py
+    upload      PUT /v1/upload               the file's bytes (chunked) portal/files.py
+
+A ticket travels as ``Authorization: Bearer <ticket>``; it is signed with
+RELAY_SECRET (the same on web servers and agents; SECRET_KEY by default),
+valid for TICKET_S seconds by the relay's clock, and good for one request. It
+carries every parameter of the operation (the path, the upload's name and
+size), so the relay reads nothing the web tier did not sign. Errors come back
+as the API shapes them: ``{"detail": ..., "<field>": [...]}`` with 400, 404 or
+409; 401 / 403 for a ticket the relay refuses.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+from django.core import signing
+
+SALT = "gpucloud.relay.v1"
+TICKET_S = 60
+# Where the files pages may go, the default first: the data disk, the user's shared storage, the
+# system disk (the rest of /root). A path belongs to the most specific one; a symbolic link that
+# leads out of it is not followed.
+HOME = "/root"
+FILE_ROOTS = ("/root/autodl-tmp", "/root/shared", HOME)
+# Close code of the relay's terminal socket when the shell ends (the browser sees the same).
+SHELL_ENDED = 4000
+
+
+class Op(StrEnum):
+    TERMINAL = "terminal"
+    LIST = "list"
+    DOWNLOAD = "download"
+    UPLOAD = "upload"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    op: Op
+    container: str
+    workload: int
+    user: int
+    root: str = ""
+    path: str = ""
+    name: str = ""  # upload: the new file's name in ``path``
+    size: int = 0  # upload: its length in bytes
+    nonce: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+
+
+def ticket_sign(ticket: Ticket, *, secret: str) -> str:
+    return signing.dumps(asdict(ticket), key=secret, salt=SALT, compress=False)
+
+
+def ticket_open(token: str, *, secret: str) -> Ticket:
+    """The ticket, if ``token`` was signed with ``secret`` less than TICKET_S ago; signing.BadSignature if not."""
+    fields = signing.loads(token, key=secret, salt=SALT, max_age=TICKET_S)
+    try:
+        return Ticket(**fields | {"op": Op(fields["op"])})
+    except (TypeError, ValueError, KeyError) as exc:
+        raise signing.BadSignature("not a relay ticket") from exc
+
+
+def within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def file_root(path: str) -> str | None:
+    """The most specific of FILE_ROOTS that holds the normalized absolute ``path``; None outside them."""
+    normal = posixpath.normpath(path)
+    for root in sorted(FILE_ROOTS, key=len, reverse=True):
+        if within(normal, root):
+            return root
+    return None

@@ -1,0 +1,119 @@
+"""The web tier's side of the relay (config/relay.py): tickets, calls to a node's relay, and the session cap.
+
+Callers have already authorized the user (the instance's owner). ``relay_target``
+signs a ticket for one operation on the instance's container and says where
+its node's relay is; ``refusal`` turns the relay's error answer into the
+ServiceError to raise here. ``SessionSlot`` holds one of the user's
+RELAY_MAX_SESSIONS_PER_USER concurrent terminal and file sessions, counted in
+Redis so that the cap holds across every web server and host: a slot is a lease
+renewed while the session lives, so a crashed server's slots come back by
+themselves. Leases run on Redis's clock, not this machine's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from functools import cache
+
+import redis
+from django.conf import settings
+
+from config.relay import Op, Ticket, ticket_sign
+from scheduler.errors import Conflict, InvalidInput, ServiceError, TooMany
+from scheduler.models import Workload, WorkloadStatus
+
+log = logging.getLogger(__name__)
+CONNECT_S = 5
+IDLE_S = 60  # the longest wait for the relay's next bytes
+LEASE_S = 60  # a session slot not renewed for this long is free again
+RENEW_S = LEASE_S / 3
+
+
+def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, dict]:
+    """(URL, headers) of one relay call for ``workload``'s container; Conflict if it cannot be made now."""
+    if workload.status != WorkloadStatus.RUNNING:
+        raise Conflict(f"this is reachable while the instance runs; it is {workload.status}")
+    node = workload.node
+    if node is None or not node.relay_url:
+        raise Conflict("the instance's host has no relay registered: its node agent must be restarted")
+    ticket = Ticket(op=op, container=workload.container_name, workload=workload.pk, user=user.pk, **params)
+    token = ticket_sign(ticket, secret=settings.RELAY_SECRET)
+    return f"{node.relay_url.rstrip('/')}/v1/{op}", {"Authorization": f"Bearer {token}"}
+
+
+def refusal(status: int, body: bytes) -> ServiceError:
+    """The error to raise for a relay's answer ``status`` (not 2xx) with JSON ``body``."""
+    try:
+        answer = json.loads(body)
+        detail = str(answer["detail"])
+    except (ValueError, KeyError, TypeError):
+        answer, detail = {}, f"the instance's host answered {status}"
+    field = next((key for key in answer if key != "detail"), None)
+    if status == 400:
+        return InvalidInput(detail, field=field)
+    if status == 409:
+        return Conflict(detail)
+    if status == 404:
+        return Conflict("the instance's container is not on its host")
+    # 401 / 403: the web tier and the agent disagree on RELAY_SECRET (or a clock is far off).
+    log.error("relay refused a call: %s %s", status, detail)
+    return Conflict(f"the instance's host refused: {detail}")
+
+
+def unreachable(exc: Exception) -> Conflict:
+    log.warning("relay unreachable: %s", exc)
+    return Conflict("the instance's host does not answer; try again in a moment")
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+
+
+# KEYS[1]: the user's sessions (a sorted set, member -> lease end in ms on Redis's clock).
+# ARGV: member, cap, lease in ms. Takes or renews the member's slot; 0 if the cap is reached.
+_TAKE = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+"""
+
+
+class SessionSlot:
+    """One of the user's concurrent terminal / file sessions: ``take()``, ``renew()`` every RENEW_S, ``release()``."""
+
+    def __init__(self, user_id: int):
+        self.key = f"gpucloud:{settings.DEPLOYMENT_ID}:relay-sessions:{user_id}"
+        self.member = uuid.uuid4().hex
+
+    def take(self) -> SessionSlot:
+        cap = settings.RELAY_MAX_SESSIONS_PER_USER
+        if not _redis().eval(_TAKE, 1, self.key, self.member, cap, LEASE_S * 1000):
+            raise TooMany(f"you have {cap} terminal and file sessions open, the most at once: close one first")
+        return self
+
+    def renew(self) -> None:
+        try:
+            _redis().eval(_TAKE, 1, self.key, self.member, 1 << 30, LEASE_S * 1000)
+        except redis.RedisError as exc:  # the session goes on; its lease may lapse meanwhile
+            log.warning("could not renew a relay session lease: %s", exc)
+
+    def release(self) -> None:
+        try:
+            _redis().zrem(self.key, self.member)
+        except redis.RedisError as exc:  # the lease lapses by itself
+            log.warning("could not release a relay session lease: %s", exc)
+
+    def __enter__(self) -> SessionSlot:
+        return self.take()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,112 @@
+"""What the relay checks before any handler runs: the ticket, and that the container is one of this node's.
+
+``Guard.admit`` answers 401 for a missing, forged, expired or already used
+ticket, 403 for a ticket of another operation or one whose path leaves its
+root, 404 for a container that is not there, 403 for one of another node or
+deployment (or whose labels name another workload or owner than the ticket),
+and 409 for one that does not run. It returns a ``Call``: what a handler needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import docker
+from django.core import signing
+
+from config.relay import FILE_ROOTS, TICKET_S, Op, Ticket, ticket_open, within
+from scheduler.node.launcher import LABEL
+
+
+class Refused(Exception):
+    """A request the relay will not serve: answered with ``status`` and ``{"detail": message}``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class Call:
+    """One admitted request: its ticket, the Docker API, and how to run a blocking call off the event loop."""
+
+    ticket: Ticket
+    api: docker.APIClient
+    executor: object
+
+    def run(self, function: Callable, *args, **kwargs) -> asyncio.Future:
+        """``function(*args, **kwargs)`` on the relay's threads, started now; await the result."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self.executor, functools.partial(function, *args, **kwargs))
+
+
+class Guard:
+    def __init__(self, *, node: str, deployment: str, secret: str):
+        self.node, self.deployment, self.secret = node, deployment, secret
+        self._spent: dict[str, float] = {}  # nonce -> when it may be forgotten (it has expired by then)
+
+    async def admit(self, request, op: Op, *, api: docker.APIClient, executor) -> Call:
+        ticket = self._ticket(request.headers.get("Authorization", ""), op)
+        call = Call(ticket, api, executor)
+        labels, running = await call.run(_container_state, api, ticket.container)
+        if labels is None:
+            raise Refused(404, f"no container {ticket.container} on this node")
+        expected = {
+            f"{LABEL}.node": self.node,
+            f"{LABEL}.deployment": self.deployment,
+            f"{LABEL}.workload": str(ticket.workload),
+            f"{LABEL}.owner": str(ticket.user),
+        }
+        if any(labels.get(key) != value for key, value in expected.items()):
+            raise Refused(403, f"{ticket.container} is not a container of this node's for this ticket")
+        if not running:
+            raise Refused(409, "the instance is not running")
+        return call
+
+    def _ticket(self, header: str, op: Op) -> Ticket:
+        scheme, _, token = header.partition(" ")
+        if scheme != "Bearer" or not token:
+            raise Refused(401, "a relay ticket is required (Authorization: Bearer ...)")
+        try:
+            ticket = ticket_open(token, secret=self.secret)
+        except signing.SignatureExpired:
+            raise Refused(401, "the ticket has expired") from None
+        except signing.BadSignature:
+            raise Refused(401, "the ticket is not valid") from None
+        if ticket.op != op:
+            raise Refused(403, f"the ticket is for {ticket.op}, not {op}")
+        if op != Op.TERMINAL and not (
+            ticket.root in FILE_ROOTS
+            and posixpath.normpath(ticket.path) == ticket.path
+            and within(ticket.path, ticket.root)
+        ):
+            raise Refused(403, "the ticket's path is not under its root")
+        now = time.monotonic()
+        self._spent = {nonce: until for nonce, until in self._spent.items() if until > now}
+        if ticket.nonce in self._spent:
+            raise Refused(401, "the ticket was used already")
+        self._spent[ticket.nonce] = now + TICKET_S + 5
+        return ticket
+
+
+STARTED = "relay.started"
+
+
+async def start(request, response):
+    """Prepare ``response`` (its status and headers go out) and note it: a later failure can only cut it short."""
+    await response.prepare(request)
+    request[STARTED] = response
+    return response
+
+
+def _container_state(api: docker.APIClient, name: str) -> tuple[dict | None, bool]:
+    try:
+        attrs = api.inspect_container(name)
+    except docker.errors.NotFound:
+        return None, False
+    return attrs["Config"].get("Labels") or {}, bool(attrs["State"].get("Running"))

@@ -1,0 +1,115 @@
+"""The node's relay serves only what the web tier signed, for this node's own containers.
+
+No ticket, a forged, expired or already used one: 401. A ticket for another
+operation or a path out of its root: 403. A container of another node, another
+deployment, or another owner than the ticket names: 403; one not there: 404;
+one that does not run: 409. Against a real container, over real HTTP.
+"""
+
+import dataclasses
+import json
+import time
+
+import pytest
+import requests
+from django.core import signing
+
+from config.relay import SALT, Op, Ticket, ticket_sign
+from portal.models import Instance
+from scheduler.node.launcher import docker_client
+from scheduler.node.relay.server import RelayServer
+from tests.conftest import wait_status
+from tests.portal.test_instance_api import create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def workload(api, catalog, node_worker):
+    assert create(api, catalog).status_code == 201
+    return wait_status(Instance.objects.get().workload, "running", timeout=30)
+
+
+def listing(of, **changes) -> Ticket:
+    """A ticket to list the data disk of workload ``of``, with ``changes``."""
+    ticket = Ticket(
+        op=Op.LIST,
+        container=of.container_name,
+        workload=of.pk,
+        user=of.owner_id,
+        root="/root/autodl-tmp",
+        path="/root/autodl-tmp",
+    )
+    return dataclasses.replace(ticket, **changes)
+
+
+def call(relay_url: str, op: Op, token: str | None, method: str = "GET") -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return requests.request(method, f"{relay_url}/v1/{op}", headers=headers, timeout=30)
+
+
+def signed(ticket: Ticket, settings) -> str:
+    return ticket_sign(ticket, secret=settings.RELAY_SECRET)
+
+
+class TwoMinutesAgo(signing.TimestampSigner):
+    def timestamp(self):
+        return signing.b62_encode(int(time.time()) - 120)
+
+
+@pytest.fixture
+def other_relay(sim_node):
+    """A relay of another node, on the same Docker engine (as if it were another host's)."""
+    relay = RelayServer(f"{sim_node.name}-other", api=docker_client().api, host="127.0.0.1", port=0)
+    relay.start()
+    yield relay
+    relay.stop()
+
+
+def test_a_signed_ticket_lists_the_folder_once(workload, node_relay, settings):
+    token = signed(listing(workload), settings)
+    answer = call(node_relay.url, Op.LIST, token)
+    assert answer.status_code == 200 and json.loads(answer.text.splitlines()[-1]) == {"end": True}
+    replay = call(node_relay.url, Op.LIST, token)
+    assert replay.status_code == 401 and "used already" in replay.json()["detail"]
+
+
+def test_no_ticket_a_forged_or_an_expired_one_is_refused_with_401(workload, node_relay, settings):
+    assert call(node_relay.url, Op.LIST, None).status_code == 401
+    assert call(node_relay.url, Op.TERMINAL, None).status_code == 401
+    forged = ticket_sign(listing(workload), secret="not-the-relay-secret-0123456789abcdef")
+    assert call(node_relay.url, Op.LIST, forged).json() == {"detail": "the ticket is not valid"}
+    expired = TwoMinutesAgo(key=settings.RELAY_SECRET, salt=SALT).sign_object(dataclasses.asdict(listing(workload)))
+    answer = call(node_relay.url, Op.LIST, expired)
+    assert answer.status_code == 401 and answer.json() == {"detail": "the ticket has expired"}
+
+
+def test_a_ticket_for_another_operation_or_a_path_out_of_its_root_is_refused_with_403(workload, node_relay, settings):
+    assert call(node_relay.url, Op.DOWNLOAD, signed(listing(workload), settings)).status_code == 403
+    for root, path in [("/root/autodl-tmp", "/etc"), ("/etc", "/etc"), ("/root/autodl-tmp", "/root/autodl-tmp/../x")]:
+        answer = call(node_relay.url, Op.LIST, signed(listing(workload, root=root, path=path), settings))
+        assert answer.status_code == 403, (root, path)
+
+
+def test_a_container_of_another_node_deployment_or_owner_is_refused_with_403(
+    workload, node_relay, other_relay, settings, outsider
+):
+    assert call(other_relay.url, Op.LIST, signed(listing(workload), settings)).status_code == 403
+    assert call(node_relay.url, Op.LIST, signed(listing(workload, user=outsider.pk), settings)).status_code == 403
+    assert (
+        call(node_relay.url, Op.LIST, signed(listing(workload, workload=workload.pk + 1), settings)).status_code == 403
+    )
+    settings.DEPLOYMENT_ID = "another-deployment"
+    elsewhere = RelayServer(node_relay.node, api=docker_client().api, host="127.0.0.1", port=0)
+    elsewhere.start()
+    try:
+        assert call(elsewhere.url, Op.LIST, signed(listing(workload), settings)).status_code == 403
+    finally:
+        elsewhere.stop()
+
+
+def test_a_missing_container_is_404_and_a_stopped_one_409(workload, node_relay, settings):
+    missing = call(node_relay.url, Op.LIST, signed(listing(workload, container="gpucloud-no-such"), settings))
+    assert missing.status_code == 404
+    docker_client().containers.get(workload.container_name).stop(timeout=1)
+    assert call(node_relay.url, Op.LIST, signed(listing(workload), settings)).status_code == 409
