@@ -3,11 +3,14 @@
 No ticket, a forged, expired or already used one: 401. A ticket for another
 operation or a path out of its root: 403. A container of another node, another
 deployment, or another owner than the ticket names: 403; one not there: 404;
-one that does not run: 409. Against a real container, over real HTTP.
+one that does not run: 409. Against a real container, over real HTTP. And the tar
+pieces the transfers stream through, on their own.
 """
 
 import dataclasses
+import io
 import json
+import tarfile
 import time
 
 import pytest
@@ -16,8 +19,10 @@ from django.core import signing
 
 from config.relay import SALT, Op, Ticket, ticket_sign
 from portal.models import Instance
+from scheduler.errors import InvalidInput
 from scheduler.node.launcher import docker_client
 from scheduler.node.relay.server import RelayServer
+from scheduler.node.relay.streams import file_from_tar, tar_of_one_file
 from tests.conftest import wait_status
 from tests.portal.test_instance_api import create
 
@@ -113,3 +118,42 @@ def test_a_missing_container_is_404_and_a_stopped_one_409(workload, node_relay, 
     assert missing.status_code == 404
     docker_client().containers.get(workload.container_name).stop(timeout=1)
     assert call(node_relay.url, Op.LIST, signed(listing(workload), settings)).status_code == 409
+
+
+@pytest.mark.parametrize("form", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_a_file_is_unpacked_from_a_tar_stream_cut_anywhere(form):
+    body = bytes(range(256)) * 4099
+    name = "n" * (99 if form == tarfile.USTAR_FORMAT else 180) + "-é"[: 1 if form == tarfile.USTAR_FORMAT else 2]
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w", format=form) as archive:
+        info = tarfile.TarInfo(name)
+        info.size = len(body)
+        archive.addfile(info, io.BytesIO(body))
+    data = packed.getvalue()
+    pieces = [data[i : i + 7919] for i in range(0, len(data), 7919)]  # chunk edges fall anywhere
+    member, *chunks = file_from_tar(pieces)
+    assert member.size == len(body) and b"".join(chunks) == body
+
+
+def test_a_link_or_a_folder_in_the_stream_is_not_a_file_and_a_short_stream_is_refused():
+    for kind in (tarfile.SYMTYPE, tarfile.DIRTYPE):
+        packed = io.BytesIO()
+        with tarfile.open(fileobj=packed, mode="w") as archive:
+            info = tarfile.TarInfo("x")
+            info.type, info.linkname = kind, "/etc/passwd"
+            archive.addfile(info)
+        with pytest.raises(InvalidInput, match="not a regular file"):
+            next(file_from_tar([packed.getvalue()]))
+    cut = b"".join(tar_of_one_file("f", 10_000, [b"x" * 10_000]))[:5000]
+    with pytest.raises(InvalidInput, match="ended early"):
+        list(file_from_tar([cut]))
+
+
+def test_an_upload_is_packed_on_the_fly_and_must_be_as_long_as_announced():
+    packed = b"".join(tar_of_one_file("data.bin", 1500, [b"a" * 1000, b"b" * 500]))
+    with tarfile.open(fileobj=io.BytesIO(packed)) as archive:
+        assert archive.extractfile("data.bin").read() == b"a" * 1000 + b"b" * 500
+    with pytest.raises(InvalidInput, match="longer"):
+        list(tar_of_one_file("f", 10, [b"x" * 11]))
+    with pytest.raises(InvalidInput, match="ended after 9 of 10"):
+        list(tar_of_one_file("f", 10, [b"x" * 9]))
