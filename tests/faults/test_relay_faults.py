@@ -21,6 +21,12 @@ from tests.portal.test_terminal import read_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 
+@pytest.fixture
+def cluster_env():
+    """The node is not declared lost while its agent is down for a moment: this is about the relay."""
+    return {"NODE_LOST_AFTER_S": "120"}
+
+
 def test_the_agents_relay_serves_terminal_and_files_and_its_death_closes_them_cleanly(cluster, catalog, user):
     w = cluster.create_instance(catalog)
     wait_status(w, "running", timeout=60)
