@@ -243,9 +243,10 @@ def main():
                 process.wait(20)
             except subprocess.TimeoutExpired:
                 process.kill()
-        for stale in docker_client().containers.list(all=True, filters={"label": f"{LABEL}.node={NODE}"}):
+        mine = {"label": f"{LABEL}.deployment={deployment}"}
+        for stale in docker_client().containers.list(all=True, filters=mine):
             stale.remove(force=True)
-        for stale in docker_client().volumes.list(filters={"label": f"{LABEL}.node={NODE}"}):
+        for stale in docker_client().volumes.list(filters=mine):
             stale.remove(force=True)
     relay_mb_s = args.mb / statistics.median(relay_s) if all(relay_s) else 0.0
     direct_mb_s = args.mb / statistics.median(direct_s)

@@ -20,6 +20,10 @@ name (``tests/test_messages.py`` holds the two sides together).
     monitor.workload.<id>      the host's sampler         the instance monitor
                                                           (telemetry.sample -> telemetry_sample)
 
+One route does not go through Redis: the web tier reaches a container's terminal and files
+over HTTP / WebSocket at its node agent's relay (``Node.relay_url``), with a signed ticket per
+call; its operations and ticket are in ``config/relay.py``.
+
 Node agents never write to the scheduler's tables they do not own: what the
 control plane must record after a node did something (an image saved, a disk
 grown) comes back as a ``ToScheduler`` reply naming the task to run there.
