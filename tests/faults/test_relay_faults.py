@@ -16,7 +16,7 @@ import websockets
 from scheduler.models import Node
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_live_updates import session_cookie
-from tests.portal.test_terminal import read_until
+from tests.portal.test_terminal import closed_with, closing_code, read_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -48,13 +48,8 @@ def test_the_agents_relay_serves_terminal_and_files_and_its_death_closes_them_cl
             )
             assert download.status_code == 200 and download.content == b"relayed-42\n"
             await asyncio.to_thread(cluster.kill, "agent")
-            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
-                while True:
-                    await asyncio.wait_for(ws.recv(), 60)
-        async with websockets.connect(url, additional_headers=headers) as ws:
-            with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
-                await asyncio.wait_for(ws.recv(), 30)
-        return closed.value.rcvd.code, refused.value.rcvd.code
+            closed = await closing_code(ws, 60)
+        return closed, await closed_with(url, headers, 30)
 
     assert asyncio.run(shell_then_agent_killed()) == (4000, 4409)
     epoch = Node.objects.get(name=cluster.node_name).epoch

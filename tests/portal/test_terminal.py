@@ -29,14 +29,31 @@ async def read_until(ws, screen: list[str], text: str, timeout: float = 15) -> N
     await asyncio.wait_for(read(), timeout)
 
 
-def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_it_stops(
-    api, user, outsider, catalog, node_worker, web_server
-):
+async def closed_with(url: str, headers: dict, timeout: float = 10) -> int:
+    """Connect (or keep reading) and return the code the server closes the socket with."""
+    async with websockets.connect(url, additional_headers=headers) as ws:
+        return await closing_code(ws, timeout)
+
+
+async def closing_code(ws, timeout: float) -> int:
+    with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+        while True:
+            await asyncio.wait_for(ws.recv(), timeout)
+    return closed.value.rcvd.code
+
+
+@pytest.fixture
+def terminal(api, user, catalog, node_worker, web_server):
+    """A running instance of ``user``'s: (instance, its terminal's URL, the owner's headers)."""
     assert create(api, catalog).status_code == 201
     instance = Instance.objects.get()
     wait_status(instance.workload, "running", timeout=30)
     url = f"ws://{web_server}/ws/terminal/instances/{instance.pk}/"
-    mine = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
+    return instance, url, {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
+
+
+def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_it_stops(terminal, outsider):
+    instance, url, mine = terminal
     theirs = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(outsider)}
 
     async def session():
@@ -54,13 +71,8 @@ def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_
             await read_until(ws, screen, "hello-42\r\n")
             await read_until(ws, screen, "30 100")  # the resize reached the TTY
             await asyncio.to_thread(stop)
-            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
-                while True:
-                    await asyncio.wait_for(ws.recv(), 30)
-        async with websockets.connect(url, additional_headers=theirs) as other:
-            with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
-                await asyncio.wait_for(other.recv(), 10)
-        return screen[0], closed.value.rcvd.code, refused.value.rcvd.code
+            closed = await closing_code(ws, 30)
+        return screen[0], closed, await closed_with(url, theirs)
 
     def stop():
         from django.db import connection
@@ -75,31 +87,12 @@ def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_
     assert closed_code == 4000, "the shell's end closes the terminal cleanly"
     assert refused_code == 4404
     wait_status(instance.workload, "stopped", timeout=30)
-
-    async def after_stop():
-        async with websockets.connect(url, additional_headers=mine) as ws:
-            with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
-                await asyncio.wait_for(ws.recv(), 10)
-        return refused.value.rcvd.code
-
-    assert asyncio.run(after_stop()) == 4409
+    assert asyncio.run(closed_with(url, mine)) == 4409
 
 
-def test_a_terminal_beyond_the_users_session_cap_is_refused_with_4429_until_one_ends(
-    api, user, catalog, node_worker, web_server, settings
-):
-    assert create(api, catalog).status_code == 201
-    instance = Instance.objects.get()
-    wait_status(instance.workload, "running", timeout=30)
-    url = f"ws://{web_server}/ws/terminal/instances/{instance.pk}/"
-    mine = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
+def test_a_terminal_beyond_the_users_session_cap_is_refused_with_4429_until_one_ends(terminal, user, settings):
+    _, url, mine = terminal
     held = [SessionSlot(user.pk).take() for _ in range(settings.RELAY_MAX_SESSIONS_PER_USER)]  # e.g. downloads
-
-    async def refused():
-        async with websockets.connect(url, additional_headers=mine) as ws:
-            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
-                await asyncio.wait_for(ws.recv(), 10)
-        return closed.value.rcvd.code
 
     async def works():
         async with websockets.connect(url, additional_headers=mine) as ws:
@@ -107,7 +100,7 @@ def test_a_terminal_beyond_the_users_session_cap_is_refused_with_4429_until_one_
             await read_until(ws, [""], "ok-42")
 
     try:
-        assert asyncio.run(refused()) == 4429
+        assert asyncio.run(closed_with(url, mine)) == 4429
         held.pop().release()
         asyncio.run(works())
     finally:
