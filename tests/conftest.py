@@ -160,7 +160,12 @@ def wait_status(workload, status: str, timeout: float = 30, poke=None):
     try:
         wait_for(reached, timeout=timeout, what=f"status {status}", poke=poke)
     except AssertionError:
-        raise AssertionError(f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}") from None
+        history = "; ".join(
+            f"{e.from_status}->{e.to_status} ({e.reason})" for e in workload.events.order_by("created_at", "id")
+        )
+        raise AssertionError(
+            f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}. History: {history}"
+        ) from None
     return workload
 
 

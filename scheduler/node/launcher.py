@@ -300,6 +300,8 @@ class ContainerState:
     running: bool
     exit_code: int | None
     oom_killed: bool
+    kind: str = ""
+    workload_id: int | None = None
 
 
 def containers_on_node(node_name: str) -> dict[str, ContainerState]:
@@ -310,8 +312,16 @@ def containers_on_node(node_name: str) -> dict[str, ContainerState]:
     for c in containers:
         state = c.attrs.get("State", {})
         uid = c.labels.get(f"{LABEL}.uid", "")
+        workload = c.labels.get(f"{LABEL}.workload", "")
         found[uid] = ContainerState(
-            c.id, uid, c.name, c.status == "running", state.get("ExitCode"), bool(state.get("OOMKilled"))
+            c.id,
+            uid,
+            c.name,
+            c.status == "running",
+            state.get("ExitCode"),
+            bool(state.get("OOMKilled")),
+            kind=c.labels.get(f"{LABEL}.kind", ""),
+            workload_id=int(workload) if workload.isdigit() else None,
         )
     return found
 
