@@ -13,7 +13,7 @@ from config.celery import app
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
 from scheduler.node.agent import agent_register
-from scheduler.node.network import fence_install
+from scheduler.node.network import fence_forever, fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 from scheduler.telemetry.sampler import sampler_for
 
@@ -53,6 +53,8 @@ class Command(BaseCommand):
         else:
             threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
+        if settings.INSTANCE_NETWORK_MODE == "fenced":
+            threading.Thread(target=fence_forever, args=(stop,), name="fence-check", daemon=True).start()
         try:
             app.worker_main(
                 [
