@@ -29,6 +29,10 @@ IPV6 = Family("IPv6", "ip6tables", 6)
 REPLIES = {"ESTABLISHED", "RELATED"}
 
 
+class IptablesError(Exception):
+    """A command failed (not installed, no kernel support, a rule it refused, a table changed under a batch)."""
+
+
 @dataclass
 class Table:
     chains: dict[str, list[Rule]]
@@ -70,8 +74,8 @@ def available(family: Family) -> bool:
 
 
 def table_read(family: Family) -> Table:
-    """The filter table as ``-S`` prints it; raises CalledProcessError when it cannot be read here."""
-    listed = subprocess.run([family.command, "-w", "-S"], capture_output=True, text=True, check=True, timeout=30).stdout
+    """The filter table as ``-S`` prints it."""
+    listed = _run([family.command, "-w", "-S"])
     chains: dict[str, list[Rule]] = {}
     for line in listed.splitlines():
         words = shlex.split(line)
@@ -84,15 +88,17 @@ def table_read(family: Family) -> Table:
 
 def table_apply(family: Family, lines: list[str]) -> None:
     """Apply ``lines`` (iptables-restore syntax for the filter table) atomically, all or nothing."""
-    script = "\n".join(["*filter", *lines, "COMMIT", ""])
-    subprocess.run(
-        [f"{family.command}-restore", "-w", "--noflush"],
-        input=script,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
+    _run([f"{family.command}-restore", "-w", "--noflush"], stdin="\n".join(["*filter", *lines, "COMMIT", ""]))
+
+
+def _run(command: list[str], stdin: str | None = None) -> str:
+    try:
+        done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise IptablesError(f"{command[0]}: {exc}") from exc
+    if done.returncode != 0:
+        raise IptablesError(f"{command[0]}: {done.stderr.strip() or f'exit code {done.returncode}'}")
+    return done.stdout
 
 
 def canonical(rule) -> tuple[str, ...]:

@@ -36,7 +36,6 @@ Everything runs in the agent's own network namespace (the host's).
 
 import ipaddress
 import logging
-import subprocess
 import threading
 from pathlib import Path
 
@@ -44,7 +43,7 @@ import docker
 from django.conf import settings
 
 from scheduler.errors import InvalidInput
-from scheduler.node.iptables import IPV4, IPV6, Family, Table, available, table_apply, table_read
+from scheduler.node.iptables import IPV4, IPV6, Family, IptablesError, Table, available, table_apply, table_read
 from scheduler.node.launcher import LABEL, docker_client
 
 log = logging.getLogger(__name__)
@@ -94,8 +93,7 @@ def _input_rules(family: Family) -> list[list[str]]:
     rules = [["-i", bridge, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]]
     if family is IPV6:  # neighbour solicitation / advertisement with the gateway: IPv6's ARP
         rules += [
-            ["-i", bridge, "-p", "ipv6-icmp", "-m", "icmp6", "--icmpv6-type", t, "-j", "ACCEPT"]
-            for t in "135 136".split()
+            ["-i", bridge, "-p", "ipv6-icmp", "-m", "icmp6", "--icmpv6-type", t, "-j", "ACCEPT"] for t in ("135", "136")
         ]
     return [*rules, ["-i", bridge, "-j", "DROP"]]
 
@@ -150,7 +148,7 @@ def fence_install() -> list[str]:
             continue
         try:
             table_apply(family, _install_lines(family, table_read(family)))
-        except subprocess.CalledProcessError:  # the table changed under us (dockerd starting): once more
+        except IptablesError:  # the table changed under us (dockerd starting): once more
             table_apply(family, _install_lines(family, table_read(family)))
         fenced.append(family.name)
     log.info("tenant network fence installed for %s (%s)", settings.INSTANCE_BRIDGE, ", ".join(fenced))
@@ -162,7 +160,7 @@ def _readable(family: Family) -> bool:
         return False
     try:
         table_read(family)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+    except IptablesError:
         return False
     return True
 
@@ -199,8 +197,8 @@ def family_problem(family: Family) -> str | None:
         return f"{family.command} is missing on this host"
     try:
         table = table_read(family)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        return f"{family.command} cannot read the filter table ({exc})"
+    except IptablesError as exc:
+        return f"the filter table cannot be read ({exc})"
     bridge = settings.INSTANCE_BRIDGE
     if CHAIN not in table.chains:
         return f"the iptables chain {CHAIN} is missing"

@@ -13,6 +13,7 @@ from config.celery import app
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
 from scheduler.node.agent import agent_register
+from scheduler.node.iptables import IptablesError
 from scheduler.node.network import fence_forever, fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 from scheduler.telemetry.sampler import sampler_for
@@ -35,6 +36,8 @@ class Command(BaseCommand):
             node = agent_register(name)
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
+        except IptablesError as exc:
+            raise CommandError(f"the tenant network fence could not be installed: {exc}") from exc
         kind = "SIMULATED" if node.simulated else "NVML"
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")

@@ -65,12 +65,13 @@ def fenced(settings, base_image):
         wait_for(lambda: reachable_from_host(), timeout=20, what="the control-plane server")
         yield settings
     finally:
-        for container in launcher.docker_client().containers.list(all=True, filters={"label": "gpuc-fence-test"}):
-            container.remove(force=True)
-        remove_fence(made_user_chain)
+        remove_fence(made_user_chain)  # first: the root namespace is shared
         try:
-            launcher.docker_client().networks.get(settings.INSTANCE_NETWORK).remove()
-        except Exception:  # noqa: BLE001  (never created)
+            client = launcher.docker_client()
+            for container in client.containers.list(all=True, filters={"label": "gpuc-fence-test"}):
+                container.remove(force=True)
+            client.networks.get(settings.INSTANCE_NETWORK).remove()
+        except Exception:  # noqa: BLE001  (never created, or the engine is away: the rest is still cleaned)
             pass
         if server is not None:
             server.kill()
@@ -125,23 +126,41 @@ def reaches(settings, image, address: str) -> bool:
 @pytest.fixture
 def host_listener():
     """A TCP server on the host's bridge address, as the agent's own services would be."""
-    with socket.socket() as listener:
+    listeners = Listeners()
+    try:
+        yield f"{GATEWAY}:{listeners.serve(GATEWAY)}"
+    finally:
+        listeners.close()
+
+
+class Listeners:
+    """TCP servers answering HTTP 200 on addresses of the root namespace (the control-plane side)."""
+
+    def __init__(self):
+        self.sockets = []
+
+    def serve(self, address: str, port: int = 0) -> int:
+        listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((GATEWAY, 0))
+        listener.bind((address, port))
         listener.listen()
-        port = listener.getsockname()[1]
+        self.sockets.append(listener)
+        threading.Thread(target=self._answer, args=(listener,), daemon=True).start()
+        return listener.getsockname()[1]
 
-        def serve():
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    return
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
-                conn.close()
+    @staticmethod
+    def _answer(listener):
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
 
-        threading.Thread(target=serve, daemon=True).start()
-        yield f"{GATEWAY}:{port}"
+    def close(self):
+        for listener in self.sockets:
+            listener.close()
 
 
 def test_instances_reach_no_control_plane_host_or_other_tenant_once_fenced(fenced, base_image, host_listener):
@@ -203,7 +222,7 @@ def test_an_accept_ahead_of_the_fence_is_noticed_and_the_fence_put_back_first(fe
         iptables.table_apply(iptables.IPV4, [f"-D FORWARD {docker_like}"])
 
 
-def test_ipv6_is_fenced_too_and_required_while_ipv6_is_on_for_the_bridge(fenced):
+def test_ipv6_is_fenced_too_and_required_while_ipv6_is_on_for_the_bridge(fenced, monkeypatch):
     network.fence_install()
     sysctl = Path(f"/proc/sys/net/ipv6/conf/{fenced.INSTANCE_BRIDGE}/disable_ipv6")
     if not sysctl.exists():
@@ -214,7 +233,11 @@ def test_ipv6_is_fenced_too_and_required_while_ipv6_is_on_for_the_bridge(fenced)
     assert network.fence_problem() == f"IPv6: INPUT does not hold the fence's rules for {fenced.INSTANCE_BRIDGE}"
     sysctl.write_text("1")  # no IPv6 on the bridge: the host takes none from tenants, the IPv4 fence is enough
     assert network.fence_problem() is None
+    monkeypatch.setattr(network, "available", lambda family: family is not iptables.IPV6)
+    assert network.fence_problem() is None  # nor ip6tables
     sysctl.write_text("0")
+    assert network.fence_problem() == "IPv6: ip6tables is missing on this host"
+    monkeypatch.undo()
     network.fence_install()
     assert network.fence_problem() is None
 
