@@ -9,6 +9,7 @@ test created. With Docker's iptables on, and across a dockerd restart:
 test_network_fence_docker.py.
 """
 
+import io
 import os
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from scheduler.node import iptables, launcher, network
 from tests.conftest import wait_for
@@ -195,6 +197,11 @@ def test_a_launch_is_refused_when_the_fence_is_missing(fenced):
     assert "does not send traffic" in network.fence_problem()
     with pytest.raises(network.InvalidInput, match="fence is not in place"):
         network.fence_check()
+    with pytest.raises(CommandError, match="IPv4: DOCKER-USER does not send traffic"):
+        call_command("fence")  # what an operator runs on the host
+    out = io.StringIO()
+    call_command("fence", "--install", stdout=out)
+    assert out.getvalue().endswith(f"fence in place for {fenced.INSTANCE_BRIDGE}\n")
 
 
 def test_an_accept_ahead_of_the_fence_is_noticed_and_the_fence_put_back_first(fenced, base_image, caplog):
