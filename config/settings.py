@@ -376,6 +376,8 @@ INSTANCE_PUBLIC_HOST = env.str("INSTANCE_PUBLIC_HOST", default="")
 INSTANCE_BRIDGE = env.str("INSTANCE_BRIDGE", default="gpucloud0")
 INSTANCE_SUBNET = env.str("INSTANCE_SUBNET", default="10.213.0.0/16")
 FENCE_EXTRA_CIDRS = env.list("FENCE_EXTRA_CIDRS", default=[])
+# How often the agent checks the fence is still first (a dockerd restart, an operator's rule) and puts it back.
+FENCE_CHECK_S = env.int("FENCE_CHECK_S", default=10)
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)

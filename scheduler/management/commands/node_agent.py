@@ -14,7 +14,8 @@ from scheduler.clock import agent_clock
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
 from scheduler.node.agent import agent_register
-from scheduler.node.network import fence_install
+from scheduler.node.iptables import IptablesError
+from scheduler.node.network import fence_forever, fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 from scheduler.node.selffence import SelfFence
 from scheduler.telemetry.sampler import sampler_for
@@ -38,6 +39,8 @@ class Command(BaseCommand):
             agent_clock.measure()
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
+        except IptablesError as exc:
+            raise CommandError(f"the tenant network fence could not be installed: {exc}") from exc
         kind = "SIMULATED" if node.simulated else "NVML"
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
@@ -63,6 +66,8 @@ class Command(BaseCommand):
         else:
             threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
+        if settings.INSTANCE_NETWORK_MODE == "fenced":
+            threading.Thread(target=fence_forever, args=(stop,), name="fence-check", daemon=True).start()
         try:
             app.worker_main(
                 [
