@@ -45,19 +45,19 @@ class Command(BaseCommand):
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
         stop = threading.Event()
-        fence = SelfFence(node.name, agent_clock)
+        self_fence = SelfFence(node.name, agent_clock)  # its jobs stopped if it loses the control plane
         threading.Thread(
             target=heartbeat_forever,
             args=(node.name, node.epoch, stop),
             kwargs={
-                "fence": fence,
+                "fence": self_fence,
                 "clock": agent_clock,
                 "on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM),
             },
             name="heartbeat",
             daemon=True,
         ).start()
-        threading.Thread(target=fence.watch_forever, args=(stop,), name="self-fence", daemon=True).start()
+        threading.Thread(target=self_fence.watch_forever, args=(stop,), name="self-fence", daemon=True).start()
         try:
             sampler = sampler_for(node, launcher.docker_client(), clock=agent_clock.time)
         except Exception:  # NVML gone since registration: the node still runs work, without live stats
