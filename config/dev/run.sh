@@ -41,13 +41,14 @@ WEB_BIND=127.0.0.1:$PORT .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:ap
 for _ in $(seq 60); do curl -fs -o /dev/null "http://127.0.0.1:$PORT/login/" && break; sleep 0.5; done
 sleep 2
 grep -h "GPUs" var/log/node-agent.log || true
+images_at=${REGISTRY:-"this host's Docker engine (no registry: REGISTRY is not set)"}
 cat <<MSG
 
   GPU cloud is running:  http://127.0.0.1:$PORT/
   sign in as  demo / demo-pass-123   (admin: admin / admin-pass-123, at /admin/)
   API docs:   http://127.0.0.1:$PORT/api/docs/   (tokens in var/log/demo-users.txt)
   logs:       var/log/{web,websocket,worker,node-agent}.log      Ctrl-C stops everything.
-  images:     ${REGISTRY:-this host's engine (no registry: REGISTRY is not set)}
+  images:     $images_at
 
 MSG
 wait -n "${pids[@]}"
