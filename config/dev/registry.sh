@@ -5,6 +5,7 @@
 #
 #   config/dev/registry.sh write DIR [LISTEN]   DIR/config.yml, DIR/htpasswd, DIR/storage/
 #   config/dev/registry.sh serve DIR            run it in the foreground (docker-registry serve)
+#   config/dev/registry.sh gc DIR               free the layers of deleted images (while it is stopped)
 #
 # The one user and its password come from REGISTRY_USERNAME and REGISTRY_PASSWORD, the
 # same the scheduler worker and the node agents are given. LISTEN is the address:port it
@@ -59,8 +60,8 @@ http:
   secret: $(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   headers:
     X-Content-Type-Options: [nosniff]
-$tls
-auth:
+${tls:+$tls
+}auth:
   htpasswd:
     realm: gpucloud-registry
     path: $dir/htpasswd
@@ -93,8 +94,15 @@ serve() {
   exec docker-registry serve "$dir/config.yml"
 }
 
+gc() {  # deleting an image removes its manifest; its layers stay on disk until this runs
+  local dir=$1
+  [ -f "$dir/config.yml" ] || die "no $dir/config.yml"
+  exec docker-registry garbage-collect --delete-untagged "$dir/config.yml"
+}
+
 case "${1:-}" in
   write) [ $# -ge 2 ] || die "usage: registry.sh write DIR [LISTEN]"; write "$2" "${3:-}" ;;
   serve) [ $# -eq 2 ] || die "usage: registry.sh serve DIR"; serve "$2" ;;
-  *) die "usage: registry.sh write DIR [LISTEN] | registry.sh serve DIR" ;;
+  gc) [ $# -eq 2 ] || die "usage: registry.sh gc DIR"; gc "$2" ;;
+  *) die "usage: registry.sh write DIR [LISTEN] | registry.sh serve DIR | registry.sh gc DIR" ;;
 esac
