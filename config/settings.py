@@ -353,6 +353,19 @@ if SCHEDULER_PLACEMENT not in ("fgd", "bestfit", "firstfit", "random"):
 if SCHEDULER_THRESHOLDS_GPU_S != sorted(SCHEDULER_THRESHOLDS_GPU_S):
     raise environ.ImproperlyConfigured("SCHEDULER_THRESHOLDS_GPU_S must be increasing")
 
+# The platform's image registry (host:port; config/dev/registry.sh starts one). Catalog images are
+# pushed there once and saved images after their commit, and every host pulls them on first use,
+# so a saved image starts on any host. Empty: no registry; images live on the host that built or
+# saved them, and work from a saved image is pinned to that host (the single-host `make run`).
+REGISTRY = env.str("REGISTRY", default="")
+if REGISTRY and not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", REGISTRY):
+    raise environ.ImproperlyConfigured(f"REGISTRY must be host:port (no scheme, no path), not {REGISTRY!r}")
+REGISTRY_USERNAME = env.str("REGISTRY_USERNAME", default="")
+REGISTRY_PASSWORD = env.str("REGISTRY_PASSWORD", default="")
+# The CA that signed the registry's certificate: the control plane talks HTTPS to it, verified with
+# this file (engines trust it as /etc/docker/certs.d/<REGISTRY>/ca.crt). Empty: plain HTTP.
+REGISTRY_CA_FILE = env.str("REGISTRY_CA_FILE", default="")
+
 # Containers.
 DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.sock")
 # "none" (development and tests: no network at all), "fenced" (production: the tenants' bridge

@@ -18,6 +18,7 @@ from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import disks, launcher, network
 from scheduler.node.gpus import discover
+from scheduler.registry import RegistryError, image_name
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
 
@@ -60,13 +61,9 @@ def _launch(workload_id: int) -> None:
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)
-        workload_transition(
-            workload,
-            to=S.FAILED,
-            allowed_from=[S.STARTING],
-            reason=f"failed to start: {_short(exc)}",
-            finished_at=Now(),
-        )
+        # An image this host cannot pull says so itself ("cannot pull image X from the registry Y: why").
+        reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+        workload_transition(workload, to=S.FAILED, allowed_from=[S.STARTING], reason=reason, finished_at=Now())
         return
     if not workload_transition(
         workload,
@@ -144,7 +141,8 @@ def agent_release(workload_id: int) -> None:
 
 
 def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int) -> None:
-    """Commit the stopped work's container as image ``ref``; tell the control plane (task ``reply_to``).
+    """Commit the stopped work's container as image ``ref``, push it if ``ref`` names a registry, and
+    tell the control plane (task ``reply_to``).
 
     The reply carries (reply_id, size in bytes, error text): the agent writes no catalog row.
     """
@@ -154,6 +152,8 @@ def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int)
         if workload is None or workload.status != S.STOPPED:
             raise ServiceError("the instance must be stopped while it is saved")
         size = launcher.container_commit(workload, ref)
+        if image_name(ref).registry:
+            launcher.image_push(ref)
     except Exception as exc:  # Docker or a state change: the image is marked failed, with why
         log.warning("saving workload %s as %s failed: %s", workload_id, ref, exc)
         error = _short(exc)
@@ -161,12 +161,14 @@ def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int)
 
 
 def agent_image_remove(ref: str, reply_to: str, reply_id: int) -> None:
+    """Remove image ``ref`` from this host's engine; reply to ``reply_to`` unless it is "" (best effort)."""
     error = ""
     try:
         launcher.image_remove(ref)
     except Exception as exc:  # e.g. still used by a container (Docker 409)
         error = _short(exc)
-    _reply(reply_to, reply_id, 0, error)
+    if reply_to:
+        _reply(reply_to, reply_id, 0, error)
 
 
 def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int) -> None:
