@@ -10,12 +10,15 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
+from scheduler.clock import agent_clock
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
 from scheduler.node.agent import agent_register
-from scheduler.node.network import fence_install
+from scheduler.node.iptables import IptablesError
+from scheduler.node.network import fence_forever, fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 from scheduler.node.relay.server import RelayServer
+from scheduler.node.selffence import SelfFence
 from scheduler.telemetry.sampler import sampler_for
 
 
@@ -27,14 +30,6 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=2)
 
     def handle(self, *args, name, concurrency, **options):
-        try:
-            # Fence first: whatever this host runs that the database no longer assigns to it
-            # (work lost or released while the agent was away) stops before it takes new work.
-            agent_reconcile(name)
-            if settings.INSTANCE_NETWORK_MODE == "fenced":
-                fence_install()  # tenants' network fenced off before any of them runs here
-        except ServiceError as exc:
-            raise CommandError(exc.message) from exc
         # The terminal and files of this host's containers, for the web tier (which has no Docker).
         relay = RelayServer(name, api=launcher.docker_client().api)
         try:
@@ -42,28 +37,45 @@ class Command(BaseCommand):
         except OSError as exc:  # the port is taken, or the address is not this host's
             raise CommandError(f"the relay cannot listen on {relay.host}:{relay.port}: {exc}") from exc
         try:
+            # Fence first: whatever this host runs that the database no longer assigns to it
+            # (work lost or released while the agent was away) stops before it takes new work.
+            agent_reconcile(name)
+            if settings.INSTANCE_NETWORK_MODE == "fenced":
+                fence_install()  # tenants' network fenced off before any of them runs here
             node = agent_register(name, relay_url=relay_url)
+            agent_clock.measure()
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
+        except IptablesError as exc:
+            raise CommandError(f"the tenant network fence could not be installed: {exc}") from exc
         kind = "SIMULATED" if node.simulated else "NVML"
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
         self.stdout.write(f"relay at {node.relay_url}")
         stop = threading.Event()
+        self_fence = SelfFence(node.name, agent_clock)  # its jobs stopped if it loses the control plane
         threading.Thread(
             target=heartbeat_forever,
             args=(node.name, node.epoch, stop),
-            kwargs={"on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM)},
+            kwargs={
+                "fence": self_fence,
+                "clock": agent_clock,
+                "on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM),
+            },
+            name="heartbeat",
             daemon=True,
         ).start()
+        threading.Thread(target=self_fence.watch_forever, args=(stop,), name="self-fence", daemon=True).start()
         try:
-            sampler = sampler_for(node, launcher.docker_client())
+            sampler = sampler_for(node, launcher.docker_client(), clock=agent_clock.time)
         except Exception:  # NVML gone since registration: the node still runs work, without live stats
             self.stderr.write("GPU sampling could not start; this node runs without live stats (see the log)")
             logging.getLogger(__name__).exception("GPU sampler on %s", node.name)
         else:
             threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
+        if settings.INSTANCE_NETWORK_MODE == "fenced":
+            threading.Thread(target=fence_forever, args=(stop,), name="fence-check", daemon=True).start()
         try:
             app.worker_main(
                 [
