@@ -9,7 +9,7 @@ with no Docker engine to reach — on a fresh database. One instance runs; then
 (2) a 100 MB file downloaded through the files page (gunicorn → relay → Docker's
     archive API), written to disk, against ``docker cp`` of the same file.
 
-    python bench/relay_latency.py [--keys 300] [--mb 100] [--rounds 3]
+    python bench/relay_latency.py [--keys 500] [--mb 100] [--rounds 5]
 
 Uses its own PostgreSQL database (gpucloud_relay_bench, recreated) and Redis database 10.
 Ends with one JSON line: {"echo_p99_ms", "echo_p50_ms", "direct_echo_p99_ms", "download_mb_s",
@@ -183,9 +183,9 @@ def docker_cp(container: str, path: str, folder: str) -> float:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--keys", type=int, default=300)
+    parser.add_argument("--keys", type=int, default=500)
     parser.add_argument("--mb", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     os.environ["BENCH_REDIS_URL"] = REDIS_URL
     deployment = f"bench-relay-{uuid.uuid4().hex[:6]}"

@@ -53,11 +53,11 @@ def refusal(status: int, body: bytes) -> ServiceError:
     field = next((key for key in answer if key != "detail"), None)
     if status == 400:
         return InvalidInput(detail, field=field)
-    if status == 409:
+    if status in (409, 504):  # not running; took too long
         return Conflict(detail)
     if status == 404:
         return Conflict("the instance's container is not on its host")
-    # 401 / 403: the web tier and the agent disagree on RELAY_SECRET (or a clock is far off).
+    # 401 / 403: the web tier and the agent disagree on RELAY_SECRET (or a clock is far off); 5xx: a fault.
     log.error("relay refused a call: %s %s", status, detail)
     return Conflict(f"the instance's host refused: {detail}")
 
@@ -85,6 +85,17 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 return 1
 """
+# The same keys and lease; extends the member's lease only if it still holds one (never after a release).
+_RENEW = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
+"""
 
 
 class SessionSlot:
@@ -102,7 +113,7 @@ class SessionSlot:
 
     def renew(self) -> None:
         try:
-            _redis().eval(_TAKE, 1, self.key, self.member, 1 << 30, LEASE_S * 1000)
+            _redis().eval(_RENEW, 1, self.key, self.member, LEASE_S * 1000)
         except redis.RedisError as exc:  # the session goes on; its lease may lapse meanwhile
             log.warning("could not renew a relay session lease: %s", exc)
 
