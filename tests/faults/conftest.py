@@ -252,5 +252,21 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+DEFAULT_DOCKER = "unix:///var/run/docker.sock"
+
+
 def dockerd_pid() -> int:
-    return int(subprocess.run(["pidof", "dockerd"], capture_output=True, text=True, check=True).stdout.split()[0])
+    """The dockerd serving this run's DOCKER_BASE_URL; other engines on the machine are never touched.
+
+    Other work here runs engines of its own (in network namespaces, with their own sockets): the first
+    ``pidof dockerd`` may be one of those, and stopping or restarting it would break that work.
+    """
+    pids = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True, check=True).stdout.split()
+    for pid in pids:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = [part.decode() for part in f.read().split(b"\0") if part]
+        hosts = [value for flag, value in zip(args, args[1:], strict=False) if flag in ("-H", "--host")]
+        hosts += [arg.split("=", 1)[1] for arg in args if arg.startswith(("-H=", "--host="))]
+        if settings.DOCKER_BASE_URL in hosts or (not hosts and settings.DOCKER_BASE_URL == DEFAULT_DOCKER):
+            return int(pid)
+    raise AssertionError(f"no dockerd serves {settings.DOCKER_BASE_URL} (running: {pids})")
