@@ -140,10 +140,6 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
-def quota_capacity_gib(quota_gb: float | None = None) -> str:
-    return f"{settings.SHARED_FS_QUOTA_GB if quota_gb is None else quota_gb:g}"
-
-
 def user_ensure(owner_id: int) -> bool:
     """Give the user its directory with the default quota if it has none yet; True if one was set now.
 
@@ -151,26 +147,17 @@ def user_ensure(owner_id: int) -> bool:
     ``juicefs quota set``). The directory and its quota are created together,
     empty, so JuiceFS counts every byte written into it.
     """
-    path = user_dir(owner_id)
-    done = juicefs("quota", "get", settings.SHARED_FS_META, "--path", path, check=False)
+    done = juicefs("quota", "get", settings.SHARED_FS_META, "--path", user_dir(owner_id), check=False)
     if done.returncode == 0 and parse_quota_table(done.stdout):
         return False
-    juicefs("quota", "set", settings.SHARED_FS_META, "--path", path, "--capacity", quota_capacity_gib(), "--create")
+    quota_set(owner_id, settings.SHARED_FS_QUOTA_GB)
     return True
 
 
 def quota_set(owner_id: int, quota_gb: float) -> None:
-    """Set the user's quota to ``quota_gb`` GiB (creating its directory if needed)."""
-    juicefs(
-        "quota",
-        "set",
-        settings.SHARED_FS_META,
-        "--path",
-        user_dir(owner_id),
-        "--capacity",
-        quota_capacity_gib(quota_gb),
-        "--create",
-    )
+    """Set the user's quota to ``quota_gb`` GiB, creating its directory if needed."""
+    path = user_dir(owner_id)
+    juicefs("quota", "set", settings.SHARED_FS_META, "--path", path, "--capacity", f"{quota_gb:g}", "--create")
 
 
 def quotas() -> dict[int, Quota]:
