@@ -13,6 +13,7 @@ before (``/root/shared``) into the user's directory (``manage.py sharedfs_migrat
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -99,10 +100,37 @@ def mount_ensure() -> str:
     return point
 
 
-def unmount(point: str) -> None:
-    """Unmount a JuiceFS mount point (its client process exits); nothing to do if it is not mounted."""
-    if mounted_volume(point) is not None:
-        sharedfs.juicefs("umount", "--flush", point, timeout=120)
+def client_pids(point: str) -> list[int]:
+    """The JuiceFS client mounted at ``point``: its supervisor's and its own pid (from its ``.config``)."""
+    try:
+        config = json.loads(Path(point, ".config").read_text())
+    except (OSError, ValueError):  # not mounted, or its internal files hidden
+        return []
+    return [pid for pid in (config.get("PPid"), config.get("Pid")) if pid]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def unmount(point: str, *, wait_s: float = 30) -> list[int]:
+    """Unmount a JuiceFS mount point and wait for its client to end; returns its pids still alive after ``wait_s``.
+
+    The client closes its session in the metadata service as it ends: keep that
+    service up until then.
+    """
+    if mounted_volume(point) is None:
+        return []
+    pids = client_pids(point)
+    sharedfs.juicefs("umount", "--flush", point, timeout=120)
+    deadline = time.monotonic() + wait_s
+    while (left := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 def quota_seen(point: str, path: str) -> bool:

@@ -10,6 +10,7 @@ and the data store. FUSE missing here fails the tests; nothing is skipped.
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -99,9 +100,12 @@ def volume(django_db_setup):
         for host in HOSTS:
             with override_settings(**values):
                 try:
-                    host_fs.unmount(mounts[host])
+                    left = host_fs.unmount(mounts[host])
                 except SharedFsError:
                     subprocess.run(["umount", "-l", mounts[host]], capture_output=True)
+                    left = []
+            for pid in left:  # a client that did not end: ours, started above
+                os.kill(pid, signal.SIGKILL)
         for name in created:
             _admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         shutil.rmtree(base, ignore_errors=True)
@@ -205,6 +209,19 @@ def test_a_new_user_gets_a_directory_with_its_quota(django_user_model, django_ca
     sharedfs.quota_set(newcomer.pk, 100)  # an operator raises it
     assert sharedfs.user_ensure(newcomer.pk) is False  # ... and it is kept
     assert sharedfs.quotas()[newcomer.pk].quota_bytes == 100 * GIB
+
+
+def test_unmounting_ends_the_hosts_client(volume, settings, tmp_path):
+    settings.SHARED_FS_MOUNT = str(tmp_path / "mnt")
+    settings.SHARED_FS_CACHE_DIR = str(tmp_path / "cache")
+    host_fs.mount_ensure()
+    try:
+        pids = host_fs.client_pids(settings.SHARED_FS_MOUNT)
+        assert len(pids) == 2  # its supervisor and its client
+    finally:
+        assert host_fs.unmount(settings.SHARED_FS_MOUNT) == []
+    assert host_fs.mounted_volume(settings.SHARED_FS_MOUNT) is None
+    assert not any(os.path.exists(f"/proc/{pid}/exe") for pid in pids)
 
 
 def test_formatting_again_changes_nothing_and_another_volume_is_never_overwritten(settings):
