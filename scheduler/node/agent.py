@@ -19,8 +19,8 @@ from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import disks, launcher, network
 from scheduler.node.gpus import discover
-from scheduler.registry import RegistryError, image_name
 from scheduler.node.sharedfs import user_dir_ready
+from scheduler.registry import RegistryError, image_name
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
 

@@ -16,8 +16,7 @@ import docker
 import requests
 from django.conf import settings
 
-from scheduler import registry
-from scheduler import sharedfs
+from scheduler import registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
 from scheduler.node import disks

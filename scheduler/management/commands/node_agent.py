@@ -10,8 +10,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
-from scheduler.clock import agent_clock
 from scheduler import sharedfs
+from scheduler.clock import agent_clock
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
 from scheduler.node.agent import agent_register
