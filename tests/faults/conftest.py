@@ -251,4 +251,11 @@ def _listening(port: int) -> bool:
 
 
 def dockerd_pid() -> int:
-    return int(subprocess.run(["pidof", "dockerd"], capture_output=True, text=True, check=True).stdout.split()[0])
+    """The engine the tests use (the root one), never another dockerd on the machine (a several-host
+    setup's, a production bring-up's): its pid file, checked against the process it names."""
+    pid = int(open("/var/run/docker.pid").read().strip())
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        command = f.read().split(b"\0")
+    if b"-H" in command or any(part.startswith(b"--exec-root") for part in command):
+        raise AssertionError(f"/var/run/docker.pid names {pid}, which is not the root engine: {command}")
+    return pid
