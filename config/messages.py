@@ -9,7 +9,8 @@ name (``tests/test_messages.py`` holds the two sides together).
 
     queue                      served by                  tasks
     settings.SCHEDULER_QUEUE   scheduler worker (+ beat)  ToScheduler: the tick, reconciliation,
-                                                          billing, housekeeping, node agents' replies
+                                                          billing, housekeeping, node agents' replies,
+                                                          image deletion from the registry
     node.<name>                that host's node agent     ToNode: launch, stop, restart, release,
                                                           reconcile, image commit / remove, disk growth
 
@@ -45,6 +46,8 @@ class ToScheduler(StrEnum):
     LEDGER_VERIFY = "billing.tasks.ledger_verify"
     IDLE_STOP = "portal.tasks.idle_stop"
     RELEASE_LONG_STOPPED = "portal.tasks.release_long_stopped"
+    # A saved image's deletion from the registry (sent once the web request's transaction commits).
+    IMAGE_DELETE = "portal.tasks.image_delete"
     # Replies from node agents: (reply id, size, error text).
     IMAGE_SAVED = "portal.tasks.image_saved"
     IMAGE_REMOVED = "portal.tasks.image_removed"

@@ -97,6 +97,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
     # A file, not memory, so a test's web-server subprocess can open the test database too.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A database that stops answering (a cut network) must fail a query within seconds, not after TCP's
+    # retransmissions (~15 minutes): a node agent's heartbeat and its self-fencing count on it.
+    DATABASES["default"].setdefault("OPTIONS", {})
+    for _option, _value in dict(
+        connect_timeout=5,
+        keepalives=1,
+        keepalives_idle=10,
+        keepalives_interval=5,
+        keepalives_count=3,
+        tcp_user_timeout=15000,  # ms: unacknowledged data fails the connection after this
+    ).items():
+        DATABASES["default"]["OPTIONS"].setdefault(_option, _value)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Names this deployment's Docker objects (labels, shared volumes), so two deployments on one
@@ -230,15 +243,13 @@ CELERY_SECURITY_DIGEST = "sha256"
 if CELERY_MESSAGE_SIGNING:
     CELERY_TASK_SERIALIZER = CELERY_EVENT_SERIALIZER = "auth"
     CELERY_ACCEPT_CONTENT = ["auth"]
+RECONCILE_S = env.int("RECONCILE_S", default=10)  # the control plane's reconciliation period
 CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
         "task": ToScheduler.SCHEDULE_TICK,
         "schedule": timedelta(seconds=env.int("SCHEDULER_TICK_S", default=5)),
     },
-    "cluster-reconcile": {
-        "task": ToScheduler.CLUSTER_RECONCILE,
-        "schedule": timedelta(seconds=env.int("RECONCILE_S", default=10)),
-    },
+    "cluster-reconcile": {"task": ToScheduler.CLUSTER_RECONCILE, "schedule": timedelta(seconds=RECONCILE_S)},
     "meter-reconcile": {
         "task": ToScheduler.METER_RECONCILE,
         "schedule": timedelta(seconds=env.int("METER_RECONCILE_S", default=60)),
@@ -289,7 +300,33 @@ NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memor
 # The address the control plane and the other GPU hosts reach this host at (its LAN address).
 NODE_ADDRESS = env.str("NODE_ADDRESS", default="127.0.0.1")
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
-NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=30)
+# A node silent this long (on the database's clock, while the control plane watched) is lost: its jobs
+# are requeued elsewhere. Its agent, cut off for SELF_FENCE_AFTER_S, has stopped them (SIGTERM and
+# PREEMPTION_GRACE_S to checkpoint) before that, so a requeued job never runs twice.
+NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=90)
+# Evicted work (preemption, a drain, a cut-off node) gets SIGTERM and this long to checkpoint.
+PREEMPTION_GRACE_S = env.int("PREEMPTION_GRACE_S", default=30)
+SELF_FENCE_AFTER_S = env.int(
+    "SELF_FENCE_AFTER_S", default=NODE_LOST_AFTER_S - PREEMPTION_GRACE_S - 2 * NODE_HEARTBEAT_S
+)
+if SELF_FENCE_AFTER_S < 2 * NODE_HEARTBEAT_S or (
+    SELF_FENCE_AFTER_S + PREEMPTION_GRACE_S + NODE_HEARTBEAT_S >= NODE_LOST_AFTER_S
+):
+    raise environ.ImproperlyConfigured(
+        f"SELF_FENCE_AFTER_S={SELF_FENCE_AFTER_S} must be at least two heartbeats (NODE_HEARTBEAT_S="
+        f"{NODE_HEARTBEAT_S}) and, with PREEMPTION_GRACE_S and a heartbeat, end before NODE_LOST_AFTER_S="
+        f"{NODE_LOST_AFTER_S}: a cut-off node must stop its jobs before they are requeued elsewhere"
+    )
+# What a node agent keeps on its own disk (the jobs it stopped while cut off, until it can report them).
+AGENT_STATE_DIR = Path(env.str("AGENT_STATE_DIR", default=str(VAR_DIR / "agent")))
+# A longer gap between two of the control plane's looks at the heartbeats (it was down) makes it watch
+# the nodes afresh instead of declaring every one lost.
+WATCH_GAP_S = env.int("WATCH_GAP_S", default=max(3 * RECONCILE_S, 2 * NODE_HEARTBEAT_S))
+# A launch still "starting" this long is sent to its node again (its message may have been lost after
+# commit); the node's agent runs a launch once however often it is sent.
+LAUNCH_RESEND_S = env.int("LAUNCH_RESEND_S", default=30)
+# How long running work on a node being drained may go on before it is stopped.
+DRAIN_NOTICE_S = env.int("DRAIN_NOTICE_S", default=3600)
 
 # Live GPU monitoring (scheduler/telemetry/).
 TELEMETRY_INTERVAL_S = env.float("TELEMETRY_INTERVAL_S", default=1.0)
@@ -309,13 +346,25 @@ SCHEDULER_STARVATION_S = env.float("SCHEDULER_STARVATION_S", default=24 * 3600)
 SCHEDULER_PREEMPTION = env.bool("SCHEDULER_PREEMPTION", default=True)
 SCHEDULER_PLACEMENT = env.str("SCHEDULER_PLACEMENT", default="fgd")
 USER_MAX_CARDS = env.float("USER_MAX_CARDS", default=None)
-PREEMPTION_GRACE_S = env.int("PREEMPTION_GRACE_S", default=30)
 if SCHEDULER_PLACEMENT not in ("fgd", "bestfit", "firstfit", "random"):
     raise environ.ImproperlyConfigured(
         f"SCHEDULER_PLACEMENT must be fgd, bestfit, firstfit or random, not {SCHEDULER_PLACEMENT!r}"
     )
 if SCHEDULER_THRESHOLDS_GPU_S != sorted(SCHEDULER_THRESHOLDS_GPU_S):
     raise environ.ImproperlyConfigured("SCHEDULER_THRESHOLDS_GPU_S must be increasing")
+
+# The platform's image registry (host:port; config/dev/registry.sh starts one). Catalog images are
+# pushed there once and saved images after their commit, and every host pulls them on first use,
+# so a saved image starts on any host. Empty: no registry; images live on the host that built or
+# saved them, and work from a saved image is pinned to that host (the single-host `make run`).
+REGISTRY = env.str("REGISTRY", default="")
+if REGISTRY and not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", REGISTRY):
+    raise environ.ImproperlyConfigured(f"REGISTRY must be host:port (no scheme, no path), not {REGISTRY!r}")
+REGISTRY_USERNAME = env.str("REGISTRY_USERNAME", default="")
+REGISTRY_PASSWORD = env.str("REGISTRY_PASSWORD", default="")
+# The CA that signed the registry's certificate: the control plane talks HTTPS to it, verified with
+# this file (engines trust it as /etc/docker/certs.d/<REGISTRY>/ca.crt). Empty: plain HTTP.
+REGISTRY_CA_FILE = env.str("REGISTRY_CA_FILE", default="")
 
 # Containers.
 DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.sock")
@@ -340,6 +389,8 @@ INSTANCE_PUBLIC_HOST = env.str("INSTANCE_PUBLIC_HOST", default="")
 INSTANCE_BRIDGE = env.str("INSTANCE_BRIDGE", default="gpucloud0")
 INSTANCE_SUBNET = env.str("INSTANCE_SUBNET", default="10.213.0.0/16")
 FENCE_EXTRA_CIDRS = env.list("FENCE_EXTRA_CIDRS", default=[])
+# How often the agent checks the fence is still first (a dockerd restart, an operator's rule) and puts it back.
+FENCE_CHECK_S = env.int("FENCE_CHECK_S", default=10)
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)

@@ -27,6 +27,7 @@ def catalog_load() -> None:
     """Create or update the demo GPU types and images (idempotent)."""
     from billing.models import RateCard
     from portal.models import GpuType, Image
+    from scheduler.registry import registry_ref
 
     # The default card: CPU-only starts, storage, extras (GPU types get their own from their list price).
     if not RateCard.objects.filter(gpu_model="").exists():
@@ -45,14 +46,15 @@ def catalog_load() -> None:
             ),
         )
     for name, framework, version, cuda, python, ref in IMAGES:
+        # Keyed by name: with a registry (settings.REGISTRY) the reference moves into it.
         Image.objects.update_or_create(
-            docker_ref=ref,
+            name=name,
+            visibility="official",
             defaults=dict(
-                name=name,
+                docker_ref=registry_ref(ref),
                 framework=framework,
                 framework_version=version,
                 cuda_version=cuda,
                 python_version=python,
-                visibility="official",
             ),
         )

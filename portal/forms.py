@@ -59,6 +59,8 @@ def _gpu_type_label(t) -> str:
 
 
 def _image_label(image) -> str:
+    if image.visibility == "private" and image.node is None:
+        return _("%(name)s (saved, in the registry)") % {"name": image.name}
     if image.visibility == "private":
         return _("%(name)s (saved, on %(node)s)") % {"name": image.name, "node": image.node.name}
     return f"{image.name} (CUDA {image.cuda_version})"

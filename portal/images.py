@@ -1,21 +1,26 @@
 """Saved images: a stopped instance's system disk committed as a private image of its owner.
 
-The node agent commits the container on the node that holds it (Docker commit) and
-replies with the size; the image exists only on that node, so instances created
+The node agent commits the container on the node that holds it (Docker commit),
+pushes it to the platform's registry when there is one (settings.REGISTRY), and
+replies with the size. An image in the registry belongs to no node: instances created
+from it start on any host, which pulls it on first use, and removing a host loses
+nothing. Without a registry the image exists only on that node, and instances created
 from it are pinned there. The data disk (/root/autodl-tmp) is a volume and is not
-saved, as on AutoDL. Deleting removes it from the node, then hides the row (released
-instances still name it in their history).
+saved, as on AutoDL. Deleting removes it from the registry (a scheduler-worker task,
+then a best-effort removal from every host's engine) or from its node, then hides the
+row (released instances still name it in their history).
 """
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from config.messages import ToNode, ToScheduler, send_after_commit
+from config.messages import ToNode, ToScheduler, send, send_after_commit
 from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
+from scheduler import registry
 from scheduler.errors import Conflict, InvalidInput, TooMany
-from scheduler.models import WorkloadStatus
+from scheduler.models import Node, NodeStatus, WorkloadStatus
 
 REPOSITORY = "gpucloud-saved"
 
@@ -60,7 +65,7 @@ def image_save(*, instance: Instance, name: str) -> Image:
             node=node,
             source_instance=instance,
         )
-        image.docker_ref = f"{REPOSITORY}:{settings.DEPLOYMENT_ID}-{image.pk}"
+        image.docker_ref = registry.registry_ref(f"{REPOSITORY}:{settings.DEPLOYMENT_ID}-{image.pk}")
         image.save(update_fields=["docker_ref"])
         send_after_commit(
             ToNode.IMAGE_COMMIT, workload.pk, image.docker_ref, ToScheduler.IMAGE_SAVED, image.pk, node=node.name
@@ -69,15 +74,20 @@ def image_save(*, instance: Instance, name: str) -> Image:
 
 
 def image_saved(image_id: int, size_bytes: int, error: str) -> None:
-    """The node's reply to a commit."""
+    """The node's reply to a commit (and push): ready — on every host if it is in the registry — or failed."""
+    image = Image.objects.filter(pk=image_id, status=ImageStatus.SAVING).first()
+    if image is None:
+        return
     update = {"status": ImageStatus.FAILED, "status_reason": f"saving failed: {error}"[:255]}
     if not error:
         update = {"status": ImageStatus.READY, "status_reason": "", "size_bytes": size_bytes}
+        if image.in_registry:
+            update["node"] = None  # any host pulls it
     Image.objects.filter(pk=image_id, status=ImageStatus.SAVING).update(**update)
 
 
 def image_delete(*, image: Image) -> Image:
-    """Remove a saved image from its node (refused while instances that are not released use it)."""
+    """Remove a saved image from the registry or its node (refused while instances that are not released use it)."""
     with transaction.atomic():
         image = Image.objects.select_for_update().get(pk=image.pk)
         if image.status in (ImageStatus.SAVING, ImageStatus.DELETING):
@@ -86,16 +96,41 @@ def image_delete(*, image: Image) -> Image:
         if in_use.exists():
             names = ", ".join(in_use.values_list("name", flat=True)[:5])
             raise Conflict(f"instances still use this image ({names}): release them first")
+        # A ready image in the registry is deleted there by the scheduler worker, which then answers.
+        from_registry = image.in_registry and image.node is None and image.status == ImageStatus.READY
         # Nothing on a node to wait for (it is gone, or the commit failed): deleted now. A failed commit may
         # still have left a tag behind, so its node is told too; the reply finds nothing "deleting" to change.
-        gone_already = image.node is None or image.status == ImageStatus.FAILED
+        gone_already = not from_registry and (image.node is None or image.status == ImageStatus.FAILED)
         image.status = ImageStatus.DELETED if gone_already else ImageStatus.DELETING
         image.save(update_fields=["status"])
-        if image.node is not None:
+        if from_registry:
+            send_after_commit(ToScheduler.IMAGE_DELETE, image.pk)
+        elif image.node is not None:
             send_after_commit(
                 ToNode.IMAGE_REMOVE, image.docker_ref, ToScheduler.IMAGE_REMOVED, image.pk, node=image.node.name
             )
     return image
+
+
+def image_delete_from_registry(image_id: int) -> None:
+    """Delete a ``deleting`` image from the registry (scheduler worker), then from every host's engine.
+
+    The registry's answer decides: deleted (also when it was gone already), or back to
+    ready saying why not. The hosts' local copies are a cache: each live host is told to
+    drop its copy, with no reply awaited (a host that is down keeps an unused tag).
+    """
+    image = Image.objects.filter(pk=image_id, status=ImageStatus.DELETING).first()
+    if image is None:
+        return
+    error = ""
+    try:
+        registry.manifest_delete(registry.image_name(image.docker_ref))
+    except registry.RegistryError as exc:
+        error = exc.message
+    image_removed(image.pk, 0, error)
+    if not error:
+        for node in Node.objects.exclude(status=NodeStatus.LOST).values_list("name", flat=True):
+            send(ToNode.IMAGE_REMOVE, image.docker_ref, "", 0, node=node)
 
 
 def image_removed(image_id: int, size_bytes: int, error: str) -> None:

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from scheduler.models import Node, Workload
+from scheduler.registry import image_name
 
 
 class GpuType(models.Model):
@@ -53,7 +54,7 @@ class ImageStatus(models.TextChoices):
 
 
 class Image(models.Model):
-    """A framework image of the catalog, or a user's instance saved as a private image (on one node)."""
+    """A framework image of the catalog, or a user's instance saved as a private image (in the registry or a node)."""
 
     name = models.CharField(max_length=128)
     framework = models.CharField(max_length=64)
@@ -63,7 +64,8 @@ class Image(models.Model):
     docker_ref = models.CharField(max_length=255, help_text="Image reference on the nodes' Docker engine.")
     visibility = models.CharField(max_length=16, choices=ImageVisibility.choices, default=ImageVisibility.OFFICIAL)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
-    # Saved images (portal/images.py): committed on the node that holds the instance's disk, used only there.
+    # Saved images (portal/images.py): committed on the node that holds the instance's disk, then pushed to
+    # the registry (node empty: any host) or, without one, used only on that node.
     status = models.CharField(max_length=16, choices=ImageStatus.choices, default=ImageStatus.READY)
     status_reason = models.CharField(max_length=255, blank=True)
     node = models.ForeignKey(
@@ -90,6 +92,11 @@ class Image(models.Model):
 
     def __str__(self):
         return self.name
+
+    @property
+    def in_registry(self) -> bool:
+        """Whether its reference names a registry (any host pulls it) rather than one engine's local image."""
+        return bool(image_name(self.docker_ref).registry)
 
 
 class BillingMode(models.TextChoices):

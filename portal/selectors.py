@@ -12,7 +12,9 @@ from scheduler.selectors import gpu_models_summary
 def image_list(*, user):
     """Images the user may create work from: the catalog's, and their own saved ones that are ready."""
     visible = Image.objects.filter(Q(visibility__in=["official", "community"]) | Q(owner=user), status="ready")
-    return visible.exclude(visibility="private", node__isnull=True)  # its node is gone, and the image with it
+    # A saved image on no node is gone with its node, unless it is in the registry (its reference names
+    # one: "host:port/gpucloud-saved:..."; a node-local one is "gpucloud-saved:...").
+    return visible.exclude(Q(visibility="private", node__isnull=True) & ~Q(docker_ref__contains="/"))
 
 
 def gpu_type_list():

@@ -85,7 +85,7 @@ def _work(owner, name: str, image_id: int, gpu_type_id: int, gpus: Decimal, cpu_
         gpu_milli=gpu_milli,
         cpu_cores=cpu_cores,
         memory_mb=memory_gb * 1024,
-        # A saved image exists only on the node it was committed on.
+        # A saved image outside the registry exists only on the node it was committed on.
         pinned_node=image.node,
     )
     return image, gpu_type, work

@@ -27,6 +27,12 @@ def image_removed(image_id: int, size_bytes: int, error: str):
     images.image_removed(image_id, size_bytes, error)
 
 
+@shared_task(name=ToScheduler.IMAGE_DELETE, ignore_result=True, time_limit=120, soft_time_limit=90)
+def image_delete(image_id: int):
+    """Delete a saved image from the registry (after the user's request committed)."""
+    images.image_delete_from_registry(image_id)
+
+
 @shared_task(name=ToScheduler.DISK_GROWN, ignore_result=True)
 def disk_grown(instance_id: int, size_gb: int, error: str):
     services.disk_grown(instance_id, size_gb, error)

@@ -1,8 +1,11 @@
 """Admin for the cluster: nodes, cards, workloads, allocations, events (mostly read-only)."""
 
-from django.contrib import admin
+from django.conf import settings
+from django.contrib import admin, messages
 
+from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Gpu, GpuMinute, Node, Quota, Workload, WorkloadEvent, WorkloadGpuMinute
+from scheduler.services.nodes import node_activate, node_drain, node_remove
 
 
 class GpuInline(admin.TabularInline):
@@ -13,10 +16,51 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "status", "simulated", "cpu_cores", "allocated_cpu", "memory_mb", "last_heartbeat"]
+    list_display = [
+        "name",
+        "status",
+        "address",
+        "simulated",
+        "cpu_cores",
+        "allocated_cpu",
+        "memory_mb",
+        "last_heartbeat",
+        "drain_deadline",
+    ]
     list_filter = ["status", "simulated"]
-    readonly_fields = ["allocated_cpu", "allocated_memory_mb", "last_heartbeat", "registered_at"]
+    readonly_fields = [
+        "status",
+        "address",
+        "relay_url",
+        "allocated_cpu",
+        "allocated_memory_mb",
+        "last_heartbeat",
+        "registered_at",
+        "drain_deadline",
+        "epoch",
+    ]
     inlines = [GpuInline]
+    actions = ["drain", "activate", "remove"]
+
+    def _each(self, request, queryset, verb: str, action) -> None:
+        for node in queryset:
+            try:
+                action(node)
+                self.message_user(request, f"{node.name}: {verb}")
+            except ServiceError as exc:
+                self.message_user(request, f"{node.name}: {exc.message}", level=messages.ERROR)
+
+    @admin.action(description="Drain: place nothing new; stop what still runs after DRAIN_NOTICE_S")
+    def drain(self, request, queryset):
+        self._each(request, queryset, "draining", lambda node: node_drain(node=node, notice_s=settings.DRAIN_NOTICE_S))
+
+    @admin.action(description="Activate: take a draining or drained node back into service")
+    def activate(self, request, queryset):
+        self._each(request, queryset, "active", lambda node: node_activate(node=node))
+
+    @admin.action(description="Remove a drained or lost node (refused while instances keep disks there)")
+    def remove(self, request, queryset):
+        self._each(request, queryset, "removed", lambda node: node_remove(node=node))
 
 
 @admin.register(Gpu)

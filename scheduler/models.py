@@ -10,6 +10,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from config.messages import node_queue
@@ -23,8 +24,10 @@ def new_uid() -> str:
 
 class NodeStatus(models.TextChoices):
     ACTIVE = "active", _("Active")
+    DRAINING = "draining", _("Draining")  # nothing new is placed; running work finishes or is stopped at the deadline
+    DRAINED = "drained", _("Drained")  # nothing runs there any more
     LOST = "lost", _("Lost")
-    DRAINED = "drained", _("Drained")
+    REMOVED = "removed", _("Removed")  # taken out by an operator; its agent stops (a new start adds it again)
 
 
 class Node(models.Model):
@@ -51,6 +54,9 @@ class Node(models.Model):
     epoch = models.PositiveIntegerField(
         default=0, help_text="Bumped at each agent start; heartbeats of an older agent are refused."
     )
+    drain_deadline = models.DateTimeField(
+        null=True, blank=True, help_text="While draining: work still running then is stopped (jobs are requeued)."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -67,6 +73,22 @@ class Node(models.Model):
     @property
     def queue(self) -> str:
         return node_queue(self.name)
+
+
+class ClusterWatch(models.Model):
+    """When the control plane last looked at the nodes' heartbeats, and since when without a gap.
+
+    A node is lost only once the control plane has WATCHED it stay silent for
+    ``NODE_LOST_AFTER_S``: after its own outage (database, Redis, worker or beat
+    down) it starts watching afresh, so that outage never makes every node lost.
+    One row.
+    """
+
+    checked_at = models.DateTimeField()
+    watching_since = models.DateTimeField()
+
+    def __str__(self):
+        return f"watching since {self.watching_since:%Y-%m-%d %H:%M:%S}"
 
 
 class Gpu(models.Model):
@@ -257,7 +279,8 @@ class WorkloadEvent(models.Model):
     from_status = models.CharField(max_length=16, choices=WorkloadStatus.choices, blank=True)
     to_status = models.CharField(max_length=16, choices=WorkloadStatus.choices)
     reason = models.CharField(max_length=255, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # The database's clock, whichever machine records the change (scheduler.clock).
+    created_at = models.DateTimeField(db_default=Now(), db_index=True)
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -11,10 +11,10 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from config.messages import ToNode, ToScheduler, send
+from config.messages import ToScheduler
 from scheduler import tick
-from scheduler.models import GpuMinute, Node, NodeStatus, WorkloadGpuMinute
-from scheduler.services.nodes import nodes_mark_lost
+from scheduler.models import GpuMinute, WorkloadGpuMinute
+from scheduler.services import cluster
 
 
 @shared_task(name=ToScheduler.SCHEDULE_TICK, ignore_result=True)
@@ -24,9 +24,7 @@ def schedule_tick():
 
 @shared_task(name=ToScheduler.CLUSTER_RECONCILE, ignore_result=True)
 def cluster_reconcile():
-    nodes_mark_lost(silent_for=timedelta(seconds=settings.NODE_LOST_AFTER_S))
-    for node in Node.objects.filter(status=NodeStatus.ACTIVE):
-        send(ToNode.RECONCILE, node.name, node=node.name, expires=settings.NODE_LOST_AFTER_S)
+    cluster.cluster_reconcile()
 
 
 @shared_task(name=ToScheduler.TELEMETRY_PRUNE, ignore_result=True)

@@ -3,6 +3,7 @@
 A missing service ends the run with an error; nothing is skipped for it.
 """
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -119,6 +120,13 @@ def sim_node(db):
 @pytest.fixture
 def node_worker(transactional_db, sim_node, base_image):
     """A real Celery worker on Redis serving the scheduler queue and the node's queue."""
+    with worker_for(sim_node):
+        yield sim_node
+
+
+@contextlib.contextmanager
+def worker_for(*nodes):
+    """A real Celery worker on Redis serving the scheduler queue and the queues of ``nodes``."""
     from celery.contrib.testing.worker import start_worker
     from celery.signals import task_postrun
 
@@ -128,16 +136,18 @@ def node_worker(transactional_db, sim_node, base_image):
         connection.close()
 
     task_postrun.connect(close_connection, weak=False)
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=2,
-        queues=[settings.SCHEDULER_QUEUE, sim_node.queue],
-        perform_ping_check=False,
-        shutdown_timeout=20,
-    ):
-        yield sim_node
-    task_postrun.disconnect(close_connection)
+    try:
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=2,
+            queues=[settings.SCHEDULER_QUEUE, *(node.queue for node in nodes)],
+            perform_ping_check=False,
+            shutdown_timeout=20,
+        ):
+            yield
+    finally:
+        task_postrun.disconnect(close_connection)
 
 
 def wait_for(predicate, *, timeout: float = 30, what: str = "condition", poke=None):
@@ -161,7 +171,12 @@ def wait_status(workload, status: str, timeout: float = 30, poke=None):
     try:
         wait_for(reached, timeout=timeout, what=f"status {status}", poke=poke)
     except AssertionError:
-        raise AssertionError(f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}") from None
+        history = "; ".join(
+            f"{e.from_status}->{e.to_status} ({e.reason})" for e in workload.events.order_by("created_at", "id")
+        )
+        raise AssertionError(
+            f"workload stayed {workload.status} ({workload.status_reason}); wanted {status}. History: {history}"
+        ) from None
     return workload
 
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Start the whole platform on this machine: web (gunicorn workers for HTTP,
 # daphne for WebSockets on the next port), the scheduler worker with beat, and
-# one node agent with simulated GPUs.
+# one node agent with simulated GPUs. With REGISTRY set (e.g. 127.0.0.1:5000, and
+# REGISTRY_USERNAME / REGISTRY_PASSWORD) images go through that registry, started
+# here in var/registry unless one answers there already; without it (the default)
+# images stay on this host's engine.
 # Ctrl-C stops them all.
 set -euo pipefail
 PY=.venv/bin/python
@@ -11,15 +14,23 @@ export WEBSOCKET_URL=${WEBSOCKET_URL:-ws://127.0.0.1:$WS_PORT}
 export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
 mkdir -p var/log
 
+pids=()
+cleanup() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; echo "stopped"; }
+trap cleanup INT TERM EXIT
+
+registry_answers() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$REGISTRY/v2/")" != 000 ]; }
+if [ -n "${REGISTRY:-}" ] && ! registry_answers; then
+  bash config/dev/registry.sh write var/registry "$REGISTRY"
+  bash config/dev/registry.sh serve var/registry >var/log/registry.log 2>&1 & pids+=($!)
+  for _ in $(seq 40); do registry_answers && break; sleep 0.25; done
+  registry_answers || { echo "ERROR: the registry did not start; see var/log/registry.log" >&2; exit 1; }
+fi
+
 $PY manage.py make_signing_keys
 $PY manage.py migrate --no-input -v0
 $PY manage.py load_demo >var/log/demo-users.txt
 $PY manage.py build_images
 $PY manage.py collectstatic --no-input -v0
-
-pids=()
-cleanup() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; echo "stopped"; }
-trap cleanup INT TERM EXIT
 
 $PY manage.py node_agent --name "${NODE_NAME:-local-node}" >var/log/node-agent.log 2>&1 & pids+=($!)
 .venv/bin/celery -A config worker -B -Q scheduler -n "scheduler@%h" --pool threads --concurrency 2 \
@@ -30,12 +41,14 @@ WEB_BIND=127.0.0.1:$PORT .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:ap
 for _ in $(seq 60); do curl -fs -o /dev/null "http://127.0.0.1:$PORT/login/" && break; sleep 0.5; done
 sleep 2
 grep -h "GPUs" var/log/node-agent.log || true
+images_at=${REGISTRY:-"this host's Docker engine (no registry: REGISTRY is not set)"}
 cat <<MSG
 
   GPU cloud is running:  http://127.0.0.1:$PORT/
   sign in as  demo / demo-pass-123   (admin: admin / admin-pass-123, at /admin/)
   API docs:   http://127.0.0.1:$PORT/api/docs/   (tokens in var/log/demo-users.txt)
   logs:       var/log/{web,websocket,worker,node-agent}.log      Ctrl-C stops everything.
+  images:     $images_at
 
 MSG
 wait -n "${pids[@]}"

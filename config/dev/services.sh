@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Make sure the services the platform needs are installed and running on this
-# machine: Redis, the Docker engine (+ busybox for the local base image), and
-# PostgreSQL when DATABASE_URL points at it. Installs Debian packages when
-# missing (as root); otherwise stops with one sentence saying what to do.
+# machine: Redis, the Docker engine (+ busybox for the local base image), the image
+# registry's server (installed; started by whoever uses it), and PostgreSQL when
+# DATABASE_URL points at it. Installs Debian packages when missing (as root);
+# otherwise stops with one sentence saying what to do.
 set -euo pipefail
 
 need_pkg() {  # need_pkg <command> <debian package>
@@ -60,6 +61,11 @@ if ! docker info >/dev/null 2>&1; then
   done
   wait_for 5 "dockerd" docker info
 fi
+
+# The image registry (Debian's docker-registry; htpasswd from apache2-utils writes its users): the
+# tests start one, `make run` does when REGISTRY is set, config/dev/registry.sh configures it.
+need_pkg docker-registry docker-registry
+need_pkg htpasswd apache2-utils
 
 # Chromium for the browser tests (Debian's; no browser download is possible).
 if [ -n "${WITH_BROWSER:-}" ]; then

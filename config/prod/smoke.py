@@ -143,11 +143,10 @@ class Smoke:
         try:
             output = asyncio.run(session())
         except websockets.exceptions.ConnectionClosed as exc:
-            raise StepFailed(
-                f"{ws_url}: closed with {exc.rcvd.code if exc.rcvd else '?'} {exc.rcvd.reason if exc.rcvd else ''}"
-            )
+            code, reason = (exc.rcvd.code, exc.rcvd.reason) if exc.rcvd else ("?", "")
+            raise StepFailed(f"{ws_url}: closed with {code} {reason}".strip()) from None
         except websockets.exceptions.InvalidStatus as exc:
-            raise StepFailed(f"{ws_url}: refused with HTTP {exc.response.status_code}")
+            raise StepFailed(f"{ws_url}: refused with HTTP {exc.response.status_code}") from None
         return {"echoed": marker, "bytes": len(output)}
 
     def stop(self):

@@ -8,15 +8,17 @@ then records the outcome with a compare-and-swap transition.
 import logging
 import os
 import socket
+import threading
 
 from django.conf import settings
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from config.messages import ToScheduler, send
 from scheduler.errors import ServiceError
-from scheduler.models import Allocation, Node, Workload, WorkloadKind, WorkloadStatus
+from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import disks, launcher, network
 from scheduler.node.gpus import discover
+from scheduler.registry import RegistryError, image_name
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
 
@@ -29,7 +31,25 @@ def _shares(workload: Workload) -> list[launcher.CardShare]:
     return [launcher.CardShare(a.gpu.uuid, a.milli, a.memory_mb) for a in allocations]
 
 
+_launching: set[int] = set()
+_launching_lock = threading.Lock()
+
+
 def agent_launch(workload_id: int) -> None:
+    """Launch the work's container once, however often the launch is sent (the control plane sends it
+    again when it stays starting: its first message may have been lost)."""
+    with _launching_lock:
+        if workload_id in _launching:
+            return  # this agent is launching it right now
+        _launching.add(workload_id)
+    try:
+        _launch(workload_id)
+    finally:
+        with _launching_lock:
+            _launching.discard(workload_id)
+
+
+def _launch(workload_id: int) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
     if workload is None or workload.status != S.STARTING:
         return
@@ -41,13 +61,9 @@ def agent_launch(workload_id: int) -> None:
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)
-        workload_transition(
-            workload,
-            to=S.FAILED,
-            allowed_from=[S.STARTING],
-            reason=f"failed to start: {_short(exc)}",
-            finished_at=timezone.now(),
-        )
+        # An image this host cannot pull says so itself ("cannot pull image X from the registry Y: why").
+        reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+        workload_transition(workload, to=S.FAILED, allowed_from=[S.STARTING], reason=reason, finished_at=Now())
         return
     if not workload_transition(
         workload,
@@ -56,7 +72,7 @@ def agent_launch(workload_id: int) -> None:
         reason="container running",
         container_id=container_id,
         ports=ports,
-        started_at=timezone.now(),
+        started_at=Now(),
     ):
         # Stopped, released or lost while it launched: do not leave its container running.
         log.info("workload %s left starting while it launched; stopping its container", workload_id)
@@ -74,24 +90,22 @@ def agent_stop(workload_id: int) -> None:
         exit_code = launcher.container_stop(workload.container_name, grace_s=grace)
     except Exception as exc:  # Docker or HTTP errors: the work ends failed rather than stuck in stopping
         workload_transition(
-            workload,
-            to=S.FAILED,
-            allowed_from=[S.STOPPING],
-            reason=f"failed to stop: {_short(exc)}",
-            finished_at=timezone.now(),
+            workload, to=S.FAILED, allowed_from=[S.STOPPING], reason=f"failed to stop: {_short(exc)}", finished_at=Now()
         )
         return
-    now = timezone.now()
+    now = Now()
     common = dict(exit_code=exit_code, preempt_requested=False, preemptions=workload.preemptions + int(preempted))
     if preempted and workload.kind == WorkloadKind.JOB:
-        # Back to the queue, on this node: its checkpoint volume lives here.
+        # Back to the queue, on this node: its checkpoint volume lives here — unless the node takes no
+        # new work (drained): then anywhere, resuming from a checkpoint its command can reach.
+        in_service = Node.objects.filter(pk=workload.node_id, status=NodeStatus.ACTIVE).exists()
         workload_transition(
             workload,
             to=S.QUEUED,
             allowed_from=[S.STOPPING],
             reason="preempted; queued to resume from its checkpoint",
             queued_at=now,
-            pinned_node=workload.node,
+            pinned_node=workload.node if in_service else None,
             **common,
         )
     elif preempted:
@@ -123,13 +137,12 @@ def agent_release(workload_id: int) -> None:
     if workload is None or workload.status != S.RELEASING:
         return
     launcher.container_remove(workload)
-    workload_transition(
-        workload, to=S.RELEASED, allowed_from=[S.RELEASING], reason="released", finished_at=timezone.now()
-    )
+    workload_transition(workload, to=S.RELEASED, allowed_from=[S.RELEASING], reason="released", finished_at=Now())
 
 
 def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int) -> None:
-    """Commit the stopped work's container as image ``ref``; tell the control plane (task ``reply_to``).
+    """Commit the stopped work's container as image ``ref``, push it if ``ref`` names a registry, and
+    tell the control plane (task ``reply_to``).
 
     The reply carries (reply_id, size in bytes, error text): the agent writes no catalog row.
     """
@@ -139,6 +152,8 @@ def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int)
         if workload is None or workload.status != S.STOPPED:
             raise ServiceError("the instance must be stopped while it is saved")
         size = launcher.container_commit(workload, ref)
+        if image_name(ref).registry:
+            launcher.image_push(ref)
     except Exception as exc:  # Docker or a state change: the image is marked failed, with why
         log.warning("saving workload %s as %s failed: %s", workload_id, ref, exc)
         error = _short(exc)
@@ -146,12 +161,14 @@ def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int)
 
 
 def agent_image_remove(ref: str, reply_to: str, reply_id: int) -> None:
+    """Remove image ``ref`` from this host's engine; reply to ``reply_to`` unless it is "" (best effort)."""
     error = ""
     try:
         launcher.image_remove(ref)
     except Exception as exc:  # e.g. still used by a container (Docker 409)
         error = _short(exc)
-    _reply(reply_to, reply_id, 0, error)
+    if reply_to:
+        _reply(reply_to, reply_id, 0, error)
 
 
 def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int) -> None:

@@ -13,8 +13,10 @@ import os
 from dataclasses import dataclass
 
 import docker
+import requests
 from django.conf import settings
 
+from scheduler import registry
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
 from scheduler.node import disks
@@ -188,11 +190,44 @@ def container_launch(workload, spec: dict) -> str:
 
 
 def _ensure_image(ref: str) -> None:
-    client = docker_client()
+    """Pull ``ref`` the first time this host uses it (from the platform's registry, with its credentials)."""
     try:
-        client.images.get(ref)
+        docker_client().images.get(ref)
     except docker.errors.ImageNotFound:
-        client.images.pull(ref)
+        image_pull(ref)
+
+
+def image_pull(ref: str) -> None:
+    """Pull ``ref`` into this host's engine; RegistryError says which image, from where, and why not."""
+    name = registry.image_name(ref)
+    source = f" from the registry {name.registry}" if name.registry else ""
+    _transfer(docker_client().api.pull, name, f"cannot pull image {ref}{source}")
+
+
+def image_push(ref: str) -> None:
+    """Push ``ref`` (which names a registry) from this host's engine; RegistryError says why not."""
+    name = registry.image_name(ref)
+    _transfer(docker_client().api.push, name, f"cannot push image {ref} to the registry {name.registry}")
+
+
+class _EngineSaid(Exception):
+    """An error the engine reported inside a pull's or push's progress stream (its HTTP status was 200)."""
+
+
+def _transfer(call, name: registry.ImageName, failure: str) -> None:
+    """The engine's pull or push of ``name``, with the registry's credentials, followed to its end."""
+    credentials = registry.credentials(name.registry)
+    try:
+        for message in call(name.path, tag=name.tag, stream=True, decode=True, auth_config=credentials):
+            if "error" in message:
+                raise _EngineSaid(message["error"])
+    except (docker.errors.APIError, requests.RequestException, _EngineSaid) as exc:
+        raise registry.RegistryError(f"{failure}: {_why(exc)}") from exc
+
+
+def _why(exc: Exception) -> str:
+    text = getattr(exc, "explanation", None) or str(exc)
+    return (str(text).splitlines() or [type(exc).__name__])[0][:160]
 
 
 def container_ports(name: str) -> dict[str, int]:
@@ -300,6 +335,8 @@ class ContainerState:
     running: bool
     exit_code: int | None
     oom_killed: bool
+    kind: str = ""
+    workload_id: int | None = None
 
 
 def containers_on_node(node_name: str) -> dict[str, ContainerState]:
@@ -310,8 +347,16 @@ def containers_on_node(node_name: str) -> dict[str, ContainerState]:
     for c in containers:
         state = c.attrs.get("State", {})
         uid = c.labels.get(f"{LABEL}.uid", "")
+        workload = c.labels.get(f"{LABEL}.workload", "")
         found[uid] = ContainerState(
-            c.id, uid, c.name, c.status == "running", state.get("ExitCode"), bool(state.get("OOMKilled"))
+            c.id,
+            uid,
+            c.name,
+            c.status == "running",
+            state.get("ExitCode"),
+            bool(state.get("OOMKilled")),
+            kind=c.labels.get(f"{LABEL}.kind", ""),
+            workload_id=int(workload) if workload.isdigit() else None,
         )
     return found
 

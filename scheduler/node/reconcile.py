@@ -17,16 +17,19 @@ cannot be mistaken for an orphan.
 
 import logging
 import threading
+import time
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import Q
-from django.utils import timezone
+from django.db.models.functions import Now
 
+from scheduler.clock import AgentClock, db_now
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import launcher
 from scheduler.node.agent import agent_release, agent_stop
+from scheduler.node.selffence import SelfFence, report_pending
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_heartbeat, node_rejoin
 
@@ -36,13 +39,26 @@ S = WorkloadStatus
 
 def agent_reconcile(node_name: str) -> list[int]:
     """Converge the database with what Docker has on this node; returns the workloads changed."""
+    report_pending(node_name)  # jobs this node stopped while cut off: requeued, not read as crashed
     containers = launcher.containers_on_node(node_name)
     volumes = launcher.volumes_on_node(node_name)
-    now = timezone.now()
+    now = db_now()
     changed = _settle_running(node_name, containers, now)
     changed += _settle_overdue(node_name, containers, now)
     _fence(node_name, containers, volumes)
     return changed
+
+
+_last_periodic = {"at": float("-inf")}
+
+
+def agent_reconcile_periodic(node_name: str) -> None:
+    """The control plane's beat asks for a reconcile; a node that was away finds one message per beat it
+    missed, and one run covers them all (no message expiry: that would compare two machines' clocks)."""
+    if time.monotonic() - _last_periodic["at"] < settings.RECONCILE_S / 2:
+        return
+    agent_reconcile(node_name)
+    _last_periodic["at"] = time.monotonic()
 
 
 def _settle_running(node_name: str, containers: dict, now) -> list[int]:
@@ -97,7 +113,7 @@ def _end_over_runtime(workload: Workload) -> bool:
         workload,
         to=S.FAILED,
         allowed_from=[S.STOPPING],
-        finished_at=timezone.now(),
+        finished_at=Now(),
         exit_code=exit_code,
         log_tail=launcher.container_logs_tail(workload.container_name),
         reason=f"stopped: {limit}",
@@ -185,19 +201,36 @@ def watch_container_exits(node_name: str, stop: threading.Event) -> None:
             stop.wait(5)
 
 
-def heartbeat_forever(node_name: str, epoch: int, stop: threading.Event, *, on_superseded=None) -> None:
+def heartbeat_forever(
+    node_name: str,
+    epoch: int,
+    stop: threading.Event,
+    *,
+    fence: SelfFence | None = None,
+    clock: AgentClock | None = None,
+    on_superseded=None,
+) -> None:
     """Every NODE_HEARTBEAT_S until ``stop``: heartbeat (GPU sampling is ``sampler.py``'s own loop).
 
-    A node the control plane marked lost fences itself (stops every container
-    not assigned to it) before it rejoins. A heartbeat refused because a newer
-    agent registered this node (a higher epoch) ends this loop and calls
+    Each heartbeat that goes through is contact for the self-fence (``fence``),
+    measures the offset to the database's clock (``clock``) and reports the jobs
+    a fence stopped while contact was lost. A node the control plane marked lost
+    fences itself (stops every container not assigned to it) before it rejoins.
+    A heartbeat refused because a newer agent registered this node (a higher
+    epoch), or because an operator removed it, ends this loop and calls
     ``on_superseded`` (the agent command shuts its worker down).
     """
     while not stop.wait(settings.NODE_HEARTBEAT_S):
         try:
             status = node_heartbeat(name=node_name, epoch=epoch)
-            if status is None:
-                log.error("node %s was registered by a newer agent (epoch > %s): this agent stops", node_name, epoch)
+            if clock is not None:
+                clock.measure()
+            if fence is not None:
+                fence.contact()
+                fence.report()
+            if status in (None, NodeStatus.REMOVED):
+                why = "was registered by a newer agent" if status is None else "was removed by an operator"
+                log.error("node %s %s: this agent stops", node_name, why)
                 stop.set()
                 if on_superseded is not None:
                     on_superseded()

@@ -57,4 +57,4 @@ def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int
 
 @shared_task(name=ToNode.RECONCILE, ignore_result=True)
 def agent_reconcile(node_name: str):
-    reconcile.agent_reconcile(node_name)
+    reconcile.agent_reconcile_periodic(node_name)

@@ -11,6 +11,7 @@ behind that.
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from scheduler.models import WHOLE_CARD, Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
@@ -135,7 +136,7 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
             w.queue_level = p.queue_level
         workloads.append(w)
     Workload.objects.filter(pk__in=[w.pk for w in workloads]).update(
-        status=S.STARTING, status_changed_at=now, started_at=None, finished_at=None, queue_position=None
+        status=S.STARTING, status_changed_at=Now(), started_at=None, finished_at=None, queue_position=None
     )
     rows_update(Workload, workloads, ["status_reason", "node", "queue_level"])
     transitions_recorded(workloads, from_status=S.QUEUED)

@@ -6,10 +6,11 @@ so no path can leave a share held by work that no longer runs.
 """
 
 import logging
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.signals import workload_changed
@@ -18,35 +19,43 @@ HOLDING = set(WorkloadStatus.holding_resources())
 log = logging.getLogger(__name__)
 
 
-def workload_transition(workload: Workload, *, to: str, allowed_from, reason: str = "", **fields) -> bool:
+def workload_transition(
+    workload: Workload, *, to: str, allowed_from, reason: str = "", at: datetime | None = None, **fields
+) -> bool:
     """Move ``workload`` to ``to`` if it is in one of ``allowed_from``.
 
     Returns False (and changes nothing) when the row is in another state,
     including when a concurrent writer moved it first. On success the
-    in-memory object is refreshed.
+    in-memory object is refreshed. The change is recorded at the database's
+    time, or at ``at`` (a database time) when it happened earlier than it can be
+    written: a node cut off from the control plane reports when it stopped work.
     """
-    current = Workload.objects.filter(pk=workload.pk).values_list("status", flat=True).first()
+    row = Workload.objects.filter(pk=workload.pk).values_list("status", "node_id").first()
+    current, held_on = row or (None, None)
     if current not in set(allowed_from):
         return False
     with transaction.atomic():
         updated = Workload.objects.filter(pk=workload.pk, status=current).update(
-            status=to, status_reason=reason[:255], status_changed_at=timezone.now(), **fields
+            status=to, status_reason=reason[:255], status_changed_at=at or Now(), **fields
         )
         if not updated:
             return False
         if current in HOLDING and to not in HOLDING:
-            allocations_free(workload.pk)
+            allocations_free(workload.pk, node_id=held_on)  # the node it held, even if ``fields`` clear it
         workload.status, workload.status_reason = to, reason[:255]
-        transitions_recorded([workload], from_status=current)
+        transitions_recorded([workload], from_status=current, at=at)
     workload.refresh_from_db()
     return True
 
 
-def transitions_recorded(workloads: list[Workload], *, from_status: str) -> None:
+def transitions_recorded(workloads: list[Workload], *, from_status: str, at: datetime | None = None) -> None:
     """Write the event rows of transitions just made (each workload holds its new status and reason)
-    and announce them after commit. Call inside the transaction that changed the rows."""
+    and announce them after commit. Call inside the transaction that changed the rows.
+
+    The events take the database's time (their column default), or ``at``."""
+    when = {"created_at": at} if at is not None else {}
     events = WorkloadEvent.objects.bulk_create(
-        WorkloadEvent(workload_id=w.pk, from_status=from_status, to_status=w.status, reason=w.status_reason)
+        WorkloadEvent(workload_id=w.pk, from_status=from_status, to_status=w.status, reason=w.status_reason, **when)
         for w in workloads
     )
     payloads = [
@@ -72,10 +81,12 @@ def workload_changed_send(payload: dict) -> None:
             log.error("receiver %s of workload %s failed: %r", receiver, payload["workload_id"], error)
 
 
-def allocations_free(workload_id: int) -> None:
-    """Give back every share the workload holds. Call inside a transaction."""
+def allocations_free(workload_id: int, *, node_id: int | None = None) -> None:
+    """Give back every share the workload holds (on ``node_id``, default its node). Call inside a transaction."""
     allocations = list(Allocation.objects.filter(workload_id=workload_id).select_related("gpu"))
     workload = Workload.objects.only("node_id", "cpu_cores", "memory_mb", "no_gpu").get(pk=workload_id)
+    if node_id is not None:
+        workload.node_id = node_id
     # Work started without cards holds only CPU and memory (no allocation rows); this runs once per
     # leaving the holding states (the caller's compare-and-swap), so it is freed once.
     if not allocations and not (workload.no_gpu and workload.node_id):

@@ -1,17 +1,20 @@
-"""Node registration, heartbeats, and marking silent nodes lost.
+"""Nodes through their life: registration, heartbeats, rejoining, and the operator's drain and remove.
 
 Control-plane code: it takes what a node agent reports (``GpuInfo``) and never
-imports the GPU-host side (``scheduler.node``).
+imports the GPU-host side (``scheduler.node``). Silent nodes: ``node_loss``.
+Times are the database's (``scheduler.clock``).
 """
 
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import F, Q
-from django.utils import timezone
+from django.db.models import F
+from django.db.models.functions import Now
 
-from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
+from scheduler.clock import db_now
+from scheduler.errors import Conflict
+from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
 
 S = WorkloadStatus
@@ -58,7 +61,8 @@ def node_register(
                 nvidia_runtime=nvidia_runtime,
                 docker_version=docker_version,
                 status=NodeStatus.ACTIVE,
-                last_heartbeat=timezone.now(),
+                last_heartbeat=Now(),
+                drain_deadline=None,
             ),
         )
         Node.objects.filter(pk=node.pk).update(epoch=F("epoch") + 1)
@@ -79,8 +83,9 @@ def node_heartbeat(*, name: str, epoch: int) -> str | None:
 
     None: a newer agent registered this node, so this one must stop. A lost node
     stays lost here: it rejoins through ``node_rejoin`` once it has fenced itself.
+    A removed node's agent stops.
     """
-    updated = Node.objects.filter(name=name, epoch=epoch).update(last_heartbeat=timezone.now())
+    updated = Node.objects.filter(name=name, epoch=epoch).update(last_heartbeat=Now())
     if not updated:
         return None
     return Node.objects.filter(name=name).values_list("status", flat=True).first()
@@ -90,58 +95,112 @@ def node_rejoin(*, name: str, epoch: int) -> bool:
     """A lost node whose agent has stopped every container not assigned to it is active again."""
     return bool(
         Node.objects.filter(name=name, epoch=epoch, status=NodeStatus.LOST).update(
-            status=NodeStatus.ACTIVE, last_heartbeat=timezone.now()
+            status=NodeStatus.ACTIVE, last_heartbeat=Now()
         )
     )
 
 
-def nodes_mark_lost(*, silent_for: timedelta, now=None) -> list[str]:
-    """Mark nodes whose agent has been silent too long as lost, and settle their work.
+def node_drain(*, node: Node, notice_s: int, by: str = "an operator") -> Node:
+    """Place nothing new on the node; its work may finish until ``notice_s`` from now, then is stopped.
 
-    Jobs are requeued to run anywhere (they resume from a checkpoint their command
-    can reach); instances, whose disk lives on that node, fail with a reason that says
-    so and can be started again when it returns, or released; a release under way
-    completes (the node removes the leftovers when it returns).
+    Each running instance's history says when it will be stopped, so its owner can
+    save their work (and the instance page says so while the node drains).
     """
-    now = now or timezone.now()
-    lost = []
-    for node in Node.objects.filter(status=NodeStatus.ACTIVE, last_heartbeat__lt=now - silent_for):
-        if not Node.objects.filter(pk=node.pk, status=NodeStatus.ACTIVE).update(status=NodeStatus.LOST):
-            continue
-        lost.append(node.name)
-        why = f"node {node.name} stopped sending heartbeats"
-        for workload in Workload.objects.filter(node=node, status__in=S.holding_resources()):
-            if workload.kind == WorkloadKind.JOB:
-                workload_transition(
-                    workload,
-                    to=S.QUEUED,
-                    allowed_from=S.holding_resources(),
-                    reason=f"requeued: {why}",
-                    queued_at=now,
-                    node=None,
-                    pinned_node=None,
-                    preempt_requested=False,
-                    preemptions=workload.preemptions + 1,
-                )
-            else:
-                workload_transition(
-                    workload,
-                    to=S.FAILED,
-                    allowed_from=S.holding_resources(),
-                    reason=f"node lost: {why}; start it again when the node returns, or release it",
-                    finished_at=now,
-                )
-        for workload in Workload.objects.filter(Q(node=node) | Q(pinned_node=node), status=S.RELEASING):
-            workload_release_on_lost_node(workload, node)
-    return lost
-
-
-def workload_release_on_lost_node(workload: Workload, node: Node) -> bool:
-    """Release work whose node is gone: done now; the node removes its container and disk when it returns."""
-    return workload_transition(
-        workload,
-        to=S.RELEASED,
-        allowed_from=[S.RELEASING, S.STOPPED, S.FAILED, S.SUCCEEDED, S.QUEUED],
-        reason=f"released; its container and disk are removed from node {node.name} when it returns",
-        finished_at=timezone.now(),
+    deadline = db_now() + timedelta(seconds=notice_s)
+    if not Node.objects.filter(pk=node.pk, status=NodeStatus.ACTIVE).update(
+        status=NodeStatus.DRAINING, drain_deadline=deadline
+    ):
+        node.refresh_from_db()
+        raise Conflict(f"node {node.name} is {node.status}; only an active node can be drained")
+    notice = (
+        f"node {node.name} is being drained by {by} for maintenance: work still running at "
+        f"{deadline:%Y-%m-%d %H:%M} UTC is stopped then (jobs are requeued elsewhere)"
     )
+    WorkloadEvent.objects.bulk_create(
+        WorkloadEvent(workload_id=w.pk, from_status=w.status, to_status=w.status, reason=notice[:255])
+        for w in Workload.objects.filter(node=node, status__in=S.holding_resources())
+    )
+    node.refresh_from_db()
+    return node
+
+
+def node_activate(*, node: Node) -> Node:
+    """Take a draining or drained node back into service."""
+    if not Node.objects.filter(pk=node.pk, status__in=[NodeStatus.DRAINING, NodeStatus.DRAINED]).update(
+        status=NodeStatus.ACTIVE, drain_deadline=None
+    ):
+        node.refresh_from_db()
+        raise Conflict(f"node {node.name} is {node.status}; only a draining or drained node can be activated")
+    node.refresh_from_db()
+    return node
+
+
+def nodes_drain_step() -> list[str]:
+    """Move draining nodes on: past the deadline their work is stopped; a node with nothing left is drained.
+
+    Returns the names of nodes that became drained. Called by the control plane's reconciliation.
+    """
+    from scheduler.services.workloads import workload_preempt, workload_stop
+
+    drained = []
+    now = db_now()
+    for node in Node.objects.filter(status=NodeStatus.DRAINING):
+        holding = Workload.objects.filter(node=node, status__in=S.holding_resources())
+        if node.drain_deadline and node.drain_deadline <= now:
+            reason = f"stopped: node {node.name} was drained for maintenance"
+            for workload in holding.filter(status=S.RUNNING):
+                if workload.kind == WorkloadKind.JOB:
+                    workload_preempt(workload, reason=f"node {node.name} was drained for maintenance")
+                else:
+                    workload_stop(workload, reason=reason)
+        if not holding.exists() and Node.objects.filter(pk=node.pk, status=NodeStatus.DRAINING).update(
+            status=NodeStatus.DRAINED
+        ):
+            drained.append(node.name)
+    return drained
+
+
+def node_remove(*, node: Node, force: bool = False) -> Node:
+    """Take a drained or lost node out of the cluster; its agent stops at its next heartbeat.
+
+    Instances whose disk is still on it are refused (move or release them first)
+    unless ``force``: then they fail, saying their disk went with the node. Running
+    instances of a lost node end at its last heartbeat, the last time they were
+    known to run, so they are metered exactly that long.
+    """
+    node.refresh_from_db()
+    if node.status not in (NodeStatus.DRAINED, NodeStatus.LOST):
+        raise Conflict(f"node {node.name} is {node.status}: drain it first (or it must be lost)")
+    kept = Workload.objects.filter(node=node) | Workload.objects.filter(node__isnull=True, pinned_node=node)
+    kept = kept.exclude(status=S.RELEASED)
+    if kept.filter(kind=WorkloadKind.INSTANCE).exists() and not force:
+        names = ", ".join(str(w.pk) for w in kept.filter(kind=WorkloadKind.INSTANCE)[:10])
+        raise Conflict(
+            f"instances still keep their disk on node {node.name} (workloads {names}): move or release them "
+            "first, or remove it with force (their disks are lost)"
+        )
+    why = f"node {node.name} was removed from the cluster"
+    holding = list(kept.filter(status__in=S.holding_resources()))
+    resting = list(kept.exclude(status__in=S.holding_resources()))
+    for workload in holding:
+        last_seen = max(filter(None, [node.last_heartbeat, workload.status_changed_at]))
+        workload_transition(
+            workload,
+            to=S.FAILED,
+            allowed_from=S.holding_resources(),
+            reason=f"failed: {why}",
+            at=last_seen,
+            finished_at=last_seen,
+        )
+    for workload in resting:
+        workload_transition(
+            workload,
+            to=S.FAILED,
+            allowed_from=[S.STOPPED, S.FAILED, S.SUCCEEDED, S.QUEUED],
+            reason=f"failed: {why}; its disk went with it",
+            node=None,
+            pinned_node=None,
+        )
+    Node.objects.filter(pk=node.pk).update(status=NodeStatus.REMOVED, drain_deadline=None)
+    node.refresh_from_db()
+    return node

@@ -9,15 +9,16 @@ import logging
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from config.messages import ToNode, ToScheduler, send, send_after_commit
 from scheduler.errors import Conflict, InvalidInput, TooMany
-from scheduler.models import NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
+from scheduler.models import Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.selectors import fit_problem
 from scheduler.services.allocation import Placement, allocations_create
 from scheduler.services.lifecycle import workload_transition
-from scheduler.services.nodes import workload_release_on_lost_node
+from scheduler.services.node_loss import workload_release_on_lost_node, workload_stop_on_lost_node
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
@@ -80,7 +81,7 @@ def workload_submit(
             env=env or {},
             pinned_node=pinned_node,
             status=S.QUEUED,
-            queued_at=timezone.now(),
+            queued_at=timezone.now(),  # a control-plane time, compared by the control plane only
         )
         WorkloadEvent.objects.create(workload=workload, from_status="", to_status=S.QUEUED, reason="submitted")
         transaction.on_commit(tick_soon)
@@ -95,16 +96,33 @@ def _requeue(workload: Workload, *, node, no_gpu: bool, reason: str) -> None:
         allowed_from=[S.STOPPED, S.FAILED],
         reason=reason,
         pinned_node=node,
-        queued_at=timezone.now(),
+        queued_at=Now(),
         exit_code=None,
         no_gpu=no_gpu,
     ):
         raise Conflict(f"cannot start: the {workload.kind} is {workload.status}")
 
 
+def _home_in_service(node) -> None:
+    """Refuse a start on a node that takes no new work (its disk is there)."""
+    if node is None:
+        return
+    node.refresh_from_db(fields=["status"])
+    if node.status == NodeStatus.LOST:
+        raise Conflict(f"its disk is on node {node.name}, which is unreachable: start it when the node returns")
+    if node.status != NodeStatus.ACTIVE:
+        raise Conflict(
+            f"its disk is on node {node.name}, which is {node.status} and takes no new work: "
+            "move it to another host first"
+        )
+
+
 def workload_start(workload: Workload) -> Workload:
     """Queue stopped or failed work again, on the node that keeps its disk."""
-    _requeue(workload, node=workload.node or workload.pinned_node, no_gpu=False, reason="start requested")
+    home = workload.node or workload.pinned_node
+    if workload.kind == WorkloadKind.INSTANCE:
+        _home_in_service(home)
+    _requeue(workload, node=home, no_gpu=False, reason="start requested")
     transaction.on_commit(tick_soon)
     return workload
 
@@ -121,6 +139,7 @@ def workload_start_no_gpu(workload: Workload) -> Workload:
     node = workload.node or workload.pinned_node
     if node is None:
         raise Conflict("its disk is on no node any more: start it normally")
+    _home_in_service(node)
     with transaction.atomic():
         _requeue(workload, node=node, no_gpu=True, reason="start without GPU requested")
         placed = allocations_create([Placement(workload, node.pk, [])])
@@ -136,6 +155,10 @@ def workload_stop(workload: Workload, *, reason: str = "") -> Workload:
     queued_reason = f"stopped while queued: {reason}" if reason else "stopped while queued"
     if workload_transition(workload, to=S.STOPPED, allowed_from=[S.QUEUED], reason=queued_reason):
         return workload
+    node = workload.node
+    if node is not None and Node.objects.filter(pk=node.pk, status=NodeStatus.LOST).exists():
+        if workload_stop_on_lost_node(workload, node, reason=reason):
+            return workload
     stopping = workload_transition(
         workload, to=S.STOPPING, allowed_from=[S.RUNNING, S.STARTING], reason=reason or "stop requested"
     )
@@ -167,9 +190,7 @@ def workload_release(workload: Workload) -> Workload:
         if workload_release_on_lost_node(workload, node):
             return workload
     elif node is None:
-        if workload_transition(
-            workload, to=S.RELEASED, allowed_from=releasable, reason="released", finished_at=timezone.now()
-        ):
+        if workload_transition(workload, to=S.RELEASED, allowed_from=releasable, reason="released", finished_at=Now()):
             return workload
     elif workload_transition(workload, to=S.RELEASING, allowed_from=releasable, reason="release requested"):
         send_after_commit(ToNode.RELEASE, workload.pk, node=node.name)

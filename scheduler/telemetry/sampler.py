@@ -62,8 +62,11 @@ def node_tenants(node_name: str) -> list[Tenant]:
 
 
 class Sampler:
-    def __init__(self, node: Node, *, backend, docker_client):
+    def __init__(self, node: Node, *, backend, docker_client, clock=time.time):
+        """``clock``: Unix time now; the agent passes the database's clock (``AgentClock.time``) so that
+        samples and minutes line up with the control plane's, whatever this host's own clock says."""
         self.node_name = node.name
+        self.clock = clock
         self.simulated = node.simulated
         self.cards = node_cards(node.name)
         self.backend = backend
@@ -74,7 +77,7 @@ class Sampler:
 
     def sample_once(self) -> dict:
         """Take one sample, publish it and fold it in; returns the node document."""
-        t = time.time()
+        t = self.clock()
         tenants = node_tenants(self.node_name)
         usage = self.usage.read([x.container_id for x in tenants if x.container_id])
         cards, own = self.backend.sample(self.cards, tenants, usage)
@@ -115,7 +118,7 @@ class Sampler:
         while not stop.is_set():
             try:
                 self.sample_once()
-                self.rollups.flush(time.time())
+                self.rollups.flush(self.clock())
             except Exception:  # Redis, the database or the driver away for a moment: a gap in the charts
                 log.exception("GPU sample on %s failed", self.node_name)
             finally:
@@ -134,7 +137,7 @@ class Sampler:
         self._loop.close()
 
 
-def sampler_for(node: Node, docker_client) -> Sampler:
+def sampler_for(node: Node, docker_client, *, clock=time.time) -> Sampler:
     if node.simulated:
         from scheduler.telemetry.simgpu import SimulatedBackend
 
@@ -143,4 +146,4 @@ def sampler_for(node: Node, docker_client) -> Sampler:
         from scheduler.telemetry.nvml import NvmlBackend
 
         backend = NvmlBackend(node_cards(node.name), pcie=settings.TELEMETRY_NVML_PCIE)
-    return Sampler(node, backend=backend, docker_client=docker_client)
+    return Sampler(node, backend=backend, docker_client=docker_client, clock=clock)

@@ -28,8 +28,8 @@ from scheduler.node import launcher
 from tests.conftest import database_url, remove_node_containers, wait_for
 
 RECONCILE_S = 1  # beat: scheduler tick and cluster reconciliation every second
-DEADLINE_S = 4  # transitional states
-LOST_AFTER_S = 4  # silent node
+DEADLINE_S = 8  # transitional states (past an agent's start-up on a loaded 2-core machine)
+LOST_AFTER_S = 8  # silent node (its agent fences its own jobs after 8 - 1 - 2 * 1 = 5 s without contact)
 # "Converged within two reconciliation periods" of whatever the fault needs first (a deadline,
 # a node declared lost), with slack for process start-up on a loaded 2-core machine.
 CONVERGE_S = 2 * RECONCILE_S + DEADLINE_S + 10
@@ -52,6 +52,7 @@ class Cluster:
     logs: str
     processes: dict = field(default_factory=dict)
     env_for: dict = field(default_factory=dict)  # per-role overrides, e.g. the agent's own database role
+    wrap: dict = field(default_factory=dict)  # per-role command prefix, e.g. faketime for a skewed clock
 
     # --- processes -------------------------------------------------------------------------
     def start(self, role: str) -> subprocess.Popen:
@@ -94,7 +95,7 @@ class Cluster:
         }
         log = open(f"{self.logs}/{self.node_name}-{role}.log", "a")  # noqa: SIM115  (kept for the process)
         process = subprocess.Popen(
-            commands[role],
+            [*self.wrap.get(role, []), *commands[role]],
             env=self.env | self.env_for.get(role, {}),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -220,6 +221,7 @@ def cluster(transactional_db, user, catalog, base_image, tmp_path, cluster_env):
         "RECONCILE_S": str(RECONCILE_S),
         "METER_RECONCILE_S": "2",
         "TRANSITION_DEADLINE_S": str(DEADLINE_S),
+        "LAUNCH_RESEND_S": "2",
         "INSTANCE_STOP_GRACE_S": "1",
         "PREEMPTION_GRACE_S": "1",
         "DB_CONN_MAX_AGE": "0",

@@ -77,6 +77,7 @@ NODE_ACCESS = {
             "docker_version",
             "last_heartbeat",
             "epoch",
+            "drain_deadline",  # cleared when its agent registers it again
             # Django's update_or_create rewrites every field with its own pre_save (dates), unchanged.
             "registered_at",
         ),

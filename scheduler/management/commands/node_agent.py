@@ -10,11 +10,14 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
+from scheduler.clock import agent_clock
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
 from scheduler.node.agent import agent_register
-from scheduler.node.network import fence_install
+from scheduler.node.iptables import IptablesError
+from scheduler.node.network import fence_forever, fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
+from scheduler.node.selffence import SelfFence
 from scheduler.telemetry.sampler import sampler_for
 
 
@@ -33,26 +36,38 @@ class Command(BaseCommand):
             if settings.INSTANCE_NETWORK_MODE == "fenced":
                 fence_install()  # tenants' network fenced off before any of them runs here
             node = agent_register(name)
+            agent_clock.measure()
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
+        except IptablesError as exc:
+            raise CommandError(f"the tenant network fence could not be installed: {exc}") from exc
         kind = "SIMULATED" if node.simulated else "NVML"
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
         stop = threading.Event()
+        self_fence = SelfFence(node.name, agent_clock)  # its jobs stopped if it loses the control plane
         threading.Thread(
             target=heartbeat_forever,
             args=(node.name, node.epoch, stop),
-            kwargs={"on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM)},
+            kwargs={
+                "fence": self_fence,
+                "clock": agent_clock,
+                "on_superseded": lambda: os.kill(os.getpid(), signal.SIGTERM),
+            },
+            name="heartbeat",
             daemon=True,
         ).start()
+        threading.Thread(target=self_fence.watch_forever, args=(stop,), name="self-fence", daemon=True).start()
         try:
-            sampler = sampler_for(node, launcher.docker_client())
+            sampler = sampler_for(node, launcher.docker_client(), clock=agent_clock.time)
         except Exception:  # NVML gone since registration: the node still runs work, without live stats
             self.stderr.write("GPU sampling could not start; this node runs without live stats (see the log)")
             logging.getLogger(__name__).exception("GPU sampler on %s", node.name)
         else:
             threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
+        if settings.INSTANCE_NETWORK_MODE == "fenced":
+            threading.Thread(target=fence_forever, args=(stop,), name="fence-check", daemon=True).start()
         try:
             app.worker_main(
                 [

@@ -7,13 +7,15 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from scheduler.models import Node, Workload, WorkloadStatus
+from scheduler.clock import db_now
+from scheduler.models import ClusterWatch, Node, Workload, WorkloadStatus
 from scheduler.node import launcher
 from scheduler.node.agent import agent_launch, agent_register
 from scheduler.node.reconcile import agent_reconcile
 from scheduler.services import lifecycle
 from scheduler.services.allocation import Share, allocation_create
-from scheduler.services.nodes import nodes_mark_lost
+from scheduler.services.node_loss import nodes_mark_lost
+from scheduler.services.workloads import workload_stop
 from tests.conftest import make_node, remove_node_containers
 from tests.scheduler.factories import workload
 
@@ -66,9 +68,10 @@ def test_shared_volumes_and_reconciliation_are_per_deployment(user, base_image, 
         remove_node_containers(node.name)
 
 
-def running_instance(user, node, image):
-    w = workload(user, image_ref=image, cpu=1)
-    card = node.gpus.get()
+def running_instance(user, node, image, **fields):
+    """Work launched by the agent on a free card of ``node`` (an instance unless ``kind`` says otherwise)."""
+    w = workload(user, image_ref=image, cpu=1, **fields)
+    card = node.gpus.filter(allocated_milli=0).first()
     assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
     agent_launch(w.pk)
     w.refresh_from_db()
@@ -81,20 +84,25 @@ def is_running(w) -> bool:
     return state is not None and state.running
 
 
-def test_a_returning_node_stops_containers_of_work_it_lost_but_keeps_their_disk(user, base_image):
-    node = make_node("sim:1xRTX3090")
+def test_a_returning_node_keeps_its_running_instance_and_stops_what_was_stopped_while_it_was_away(user, base_image):
+    node = make_node("sim:2xRTX3090")
     try:
-        w = running_instance(user, node, base_image)
-        Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
-        nodes_mark_lost(silent_for=timedelta(seconds=30))
-        w.refresh_from_db()
-        assert w.status == WorkloadStatus.FAILED and is_running(w)  # a partitioned host keeps running it
+        kept = running_instance(user, node, base_image)
+        stopped = running_instance(user, node, base_image)
+        ClusterWatch.objects.create(checked_at=db_now(), watching_since=db_now() - timedelta(hours=1))
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=db_now() - timedelta(minutes=5))
+        assert nodes_mark_lost(silent_for=timedelta(seconds=30)) == [node.name]
+        workload_stop(stopped, reason="stop requested")  # its owner stops it while the node is away
+        stopped.refresh_from_db()
+        assert stopped.status == WorkloadStatus.STOPPED and is_running(stopped)  # the cut-off host still runs it
 
         agent_reconcile(node.name)  # the fence the agent runs before it rejoins
 
-        assert not is_running(w)
-        assert w.container_name in {c.name for c in launcher.docker_client().containers.list(all=True)}
-        assert w.volume_name in launcher.volumes_on_node(node.name).values()
+        kept.refresh_from_db()
+        assert kept.status == WorkloadStatus.RUNNING and is_running(kept)  # re-adopted as it is
+        assert not is_running(stopped)
+        assert stopped.container_name in {c.name for c in launcher.docker_client().containers.list(all=True)}
+        assert stopped.volume_name in launcher.volumes_on_node(node.name).values()  # its disk stays
     finally:
         remove_node_containers(node.name)
 

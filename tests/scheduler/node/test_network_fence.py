@@ -1,21 +1,27 @@
-"""The tenants' network fence, with test hosts the test makes itself (a network namespace, containers).
+"""The tenants' network fence on the root engine (Docker's iptables off), with test hosts the test makes itself.
 
 A "control plane" server lives in a network namespace behind a veth pair. Before the
 fence an instance reaches it, the host and another tenant (so the test can fail);
 with the fence it reaches none of them, while the host (the agent) still reaches
-the control plane. Every address used here is one the test created.
+the control plane. A rule that accepts the bridge's traffic ahead of the fence is
+noticed and the fence put back in front of it. Every address used here is one the
+test created. With Docker's iptables on, and across a dockerd restart:
+test_network_fence_docker.py.
 """
 
+import io
 import os
 import socket
 import subprocess
 import threading
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 
-from scheduler.node import launcher, network
+from scheduler.node import iptables, launcher, network
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +44,7 @@ def fenced(settings, base_image):
     settings.INSTANCE_SUBNET = SUBNET
     namespace, host_end, ns_end = f"gpuc-cp-{tag}", f"gcp{tag}h", f"gcp{tag}n"
     forwarding = open("/proc/sys/net/ipv4/ip_forward").read().strip()
+    made_user_chain = {family: network.USER_CHAIN not in iptables.table_read(family).chains for family in families()}
     server = None
     try:
         sh("ip", "netns", "add", namespace)
@@ -60,12 +67,13 @@ def fenced(settings, base_image):
         wait_for(lambda: reachable_from_host(), timeout=20, what="the control-plane server")
         yield settings
     finally:
-        for container in launcher.docker_client().containers.list(all=True, filters={"label": "gpuc-fence-test"}):
-            container.remove(force=True)
-        remove_fence(settings)
+        remove_fence(made_user_chain)  # first: the root namespace is shared
         try:
-            launcher.docker_client().networks.get(settings.INSTANCE_NETWORK).remove()
-        except Exception:  # noqa: BLE001  (never created)
+            client = launcher.docker_client()
+            for container in client.containers.list(all=True, filters={"label": "gpuc-fence-test"}):
+                container.remove(force=True)
+            client.networks.get(settings.INSTANCE_NETWORK).remove()
+        except Exception:  # noqa: BLE001  (never created, or the engine is away: the rest is still cleaned)
             pass
         if server is not None:
             server.kill()
@@ -76,12 +84,24 @@ def fenced(settings, base_image):
             f.write(forwarding)
 
 
-def remove_fence(settings):
-    for chain, rule in network._jumps():
-        while network._iptables("-D", chain, *rule, check=False).returncode == 0:
-            pass
-    network._iptables("-F", network.CHAIN, check=False)
-    network._iptables("-X", network.CHAIN, check=False)
+def families():
+    return [f for f in (iptables.IPV4, iptables.IPV6) if network._readable(f)]
+
+
+def remove_fence(made_user_chain: dict):
+    """Take every rule of the fence out of the root namespace (and DOCKER-USER, where the fence made it)."""
+    for family in families():
+        table = iptables.table_read(family)
+        ours = [*network._jumps()[1:], *(("INPUT", rule) for rule in network._input_rules(family))]
+        lines = []
+        for chain, rule in [*ours, *network._retired()]:
+            lines += [f"-D {chain} " + " ".join(rule)] * table.count(chain, rule)
+        if made_user_chain.get(family) and network.USER_CHAIN in table.chains:
+            lines += ["-D FORWARD -j DOCKER-USER"] * table.count("FORWARD", ["-j", network.USER_CHAIN])
+            lines += [f"-F {network.USER_CHAIN}", f"-X {network.USER_CHAIN}"]
+        if network.CHAIN in table.chains:
+            lines += [f"-F {network.CHAIN}", f"-X {network.CHAIN}"]
+        iptables.table_apply(family, lines)
 
 
 def reachable_from_host() -> bool:
@@ -108,23 +128,41 @@ def reaches(settings, image, address: str) -> bool:
 @pytest.fixture
 def host_listener():
     """A TCP server on the host's bridge address, as the agent's own services would be."""
-    with socket.socket() as listener:
+    listeners = Listeners()
+    try:
+        yield f"{GATEWAY}:{listeners.serve(GATEWAY)}"
+    finally:
+        listeners.close()
+
+
+class Listeners:
+    """TCP servers answering HTTP 200 on addresses of the root namespace (the control-plane side)."""
+
+    def __init__(self):
+        self.sockets = []
+
+    def serve(self, address: str, port: int = 0) -> int:
+        listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((GATEWAY, 0))
+        listener.bind((address, port))
         listener.listen()
-        port = listener.getsockname()[1]
+        self.sockets.append(listener)
+        threading.Thread(target=self._answer, args=(listener,), daemon=True).start()
+        return listener.getsockname()[1]
 
-        def serve():
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    return
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
-                conn.close()
+    @staticmethod
+    def _answer(listener):
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
 
-        threading.Thread(target=serve, daemon=True).start()
-        yield f"{GATEWAY}:{port}"
+    def close(self):
+        for listener in self.sockets:
+            listener.close()
 
 
 def test_instances_reach_no_control_plane_host_or_other_tenant_once_fenced(fenced, base_image, host_listener):
@@ -155,10 +193,60 @@ def test_instances_reach_no_control_plane_host_or_other_tenant_once_fenced(fence
 def test_a_launch_is_refused_when_the_fence_is_missing(fenced):
     network.fence_install()
     assert network.fence_problem() is None
-    network._iptables("-D", "FORWARD", "-i", fenced.INSTANCE_BRIDGE, "-j", network.CHAIN)
+    iptables.table_apply(iptables.IPV4, [f"-D DOCKER-USER -i {fenced.INSTANCE_BRIDGE} -j {network.CHAIN}"])
     assert "does not send traffic" in network.fence_problem()
     with pytest.raises(network.InvalidInput, match="fence is not in place"):
         network.fence_check()
+    with pytest.raises(CommandError, match="IPv4: DOCKER-USER does not send traffic"):
+        call_command("fence")  # what an operator runs on the host
+    out = io.StringIO()
+    call_command("fence", "--install", stdout=out)
+    assert out.getvalue().endswith(f"fence in place for {fenced.INSTANCE_BRIDGE}\n")
+
+
+def test_an_accept_ahead_of_the_fence_is_noticed_and_the_fence_put_back_first(fenced, base_image, caplog):
+    """What Docker does to a rule at the top of FORWARD when it starts: its ACCEPT for the bridge lands above."""
+    settings = fenced
+    network.fence_install()
+    control_plane = f"{CP_SERVER}:18080"
+    assert not reaches(settings, base_image, control_plane)
+    bridge = settings.INSTANCE_BRIDGE
+    docker_like = f"-i {bridge} ! -o {bridge} -j ACCEPT"
+    iptables.table_apply(iptables.IPV4, [f"-I FORWARD 1 {docker_like}"])
+    try:
+        assert (
+            network.fence_problem() == f"IPv4: FORWARD accepts traffic from {bridge} before the fence (`{docker_like}`)"
+        )
+        assert reaches(settings, base_image, control_plane)  # the hole is real: order matters, not only presence
+
+        with caplog.at_level("WARNING", logger="scheduler.node.network"):
+            assert "accepts traffic" in network.fence_keep()  # the agent's periodic check
+        assert "out of place" in caplog.text
+        assert network.fence_problem() is None
+        assert not reaches(settings, base_image, control_plane)
+        assert network.fence_keep() is None  # in place: nothing to do
+    finally:
+        iptables.table_apply(iptables.IPV4, [f"-D FORWARD {docker_like}"])
+
+
+def test_ipv6_is_fenced_too_and_required_while_ipv6_is_on_for_the_bridge(fenced, monkeypatch):
+    network.fence_install()
+    sysctl = Path(f"/proc/sys/net/ipv6/conf/{fenced.INSTANCE_BRIDGE}/disable_ipv6")
+    if not sysctl.exists():
+        pytest.fail("this test needs a kernel with IPv6 (make test runs where it has it)")
+    sysctl.write_text("0")
+    assert network.fence_problem() is None
+    iptables.table_apply(iptables.IPV6, [f"-D INPUT -i {fenced.INSTANCE_BRIDGE} -j DROP"])
+    assert network.fence_problem() == f"IPv6: INPUT does not hold the fence's rules for {fenced.INSTANCE_BRIDGE}"
+    sysctl.write_text("1")  # no IPv6 on the bridge: the host takes none from tenants, the IPv4 fence is enough
+    assert network.fence_problem() is None
+    monkeypatch.setattr(network, "available", lambda family: family is not iptables.IPV6)
+    assert network.fence_problem() is None  # nor ip6tables
+    sysctl.write_text("0")
+    assert network.fence_problem() == "IPv6: ip6tables is missing on this host"
+    monkeypatch.undo()
+    network.fence_install()
+    assert network.fence_problem() is None
 
 
 def test_a_published_service_is_reached_from_the_host_through_the_fence(fenced, base_image, user):

@@ -1,15 +1,19 @@
-"""Nodes: registration, heartbeats, and losing a silent node."""
+"""Nodes: registration, heartbeats on the database's clock, and losing a silent node."""
 
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from scheduler.models import Gpu, Node, NodeStatus, WorkloadStatus
+from billing.models import MeterSegment
+from scheduler.clock import db_now
+from scheduler.models import ClusterWatch, Gpu, Node, NodeStatus, WorkloadStatus
 from scheduler.node.gpus import simulated_inventory
 from scheduler.services.allocation import Share, allocation_create
-from scheduler.services.nodes import node_heartbeat, node_register, node_rejoin, nodes_mark_lost
-from scheduler.services.workloads import workload_release
+from scheduler.services.lifecycle import workload_transition
+from scheduler.services.node_loss import nodes_mark_lost
+from scheduler.services.nodes import node_heartbeat, node_register, node_rejoin
+from scheduler.services.workloads import workload_release, workload_stop
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
 
@@ -31,8 +35,17 @@ def test_registering_again_updates_the_node_without_duplicating_cards():
     assert Gpu.objects.filter(node=node).count() == 2
 
 
+def watched_for(seconds: int) -> None:
+    """The control plane has been looking at the heartbeats, without a gap, for ``seconds``."""
+    now = db_now()
+    ClusterWatch.objects.update_or_create(
+        pk=1, defaults=dict(checked_at=now, watching_since=now - timedelta(seconds=seconds))
+    )
+
+
 def lose(node):
-    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
+    watched_for(600)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=db_now() - timedelta(minutes=5))
     assert nodes_mark_lost(silent_for=timedelta(seconds=30)) == [node.name]
 
 
@@ -42,7 +55,42 @@ def place(w, node):
     return card
 
 
-def test_a_silent_node_is_lost_its_instance_says_so_and_its_cards_are_freed(user):
+def running(w, node, on_commit):
+    place(w, node)
+    with on_commit(execute=True):  # metering opens after commit
+        assert workload_transition(w, to=WorkloadStatus.RUNNING, allowed_from=[WorkloadStatus.STARTING])
+    return w
+
+
+def test_a_lost_nodes_running_instance_goes_on_running_there_metered_until_the_node_is_heard_again(
+    user, django_capture_on_commit_callbacks
+):
+    node = make_node("sim:1xRTX3090")
+    w = running(workload(user), node, django_capture_on_commit_callbacks)
+
+    lose(node)
+
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.RUNNING  # the host runs it still; it is re-adopted when heard again
+    assert node.gpus.get().allocated_milli == 1000
+    assert MeterSegment.objects.get(workload=w).ended_at is None
+
+
+def test_a_stop_of_an_instance_on_an_unreachable_node_ends_its_meter_at_once(user, django_capture_on_commit_callbacks):
+    node = make_node("sim:1xRTX3090")
+    w = running(workload(user), node, django_capture_on_commit_callbacks)
+    lose(node)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        workload_stop(w, reason="stop requested")
+
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.STOPPED and "unreachable" in w.status_reason
+    assert MeterSegment.objects.get(workload=w).ended_at is not None
+    assert node.gpus.get().allocated_milli == 0
+
+
+def test_an_instance_still_starting_on_a_lost_node_fails_and_frees_its_card(user):
     node = make_node("sim:1xRTX3090")
     w = workload(user)
     card = place(w, node)
@@ -51,9 +99,37 @@ def test_a_silent_node_is_lost_its_instance_says_so_and_its_cards_are_freed(user
 
     w.refresh_from_db()
     card.refresh_from_db()
-    assert w.status == WorkloadStatus.FAILED and w.status_reason.startswith("node lost:")
-    assert "start it again when the node returns" in w.status_reason
+    assert w.status == WorkloadStatus.FAILED and "stopped sending heartbeats" in w.status_reason
     assert card.allocated_milli == 0
+
+
+def test_a_control_plane_back_from_an_outage_watches_afresh_before_it_declares_a_node_lost():
+    node = make_node("sim:1xT4")
+    silent = timedelta(seconds=30)
+    # The control plane last looked 10 minutes ago (the database, Redis or the worker was down), and the
+    # node's last heartbeat is from before the outage: no node is lost the moment it returns.
+    ClusterWatch.objects.update_or_create(
+        pk=1, defaults=dict(checked_at=db_now() - timedelta(minutes=10), watching_since=db_now() - timedelta(hours=1))
+    )
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=db_now() - timedelta(minutes=11))
+
+    assert nodes_mark_lost(silent_for=silent) == []
+    assert ClusterWatch.objects.get().watching_since > db_now() - timedelta(seconds=5)
+
+    watched_for(31)  # it has now watched the node stay silent for longer than the limit
+    assert nodes_mark_lost(silent_for=silent) == [node.name]
+
+
+def test_heartbeats_carry_the_databases_time_not_the_agents(monkeypatch):
+    node = make_node("sim:1xT4")
+    monkeypatch.setattr(timezone, "now", lambda: db_now() - timedelta(seconds=40))  # this host's clock is 40 s late
+
+    node_heartbeat(name=node.name, epoch=node.epoch)
+
+    node.refresh_from_db()
+    assert abs((node.last_heartbeat - db_now()).total_seconds()) < 5
+    watched_for(600)
+    assert nodes_mark_lost(silent_for=timedelta(seconds=30)) == []
 
 
 def test_a_lost_nodes_jobs_are_requeued_to_run_anywhere(user):
@@ -64,8 +140,10 @@ def test_a_lost_nodes_jobs_are_requeued_to_run_anywhere(user):
     lose(node)
 
     job.refresh_from_db()
+    node.refresh_from_db()
     assert job.status == WorkloadStatus.QUEUED and "requeued" in job.status_reason
     assert job.node is None and job.pinned_node is None
+    assert node.allocated_cpu == 0 and node.allocated_memory_mb == 0  # given back to the node it held them on
     assert job.preemptions == 1  # its command sees GPUCLOUD_RESUME_COUNT=1
 
 
@@ -85,6 +163,7 @@ def test_releasing_work_on_a_lost_node_does_not_hang(user):
 
 def test_a_heartbeat_keeps_a_node_but_does_not_revive_a_lost_one_before_it_fences():
     node = make_node("sim:1xT4")
+    watched_for(600)
     assert nodes_mark_lost(silent_for=timedelta(seconds=30)) == []
     Node.objects.filter(pk=node.pk).update(status=NodeStatus.LOST)
 

@@ -1,0 +1,46 @@
+"""The control plane's reconciliation beat (every ``RECONCILE_S``): one pass over the whole cluster.
+
+It marks silent nodes lost (``node_loss``), moves draining nodes on
+(``nodes.nodes_drain_step``), sends again the launches whose message was lost
+after commit, and asks every node in service to converge with its Docker
+engine (``scheduler.node.reconcile``).
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+
+from config.messages import ToNode, send
+from scheduler.clock import db_now
+from scheduler.models import Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.services.node_loss import nodes_mark_lost
+from scheduler.services.nodes import nodes_drain_step
+
+IN_SERVICE = [NodeStatus.ACTIVE, NodeStatus.DRAINING]
+
+
+def cluster_reconcile() -> None:
+    nodes_mark_lost(silent_for=timedelta(seconds=settings.NODE_LOST_AFTER_S))
+    nodes_drain_step()
+    launches_resend()
+    for node in Node.objects.filter(status__in=IN_SERVICE):
+        send(ToNode.RECONCILE, node.name, node=node.name)
+
+
+def launches_resend() -> list[int]:
+    """Send the launch of work starting for over ``LAUNCH_RESEND_S`` to its node again.
+
+    Its message may have been lost after the placement committed (Redis restarted
+    without it, a send that failed): a launch is idempotent on the node (it runs
+    once, however often it arrives), so sending again is safe, and the work runs
+    instead of failing at its transition deadline.
+    """
+    cutoff = db_now() - timedelta(seconds=settings.LAUNCH_RESEND_S)
+    stale = Workload.objects.filter(
+        status=WorkloadStatus.STARTING, status_changed_at__lt=cutoff, node__status__in=IN_SERVICE
+    ).select_related("node")
+    resent = []
+    for workload in stale:
+        send(ToNode.LAUNCH, workload.pk, node=workload.node.name)
+        resent.append(workload.pk)
+    return resent

@@ -1,0 +1,125 @@
+"""Nodes that stop sending heartbeats: marked lost by the control plane, with what that means for their work.
+
+Only the database's clock is compared (``scheduler.clock``), and only over time
+the control plane was watching (``ClusterWatch``): a node is lost once it has
+been silent for ``NODE_LOST_AFTER_S`` while the control plane was up to see it.
+
+What a lost node's work becomes:
+- jobs are requeued to run anywhere; the node's agent has stopped them itself by
+  then (``scheduler.node.selffence``: it fences its jobs well before this
+  deadline), so a requeued job never runs twice;
+- running instances stay running in the database and keep their meter open:
+  the host keeps running them, and when it is heard again they are re-adopted
+  as they are, metered for the whole time they ran. A user's stop meanwhile
+  takes effect at once (``workload_stop``) and the host stops the container
+  when it returns; an operator who removes the node ends them at its last
+  heartbeat (``node_remove``);
+- instances still starting fail, stopping ones are stopped, releases complete:
+  the host removes leftovers when it returns.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from scheduler.clock import db_now
+from scheduler.models import ClusterWatch, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
+from scheduler.services.lifecycle import workload_transition
+
+S = WorkloadStatus
+
+
+def control_plane_watching_since(now) -> object:
+    """Record that the control plane looks now; returns since when it has looked without a gap.
+
+    A gap longer than ``WATCH_GAP_S`` (the control plane itself was down) starts a new watch.
+    """
+    gap = timedelta(seconds=settings.WATCH_GAP_S)
+    with transaction.atomic():
+        watch = ClusterWatch.objects.select_for_update().filter(pk=1).first()
+        if watch is None:
+            watch = ClusterWatch.objects.create(pk=1, checked_at=now, watching_since=now)
+        elif now - watch.checked_at > gap:
+            watch.watching_since = watch.checked_at = now
+            watch.save()
+        else:
+            watch.checked_at = now
+            watch.save(update_fields=["checked_at"])
+    return watch.watching_since
+
+
+def nodes_mark_lost(*, silent_for: timedelta) -> list[str]:
+    """Mark nodes whose agent has been silent too long, while the control plane watched, as lost."""
+    now = db_now()
+    cutoff = now - silent_for
+    if control_plane_watching_since(now) > cutoff:
+        return []  # not watched long enough (start-up, or back from an outage): give every node its full time
+    lost = []
+    for node in Node.objects.filter(status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff):
+        if not Node.objects.filter(pk=node.pk, status=node.status, last_heartbeat__lt=cutoff).update(
+            status=NodeStatus.LOST
+        ):
+            continue
+        lost.append(node.name)
+        work_of_lost_node_settle(node, why=f"node {node.name} stopped sending heartbeats")
+    return lost
+
+
+def work_of_lost_node_settle(node: Node, *, why: str) -> None:
+    for workload in Workload.objects.filter(node=node, status__in=S.holding_resources()):
+        if workload.kind == WorkloadKind.JOB:
+            workload_transition(
+                workload,
+                to=S.QUEUED,
+                allowed_from=S.holding_resources(),
+                reason=f"requeued: {why}",
+                queued_at=Now(),
+                node=None,
+                pinned_node=None,
+                preempt_requested=False,
+                preemptions=workload.preemptions + 1,
+            )
+        elif workload.status == S.STARTING:
+            workload_transition(
+                workload,
+                to=S.FAILED,
+                allowed_from=[S.STARTING],
+                reason=f"failed to start: {why}; start it again, or release it",
+                finished_at=Now(),
+            )
+        elif workload.status == S.STOPPING:
+            workload_transition(
+                workload,
+                to=S.STOPPED,
+                allowed_from=[S.STOPPING],
+                reason=f"stopped ({why}; it stops the container when it returns)",
+                finished_at=Now(),
+            )
+        # Running instances go on running there: re-adopted, metered throughout, when it is heard again.
+    for workload in Workload.objects.filter(Q(node=node) | Q(pinned_node=node), status=S.RELEASING):
+        workload_release_on_lost_node(workload, node)
+
+
+def workload_release_on_lost_node(workload: Workload, node: Node) -> bool:
+    """Release work whose node is gone: done now; the node removes its container and disk when it returns."""
+    return workload_transition(
+        workload,
+        to=S.RELEASED,
+        allowed_from=[S.RELEASING, S.STOPPED, S.FAILED, S.SUCCEEDED, S.QUEUED],
+        reason=f"released; its container and disk are removed from node {node.name} when it returns",
+        finished_at=Now(),
+    )
+
+
+def workload_stop_on_lost_node(workload: Workload, node: Node, *, reason: str) -> bool:
+    """Stop running work on an unreachable node now (metering ends now); the node stops its container on return."""
+    return workload_transition(
+        workload,
+        to=S.STOPPED,
+        allowed_from=[S.RUNNING, S.STARTING],
+        reason=f"{reason or 'stopped'} (node {node.name} is unreachable: it stops the container when it returns)",
+        finished_at=Now(),
+    )
