@@ -57,6 +57,8 @@ stop() {
   fi
   ip link del "$HOST_SIDE" 2>/dev/null || true
   [ -e "/var/run/netns/$NS" ] && ip netns del "$NS"
+  # What dockerd left mounted under its exec-root (a network namespace handle, when it died uncleanly).
+  findmnt -rn -o TARGET | grep "^$RUN/" | sort -r | xargs -r umount -l
   rm -rf "$RUN"
 }
 

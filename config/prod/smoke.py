@@ -104,7 +104,8 @@ class Smoke:
         headers = {"Idempotency-Key": secrets.token_hex(16)}
         instance = self.request("POST", "/api/v1/instances/", expect=(201,), json=body, headers=headers).json()
         self.instance = instance
-        return {"instance": instance["id"], "name": instance["name"], "image": images[0]["name"], "gpu": gpu_model}
+        image = images[0].get("docker_ref") or images[0]["name"]
+        return {"instance": instance["id"], "name": instance["name"], "image": image, "gpu": gpu_model}
 
     def status_is(self, wanted: str):
         def probe():

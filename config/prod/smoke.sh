@@ -20,7 +20,12 @@ mkdir -p "$CACHE/log"
 t0=$(date +%s)
 phase() { echo "== $(date +%T) +$(( $(date +%s) - t0 ))s $*" >&2; }
 
-command -v docker-compose >/dev/null || { echo "ERROR: apt-get install docker-compose (compose v1, 1.29)" >&2; exit 1; }
+# What it runs, from Debian (installed when missing, as root): compose v1 1.29, mmdebstrap, the engine.
+for need in docker-compose:docker-compose mmdebstrap:mmdebstrap dockerd:docker.io openssl:openssl curl:curl; do
+  command -v "${need%%:*}" >/dev/null && continue
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || { echo "ERROR: apt-get install ${need#*:}" >&2; exit 1; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need#*:}" >/dev/null
+done
 phase "engine"
 DOCKER_HOST=$(config/prod/engine.sh start)
 export DOCKER_HOST
@@ -49,8 +54,10 @@ WEB_DATABASE_URL=postgres://gpucloud_web:$web@postgres:5432/gpucloud
 DB_NODE_ROLES=gpu1=$node
 REDIS_PASSWORD=$redis
 REDIS_URL=redis://:$redis@redis:6379/0
-REGISTRY_USER=gpucloud
+REGISTRY=$SERVER
+REGISTRY_USERNAME=gpucloud
 REGISTRY_PASSWORD=$(secret)
+REGISTRY_CA_FILE=$CACHE/tls/cert.pem
 WEB_WORKERS=2
 NODE_NAME=gpu1
 NODE_ADDRESS=$SERVER
@@ -71,16 +78,24 @@ mkdir -p "$CACHE/volumes"
 if ! findmnt -n "$CACHE/volumes" >/dev/null; then mount --bind "$CACHE/volumes" "$CACHE/volumes"; fi
 mount --make-rshared "$CACHE/volumes"
 
+# The server's engine trusts the registry's certificate (the proxy's, self-signed here).
+CERTS_D=/etc/docker/certs.d/$SERVER
+install -D -m 644 "$CACHE/tls/cert.pem" "$CERTS_D/ca.crt"
+
 compose=(docker-compose --env-file "$ENV_FILE" -p gpprod -f docker-compose.yml)
+node_compose=(docker-compose --env-file "$ENV_FILE" -p gpprod-node -f docker-compose.node.yml)
 finish() {
   status=$?
-  "${compose[@]}" --profile node logs --no-color --timestamps >"$CACHE/log/compose.log" 2>&1 || true
+  { "${compose[@]}" logs --no-color --timestamps; "${node_compose[@]}" logs --no-color --timestamps; } \
+    >"$CACHE/log/compose.log" 2>&1 || true
   if [ "${KEEP:-}" != 1 ]; then
-    "${compose[@]}" --profile node down -v --remove-orphans >/dev/null 2>&1 || true
+    "${node_compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+    "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
     # The agent's tenants' containers and volumes, made on this engine outside compose.
     docker ps -aq --filter label=gpucloud.node | xargs -r docker rm -f >/dev/null 2>&1 || true
     docker volume ls -q --filter label=gpucloud.node | xargs -r docker volume rm -f >/dev/null 2>&1 || true
     umount -R "$CACHE/volumes" 2>/dev/null || true
+    rm -rf "$CERTS_D"
     config/prod/engine.sh stop
   fi
   phase "done (exit $status); logs: $CACHE/log/compose.log"
@@ -88,26 +103,32 @@ finish() {
 trap finish EXIT
 
 phase "compose up (control plane)"
-"${compose[@]}" --profile node down -v --remove-orphans >/dev/null 2>&1 || true  # a fresh database each run
-"${compose[@]}" up -d --quiet-pull 2>&1 | grep -v '^Creating\|^Starting' >&2 || true
+# A fresh database each run.
+"${node_compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+"${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+"${compose[@]}" up -d 2>&1 | grep -v '^Creating\|^Starting' >&2 || true
 "${compose[@]}" ps
 migrate=$("${compose[@]}" ps -q migrate)
 [ "$(docker wait "$migrate")" = 0 ] || { docker logs --tail 40 "$migrate" >&2; exit 1; }
 docker logs "$migrate" 2>&1 | tail -1 >&2
-# The demo catalog and user (on the web tier's role); the catalog's images on the server's engine
-# (a registry holds them in a deployment: the registry work pushes them there).
-"${compose[@]}" run --rm --no-deps web python manage.py load_demo | sed 's/API token .*//' >&2
-web_on_server=$(sed -n 's|^WEB_DATABASE_URL=\(.*\)@postgres:5432/\(.*\)$|\1@127.0.0.1:5432/\2|p' "$ENV_FILE")
-"${compose[@]}" --profile node run --rm --no-deps -e DATABASE_URL="$web_on_server" node-agent \
-  python manage.py build_images | tail -1 >&2
-phase "compose up (node agent)"
-"${compose[@]}" --profile node up -d node-agent 2>&1 | grep -v '^Creating\|^Starting' >&2 || true
-
-phase "smoke"
 for _ in $(seq 120); do
   curl -fsS -o /dev/null --cacert "$CACHE/tls/cert.pem" "https://$SERVER/login/" 2>/dev/null && break
   sleep 1
 done
+# The demo catalog and user, on the web tier's role. The catalog's images: built on the server's
+# engine and pushed to the registry through the proxy (build_images, where the Docker socket is).
+"${compose[@]}" run --rm --no-deps web python manage.py load_demo | sed 's/API token .*//' >&2
+web_on_server=$(sed -n 's|^WEB_DATABASE_URL=\(.*\)@postgres:5432/\(.*\)$|\1@127.0.0.1:5432/\2|p' "$ENV_FILE")
+"${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" node-agent python manage.py build_images |
+  tail -2 >&2
+docker images --format '{{.Repository}}:{{.Tag}}' | grep "^$SERVER/" | xargs -r docker rmi >/dev/null  # pulled back on use
+phase "compose up (node agent)"
+"${node_compose[@]}" up -d 2>&1 | grep -v '^Creating\|^Starting' >&2 || true
+agent=$("${node_compose[@]}" ps -q node-agent)
+for _ in $(seq 120); do docker logs "$agent" 2>&1 | grep -q "^node gpu1: " && break; sleep 1; done
+docker logs "$agent" 2>&1 | grep "^node gpu1: " >&2 || { docker logs --tail 40 "$agent" >&2; exit 1; }
+
+phase "smoke"
 # Nothing but the proxy answers from outside the server.
 for port in 8000 8001 5432 6379 5000; do
   if timeout 2 bash -c "</dev/tcp/$SERVER/$port" 2>/dev/null; then echo "ERROR: $SERVER:$port answers" >&2; exit 1; fi
