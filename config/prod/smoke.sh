@@ -67,16 +67,20 @@ GPU_BACKEND=sim:2xRTX3090
 NODE_RUNTIME=runc
 DOCKER_SOCKET=${DOCKER_HOST#unix://}
 VOLUMES_DIR=$CACHE/volumes
+SHARED_FS_MOUNT=$CACHE/sharedfs
+SHARED_FS_CACHE_DIR=$CACHE/juicefs-cache
 INSTANCE_SUBNET=$NET.64.0/20
 ENV
 fi
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
-# The server's data-disk folder is a shared mount, as the node agent's rshared bind needs.
-mkdir -p "$CACHE/volumes"
-if ! findmnt -n "$CACHE/volumes" >/dev/null; then mount --bind "$CACHE/volumes" "$CACHE/volumes"; fi
-mount --make-rshared "$CACHE/volumes"
+# The server's data-disk and shared-storage folders are shared mounts, as the agent's rshared binds need.
+for dir in "$CACHE/volumes" "$CACHE/sharedfs"; do
+  mkdir -p "$dir"
+  findmnt -n "$dir" >/dev/null || mount --bind "$dir" "$dir"
+  mount --make-rshared "$dir"
+done
 
 # The server's engine trusts the registry's certificate (the proxy's, self-signed here).
 CERTS_D=/etc/docker/certs.d/$SERVER
@@ -94,7 +98,7 @@ finish() {
     # The agent's tenants' containers and volumes, made on this engine outside compose.
     docker ps -aq --filter label=gpucloud.node | xargs -r docker rm -f >/dev/null 2>&1 || true
     docker volume ls -q --filter label=gpucloud.node | xargs -r docker volume rm -f >/dev/null 2>&1 || true
-    umount -R "$CACHE/volumes" 2>/dev/null || true
+    umount -R "$CACHE/volumes" "$CACHE/sharedfs" 2>/dev/null || true
     rm -rf "$CERTS_D"
     config/prod/engine.sh stop
   fi
