@@ -10,7 +10,7 @@ test: export WHITENOISE_USE_FINDERS = true
 test: export DB_CONN_MAX_AGE = 0
 test: export TEST_FAST_PASSWORD_HASHER = true
 
-.PHONY: run test services lint bench messages
+.PHONY: run test services lint bench messages prod-smoke
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@command -v python3 >/dev/null || { echo "ERROR: python3 is missing: install Python 3.11 (apt-get install python3 python3-venv)."; exit 1; }
@@ -31,6 +31,12 @@ test: $(VENV)/.installed
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) DJANGO_ALLOW_ASYNC_UNSAFE=true \
 		$(PY) -m pytest -m browser tests/browser
+
+# The production stack (docker-compose.yml) built from Debian's packages and brought up on a Docker
+# engine of its own, then smoke-tested through its TLS proxy (config/prod/smoke.sh; needs root,
+# mmdebstrap and docker-compose: apt-get install mmdebstrap docker-compose docker.io).
+prod-smoke: $(VENV)/.installed
+	PYTHON=$(PY) bash config/prod/smoke.sh
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -248,3 +248,24 @@ class Posting(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.amount} {self.currency}: {self.debit_id} -> {self.credit_id}"
+
+
+class SharedStorageUsage(models.Model):
+    """A user's shared file storage (``/root/autodl-fs``) on one UTC day, as sampled from JuiceFS.
+
+    ``peak_bytes`` is the most it held at any sample that day (what the day is
+    charged for); ``used_bytes`` and ``quota_bytes`` are the latest sample's.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="shared_storage_days")
+    day = models.DateField()
+    peak_bytes = models.BigIntegerField(default=0)
+    used_bytes = models.BigIntegerField(default=0)
+    quota_bytes = models.BigIntegerField(default=0)
+    sampled_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "day"], name="one_shared_storage_row_per_day")]
+
+    def __str__(self):
+        return f"{self.user_id} {self.day}: {self.peak_bytes} B"

@@ -59,3 +59,8 @@ def ledger_verify():
         log.error(
             "LEDGER CHECK FAILED: debits %s, credits %s, mismatched %s", check.debits, check.credits, check.mismatched
         )
+
+
+@shared_task(name=ToScheduler.SHARED_STORAGE_USAGE, ignore_result=True)
+def shared_storage_usage():
+    storage.shared_usage_sample()

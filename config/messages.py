@@ -9,8 +9,9 @@ name (``tests/test_messages.py`` holds the two sides together).
 
     queue                      served by                  tasks
     settings.SCHEDULER_QUEUE   scheduler worker (+ beat)  ToScheduler: the tick, reconciliation,
-                                                          billing, housekeeping, node agents' replies,
-                                                          image deletion from the registry
+                                                          billing, housekeeping, shared storage
+                                                          (quotas, usage), image deletion from the
+                                                          registry, node agents' replies
     node.<name>                that host's node agent     ToNode: launch, stop, restart, release,
                                                           reconcile, image commit / remove, disk growth
 
@@ -45,6 +46,8 @@ class ToScheduler(StrEnum):
     SETTLE_USAGE = "billing.tasks.settle_usage"
     SEGMENT_ASSIGN = "billing.tasks.segment_assign"
     SETTLE_STORAGE = "billing.tasks.settle_storage"
+    SHARED_STORAGE_USAGE = "billing.tasks.shared_storage_usage"
+    SHARED_STORAGE_USER = "scheduler.tasks.shared_storage_user"
     SPOT_PRICES = "billing.tasks.spot_prices"
     BILLING_ENFORCE = "billing.tasks.billing_enforce"
     LEDGER_VERIFY = "billing.tasks.ledger_verify"

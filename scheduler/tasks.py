@@ -12,7 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from config.messages import ToScheduler
-from scheduler import tick
+from scheduler import sharedfs, tick
 from scheduler.models import GpuMinute, WorkloadGpuMinute
 from scheduler.services import cluster
 
@@ -34,3 +34,9 @@ def telemetry_prune() -> int:
     cards, _ = GpuMinute.objects.filter(minute__lt=cutoff).delete()
     shares, _ = WorkloadGpuMinute.objects.filter(minute__lt=cutoff).delete()
     return cards + shares
+
+
+@shared_task(name=ToScheduler.SHARED_STORAGE_USER, ignore_result=True)
+def shared_storage_user(user_id: int):
+    """The user's shared storage directory with its quota (``scheduler.sharedfs.user_ensure``)."""
+    sharedfs.user_ensure(user_id)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -229,6 +230,21 @@ def url_as(role: str, password: str) -> str:
     return f"postgres://{role}:{password}@{database_url().split('@', 1)[1]}"
 
 
+@dataclass
+class Roles:
+    """The least-privilege roles of one test (manage.py db_roles), passwords "web-pw" and "node-pw"."""
+
+    prefix: str
+    web: str
+
+    def node(self, node_name: str) -> str:
+        """The login role of host ``node_name``'s agent, created on first use."""
+        from django.core.management import call_command
+
+        call_command("db_roles", prefix=self.prefix, nodes=[f"{node_name}=node-pw"])
+        return f"{self.prefix}_node_{node_name}"
+
+
 @pytest.fixture
 def roles(transactional_db):
     """The least-privilege roles (manage.py db_roles) under a fresh prefix; dropped afterwards."""
@@ -237,10 +253,13 @@ def roles(transactional_db):
     if connection.vendor != "postgresql":
         pytest.fail("run on PostgreSQL (make test does)")
     prefix = f"gpuc_{uuid.uuid4().hex[:6]}"
-    call_command("db_roles", prefix=prefix, web_password="web-pw", node_password="node-pw")
-    yield {"web": f"{prefix}_web", "node": f"{prefix}_node"}
+    call_command("db_roles", prefix=prefix, web_password="web-pw")
+    yield Roles(prefix=prefix, web=f"{prefix}_web")
     with connection.cursor() as cursor:
-        for role in (f"{prefix}_web", f"{prefix}_node"):
+        cursor.execute(
+            "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s) ORDER BY length(rolname) DESC", [prefix]
+        )
+        for (role,) in cursor.fetchall():
             cursor.execute(f'DROP OWNED BY "{role}"')
             cursor.execute(f'DROP ROLE "{role}"')
 

@@ -15,7 +15,15 @@ export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
 mkdir -p var/log
 
 pids=()
-cleanup() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; echo "stopped"; }
+cleanup() {
+  trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true
+  # The agent's JuiceFS mount outlives it (running containers use it): let go of it unless one still does.
+  local mnt=${SHARED_FS_MOUNT:-var/sharedfs/mnt}
+  if mountpoint -q "$mnt" 2>/dev/null && ! .venv/bin/juicefs umount "$mnt" 2>/dev/null; then
+    echo "$mnt stays mounted (instances still use it): .venv/bin/juicefs umount $mnt"
+  fi
+  echo "stopped"
+}
 trap cleanup INT TERM EXIT
 
 registry_answers() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$REGISTRY/v2/")" != 000 ]; }
@@ -26,9 +34,24 @@ if [ -n "${REGISTRY:-}" ] && ! registry_answers; then
   registry_answers || { echo "ERROR: the registry did not start; see var/log/registry.log" >&2; exit 1; }
 fi
 
+# Shared file storage (/root/autodl-fs in every instance): an embedded JuiceFS volume (SQLite
+# metadata, files under var/sharedfs/data) unless SHARED_FS_META points elsewhere; the node agent
+# mounts it at var/sharedfs/mnt. Off, saying why, where FUSE or root is missing.
+if [ -z "${SHARED_FS_META+set}" ]; then
+  if [ -e /dev/fuse ] && [ "$(id -u)" = 0 ]; then
+    export SHARED_FS_META="sqlite3://$PWD/var/sharedfs/meta.db"
+  else
+    why=$([ -e /dev/fuse ] && echo "mounting it needs root" || echo "this machine has no FUSE (/dev/fuse)")
+    echo "note: shared storage (/root/autodl-fs) is off: $why" >&2
+    export SHARED_FS_META=""
+  fi
+fi
+mkdir -p var/sharedfs
+
 $PY manage.py make_signing_keys
 $PY manage.py migrate --no-input -v0
 $PY manage.py load_demo >var/log/demo-users.txt
+[ -z "$SHARED_FS_META" ] || $PY manage.py sharedfs_format
 $PY manage.py build_images
 $PY manage.py collectstatic --no-input -v0
 
@@ -40,7 +63,7 @@ WEB_BIND=127.0.0.1:$PORT .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:ap
 
 for _ in $(seq 60); do curl -fs -o /dev/null "http://127.0.0.1:$PORT/login/" && break; sleep 0.5; done
 sleep 2
-grep -h "GPUs" var/log/node-agent.log || true
+grep -h "GPUs\|shared storage" var/log/node-agent.log || true
 images_at=${REGISTRY:-"this host's Docker engine (no registry: REGISTRY is not set)"}
 cat <<MSG
 

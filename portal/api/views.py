@@ -8,6 +8,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing import storage
 from portal import images, limits, selectors, services
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.pagination import page_of, paginated, paginated_rows
@@ -112,16 +113,28 @@ class GpuTypeRecommendApi(APIView):
         return Response(self.RecommendationOutput(choice).data)
 
 
+class SharedStorageOutput(serializers.Serializer):
+    path = serializers.CharField(help_text="Where each of your instances and jobs mounts it, on every host.")
+    used_bytes = serializers.IntegerField(help_text="As last measured (every 15 minutes by default).")
+    quota_bytes = serializers.IntegerField(help_text="A write past it fails (EDQUOT, 'Disk quota exceeded').")
+    measured_at = serializers.DateTimeField(allow_null=True)
+
+
 class MeApi(APIView):
-    """GET /me/: who the credentials belong to (check a token; the cheapest authenticated call)."""
+    """GET /me/: who the credentials belong to (check a token), and their shared file storage."""
 
     class MeOutput(serializers.Serializer):
         username = serializers.CharField()
         is_staff = serializers.BooleanField()
+        shared_storage = SharedStorageOutput(allow_null=True, help_text="null while the platform has none.")
 
     @extend_schema(responses=MeOutput)
     def get(self, request):
-        return Response({"username": request.user.username, "is_staff": request.user.is_staff})
+        user = request.user
+        shared = storage.shared_storage_of(user)
+        return Response(
+            self.MeOutput({"username": user.username, "is_staff": user.is_staff, "shared_storage": shared}).data
+        )
 
 
 class GpuTypeListApi(APIView):

@@ -14,10 +14,12 @@ from django.conf import settings
 from django.db.models.functions import Now
 
 from config.messages import ToScheduler, send
+from scheduler import sharedfs
 from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.node import disks, launcher, network
 from scheduler.node.gpus import discover
+from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
@@ -56,6 +58,8 @@ def _launch(workload_id: int) -> None:
     try:
         if settings.INSTANCE_NETWORK_MODE == "fenced":
             network.fence_check()
+        if sharedfs.enabled():
+            user_dir_ready(workload.owner_id)  # the owner's files, under its quota on this host too
         spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
         container_id = launcher.container_launch(workload, spec)
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}

@@ -16,10 +16,11 @@ import docker
 import requests
 from django.conf import settings
 
-from scheduler import registry
+from scheduler import registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
 from scheduler.node import disks
+from scheduler.node.sharedfs import user_dir_on_host
 
 LABEL = "gpucloud"
 SNAPSHOT_REPOSITORY = "gpucloud-snapshot"
@@ -52,10 +53,11 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         **{str(k): str(v) for k, v in (workload.env or {}).items()},
     }
     environment["GPUCLOUD_GPU_SIMULATED"] = "1" if node.simulated else "0"
-    volumes = {
-        workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"},
-        shared_volume_name(workload.owner_id): {"bind": "/root/shared", "mode": "rw"},
-    }
+    volumes = {workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"}}
+    if sharedfs.enabled():
+        # The owner's directory of the shared file storage (the same on every host), never the volume's root.
+        volumes[user_dir_on_host(workload.owner_id)] = {"bind": settings.SHARED_FS_PATH, "mode": "rw"}
+        environment["GPUCLOUD_SHARED_DIR"] = settings.SHARED_FS_PATH
     if workload.kind == WorkloadKind.JOB:
         # The job's own volume holds its checkpoints; it survives preemption and is reused on resume.
         volumes[workload.volume_name] = {"bind": settings.JOB_CHECKPOINT_PATH, "mode": "rw"}
@@ -127,11 +129,6 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
     return spec
 
 
-def shared_volume_name(owner_id: int) -> str:
-    """The user's shared storage; named by deployment too, so two deployments on one engine never share it."""
-    return f"gpucloud-{settings.DEPLOYMENT_ID}-shared-{owner_id}"
-
-
 def _find(name: str):
     try:
         return docker_client().containers.get(name)
@@ -153,8 +150,9 @@ def container_launch(workload, spec: dict) -> str:
     """Start the workload's container, reusing its disk if it has run before; returns its id.
 
     A stopped container keeps its disk. If it now gets other cards than last
-    time, its disk is committed to a snapshot image and a new container with
-    the new cards is created from it, so the user's files stay.
+    time, or other mounts (one made before the shared storage moved to
+    ``SHARED_FS_PATH``), its disk is committed to a snapshot image and a new
+    container is created from it, so the user's files stay.
     """
     client = docker_client()
     existing = _find(spec["name"])
@@ -163,7 +161,7 @@ def container_launch(workload, spec: dict) -> str:
         # environment says how often it was resumed).
         existing.remove(force=True)
         existing = None
-    if existing is not None and existing.labels.get(f"{LABEL}.gpus") == spec["labels"][f"{LABEL}.gpus"]:
+    if existing is not None and _same_setup(existing, spec):
         if existing.status != "running":
             existing.start()
         return existing.id
@@ -179,14 +177,19 @@ def container_launch(workload, spec: dict) -> str:
         f"{LABEL}.disk_gb": str(workload.disk_gb),
     }
     _ensure_volume(workload.volume_name, volume_labels, size_gb=workload.disk_gb)
-    _ensure_volume(
-        shared_volume_name(workload.owner_id),
-        {f"{LABEL}.deployment": settings.DEPLOYMENT_ID, f"{LABEL}.owner": str(workload.owner_id)},
-    )
     _ensure_image(spec["image"])
     container = client.containers.create(**spec)
     container.start()
     return container.id
+
+
+def _same_setup(container, spec: dict) -> bool:
+    """The container has the spec's cards and mounts (volume name or bind source -> path), so it is reused."""
+    if container.labels.get(f"{LABEL}.gpus") != spec["labels"][f"{LABEL}.gpus"]:
+        return False
+    mounts = container.attrs.get("Mounts") or []
+    have = {(m.get("Name") if m.get("Type") == "volume" else m.get("Source"), m.get("Destination")) for m in mounts}
+    return have == {(source, bind["bind"]) for source, bind in spec["volumes"].items()}
 
 
 def _ensure_image(ref: str) -> None:
@@ -321,7 +324,7 @@ def image_remove(ref: str) -> None:
 
 
 def container_remove(workload) -> None:
-    """Delete the container, its data volume and any disk snapshot (not the user's shared volume)."""
+    """Delete the container, its data volume and any disk snapshot (not the user's shared storage)."""
     container_delete(workload.container_name)
     volume_delete(workload.volume_name)
     image_remove(f"{SNAPSHOT_REPOSITORY}:{workload.uid}")

@@ -43,12 +43,19 @@ def node_register(
     nvidia_runtime: bool,
     docker_version: str = "",
 ) -> Node:
-    """Create or refresh a node and its cards; the node is active from now on, under a new epoch.
+    """Create or refresh a node and its cards, under a new epoch; it is active from now on, unless an
+    operator is draining it (or drained it): an agent's restart does not take it back into service.
 
     Call after the agent has fenced the host (``agent_reconcile``): nothing may run
     there that the database does not assign to it.
     """
     with transaction.atomic():
+        kept = (
+            Node.objects.select_for_update()
+            .filter(name=name, status__in=[NodeStatus.DRAINING, NodeStatus.DRAINED])
+            .values("status", "drain_deadline")
+            .first()
+        )
         node, _ = Node.objects.select_for_update().update_or_create(
             name=name,
             defaults=dict(
@@ -60,9 +67,8 @@ def node_register(
                 simulated=simulated,
                 nvidia_runtime=nvidia_runtime,
                 docker_version=docker_version,
-                status=NodeStatus.ACTIVE,
                 last_heartbeat=Now(),
-                drain_deadline=None,
+                **(kept or {"status": NodeStatus.ACTIVE, "drain_deadline": None}),
             ),
         )
         Node.objects.filter(pk=node.pk).update(epoch=F("epoch") + 1)

@@ -252,21 +252,12 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-DEFAULT_DOCKER = "unix:///var/run/docker.sock"
-
-
 def dockerd_pid() -> int:
-    """The dockerd serving this run's DOCKER_BASE_URL; other engines on the machine are never touched.
-
-    Other work here runs engines of its own (in network namespaces, with their own sockets): the first
-    ``pidof dockerd`` may be one of those, and stopping or restarting it would break that work.
-    """
-    pids = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True, check=True).stdout.split()
-    for pid in pids:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = [part.decode() for part in f.read().split(b"\0") if part]
-        hosts = [value for flag, value in zip(args, args[1:], strict=False) if flag in ("-H", "--host")]
-        hosts += [arg.split("=", 1)[1] for arg in args if arg.startswith(("-H=", "--host="))]
-        if settings.DOCKER_BASE_URL in hosts or (not hosts and settings.DOCKER_BASE_URL == DEFAULT_DOCKER):
-            return int(pid)
-    raise AssertionError(f"no dockerd serves {settings.DOCKER_BASE_URL} (running: {pids})")
+    """The engine the tests use (the root one), never another dockerd on the machine (a several-host
+    setup's, a production bring-up's): its pid file, checked against the process it names."""
+    pid = int(open("/var/run/docker.pid").read().strip())
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        command = f.read().split(b"\0")
+    if b"-H" in command or any(part.startswith(b"--exec-root") for part in command):
+        raise AssertionError(f"/var/run/docker.pid names {pid}, which is not the root engine: {command}")
+    return pid

@@ -294,7 +294,7 @@ def test_restarting_dockerd_while_instances_run(cluster, catalog):
 def test_a_node_agent_runs_its_whole_lifecycle_on_its_least_privilege_database_role(roles, cluster, catalog):
     # ``roles`` comes first, so it is dropped only after the cluster (and its agent) has stopped.
     cluster.kill("agent", signal.SIGTERM)
-    cluster.env_for["agent"] = {"DATABASE_URL": url_as(roles["node"], "node-pw")}
+    cluster.env_for["agent"] = {"DATABASE_URL": url_as(roles.node(cluster.node_name), "node-pw")}
     epoch = Node.objects.get(name=cluster.node_name).epoch
     cluster.start("agent")  # registers (a new epoch), fences, heartbeats: as the node role
     wait_for(lambda: Node.objects.get(name=cluster.node_name).epoch > epoch, timeout=30, what="the agent to register")

@@ -1,27 +1,164 @@
-"""Least-privilege PostgreSQL roles: a node agent's role reads no users, password hashes, tokens or sessions."""
+"""Least-privilege PostgreSQL roles, on the real PostgreSQL.
+
+A node agent's role reads no users, password hashes, tokens or sessions; it updates only the columns
+its agent owns, and only rows of its own node: another host's node row, cards, work, events, meter
+segments, allocations and rollups are out of its reach, whatever SQL it sends. (That the agent's
+whole lifecycle still runs on it: the fault suite's least-privilege test.)
+"""
 
 import psycopg
 import pytest
+from django.utils import timezone
 
-from tests.conftest import url_as
+from billing.models import MeterSegment
+from scheduler.models import Allocation, GpuMinute, Node, Workload, WorkloadStatus
+from tests.conftest import make_node, url_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+DENIED = psycopg.errors.InsufficientPrivilege  # SQLSTATE 42501: no grant, or a row-level policy refused the row
+
+
+def running_on(node: Node, user) -> Workload:
+    gpu = node.gpus.order_by("index").first()
+    workload = Workload.objects.create(
+        owner=user,
+        kind="instance",
+        name="w",
+        image_ref="img",
+        gpu_model=gpu.model,
+        gpu_count=1,
+        gpu_milli=1000,
+        cpu_cores=1,
+        memory_mb=512,
+        disk_gb=1,
+        node=node,
+        status=WorkloadStatus.RUNNING,
+    )
+    Allocation.objects.create(workload=workload, gpu=gpu, milli=1000, memory_mb=1024)
+    MeterSegment.objects.create(workload=workload, started_at=timezone.now())
+    return workload
+
+
+@pytest.fixture
+def two_hosts(roles, user):
+    """Host ``mine`` (connected as its own role) and host ``theirs``, each running one workload."""
+    mine, theirs = make_node(), make_node()
+    work = {"mine": running_on(mine, user), "theirs": running_on(theirs, user)}
+    with psycopg.connect(url_as(roles.node(mine.name), "node-pw"), autocommit=True) as conn:
+        yield conn, mine, theirs, work
 
 
 @pytest.mark.parametrize("table", ["auth_user", "authtoken_token", "django_session", "portal_idempotencykey"])
 def test_the_node_role_cannot_read_users_tokens_or_sessions(roles, table):
-    with psycopg.connect(url_as(roles["node"], "node-pw")) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+    with psycopg.connect(url_as(roles.node("gpu1"), "node-pw")) as conn:
+        with pytest.raises(DENIED):
             conn.execute(f"SELECT * FROM {table} LIMIT 1")
 
 
-def test_the_node_role_reads_and_writes_what_an_agent_needs_and_cannot_change_the_schema(roles):
-    with psycopg.connect(url_as(roles["node"], "node-pw")) as conn:
-        conn.execute("SELECT status FROM scheduler_workload LIMIT 1")
-        conn.execute("UPDATE scheduler_node SET last_heartbeat = last_heartbeat")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("DELETE FROM scheduler_workload")
-    with psycopg.connect(url_as(roles["web"], "web-pw")) as conn:
+def test_the_node_role_reads_and_writes_what_an_agent_needs_and_cannot_change_the_schema(two_hosts, roles):
+    conn, mine, _, work = two_hosts
+    conn.execute("SELECT status FROM scheduler_workload LIMIT 1")
+    assert conn.execute("UPDATE scheduler_node SET last_heartbeat = now() WHERE name = %s", [mine.name]).rowcount == 1
+    stopped = conn.execute(
+        "UPDATE scheduler_workload SET status = 'stopped', exit_code = 0 WHERE id = %s", [work["mine"].pk]
+    )
+    assert stopped.rowcount == 1
+    with pytest.raises(DENIED):
+        conn.execute("DELETE FROM scheduler_workload")
+    with pytest.raises(DENIED):
+        conn.execute("CREATE TABLE mischief (id int)")
+    with psycopg.connect(url_as(roles.web, "web-pw")) as web:
+        web.execute("SELECT count(*) FROM auth_user")
+        # The web tier and the scheduler are not limited to one node's rows.
+        assert web.execute("UPDATE scheduler_workload SET queue_position = NULL").rowcount == 2
+        with pytest.raises(DENIED):
+            web.execute("CREATE TABLE mischief (id int)")
+
+
+def test_a_node_cannot_touch_another_nodes_rows(two_hosts):
+    conn, _, theirs, work = two_hosts
+    theirs_work = work["theirs"]
+    writes = [
+        ("UPDATE scheduler_workload SET status = 'failed' WHERE id = %s", [theirs_work.pk]),
+        ("UPDATE scheduler_node SET last_heartbeat = now(), status = 'lost' WHERE id = %s", [theirs.pk]),
+        ("UPDATE scheduler_gpu SET allocated_milli = 0 WHERE node_id = %s", [theirs.pk]),
+        ("DELETE FROM scheduler_allocation WHERE workload_id = %s", [theirs_work.pk]),
+        ("UPDATE billing_metersegment SET ended_at = now() WHERE workload_id = %s", [theirs_work.pk]),
+    ]
+    for statement, params in writes:
+        assert conn.execute(statement, params).rowcount == 0, statement
+    theirs_work.refresh_from_db()
+    assert theirs_work.status == WorkloadStatus.RUNNING
+    assert Allocation.objects.filter(workload=theirs_work).count() == 1
+    assert MeterSegment.objects.get(workload=theirs_work).ended_at is None
+    assert Node.objects.get(pk=theirs.pk).status == "active"
+
+
+def test_a_node_cannot_write_rows_for_another_node(two_hosts):
+    conn, mine, theirs, work = two_hosts
+    inserts = [
+        # Registering as another host, or as a new one.
+        "INSERT INTO scheduler_node (name, hostname, address, relay_url, status, simulated, nvidia_runtime, "
+        "cpu_cores, memory_mb, allocated_cpu, allocated_memory_mb, docker_version, registered_at, epoch) "
+        "VALUES ('impostor', '', '', '', 'active', true, false, 1, 1, 0, 0, '', now(), 0)",
+        # History and metering of another host's work: a forged event, a segment that bills it.
+        f"INSERT INTO scheduler_workloadevent (workload_id, from_status, to_status, reason, created_at) "
+        f"VALUES ({work['theirs'].pk}, 'running', 'stopped', 'forged', now())",
+        f"INSERT INTO billing_metersegment (workload_id, started_at, end_reason, no_gpu) "
+        f"VALUES ({work['theirs'].pk}, now() - interval '1 hour', '', false)",
+        # Another host's card's rollups.
+        f"INSERT INTO scheduler_gpuminute (gpu_id, minute, samples) "
+        f"VALUES ({theirs.gpus.first().pk}, date_trunc('minute', now()), 1)",
+    ]
+    for statement in inserts:
+        with pytest.raises(DENIED, match="row-level security"):
+            conn.execute(statement)
+    # Its own work cannot be handed to another host either.
+    with pytest.raises(DENIED, match="row-level security"):
+        conn.execute("UPDATE scheduler_workload SET pinned_node_id = %s WHERE id = %s", [theirs.pk, work["mine"].pk])
+    assert not GpuMinute.objects.exists()
+    assert not Node.objects.filter(name="impostor").exists()
+
+
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        ("owner_id", None),  # whose work it is (and who pays)
+        ("node_id", None),  # where it runs: the scheduler's to decide
+        ("image_ref", "'evil:latest'"),
+        ("command", "'[\"sh\"]'::jsonb"),
+        ("gpu_count", "8"),
+        ("priority", "0"),
+        ("attained_service", "0"),
+    ],
+)
+def test_a_node_updates_only_the_columns_its_agent_owns_even_on_its_own_work(two_hosts, column, value):
+    conn, _, _, work = two_hosts
+    value = value or str(work["mine"].owner_id if column == "owner_id" else work["mine"].node_id)
+    with pytest.raises(DENIED, match="permission denied"):
+        conn.execute(f"UPDATE scheduler_workload SET {column} = {value} WHERE id = %s", [work["mine"].pk])
+
+
+def test_a_node_cannot_rename_itself_or_take_the_web_roles_rights(two_hosts, roles):
+    conn, mine, _, _ = two_hosts
+    with pytest.raises(DENIED):
+        conn.execute("UPDATE scheduler_node SET name = 'other' WHERE id = %s", [mine.pk])
+    with pytest.raises(DENIED):
+        conn.execute(f'SET ROLE "{roles.web}"')
+    # The group role it belongs to names no node: acting as it gives fewer rights, not more.
+    conn.execute(f'SET ROLE "{roles.prefix}_node"')
+    assert conn.execute("UPDATE scheduler_node SET last_heartbeat = now()").rowcount == 0
+
+
+def test_hosts_are_added_and_dropped_without_touching_the_others(roles):
+    from django.core.management import call_command
+
+    first, second = roles.node("gpu1"), roles.node("gpu2")
+    call_command("db_roles", prefix=roles.prefix, drop_nodes=["gpu1"])
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url_as(first, "node-pw")).close()
+    with psycopg.connect(url_as(second, "node-pw")) as conn:
+        conn.execute("SELECT count(*) FROM scheduler_workload")
+    with psycopg.connect(url_as(roles.web, "web-pw")) as conn:
         conn.execute("SELECT count(*) FROM auth_user")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("CREATE TABLE mischief (id int)")

@@ -1,17 +1,32 @@
 """Create the PostgreSQL roles each part of the platform logs in as, with the least privilege it needs.
 
-- ``<prefix>_web``: the web servers and the scheduler worker / beat: reads and writes every
-  application table, and nothing else (no DDL: migrations run as the database owner).
-- ``<prefix>_node``: the node agents on the GPU hosts (trusted infrastructure, but the hosts
-  that run tenants' containers): the cluster tables they converge, the metering rows their
-  lifecycle receivers write, the instance ids their live push reads. Never users, password
-  hashes, API tokens, sessions or idempotency records.
+- ``<prefix>_web``: the web and WebSocket servers and the scheduler worker / beat: reads and
+  writes every application table, and nothing else (no DDL: migrations run as the database owner).
+- ``<prefix>_node_<name>``: the node agent of GPU host ``<name>``, one login role per host. The
+  hosts run tenants' containers, so a host is trusted with its own work only: through the group
+  role ``<prefix>_node`` (no login) every host may read the cluster tables (never users, password
+  hashes, API tokens, sessions or idempotency records), and may write only
 
-    python manage.py db_roles --prefix gpucloud --web-password ... --node-password ...
+  * the columns its agent owns (column-level UPDATE grants: a workload's status, container, exit
+    code … never its owner, image, command, size, node or price), and
+  * the rows of its own node (row-level security): its node row, its cards, the work placed on it
+    (or pinned to it while stopped), that work's events and meter segments, its cards' allocations
+    and minute rollups.
 
-Run it as the database owner after ``migrate``; it is idempotent (GRANTs are re-applied,
-passwords updated). Point each part's DATABASE_URL at its role.
+  Which node a session is comes from the role it logged in as (``current_user``), which the
+  session cannot change: a host holding its own password cannot act as another host.
+
+    python manage.py db_roles --prefix gpucloud --web-password ... --node gpu1=... --node gpu2=...
+    python manage.py db_roles --node gpu3=...          # a host added later (the others are kept)
+    python manage.py db_roles --drop-node gpu2         # a host removed
+
+Run it as the database owner after every ``migrate`` (grants cover the tables that exist); it is
+idempotent (grants and policies are re-applied, passwords updated). Point each part's
+DATABASE_URL at its role: the web tier at ``<prefix>_web``, host ``<name>``'s agent at
+``<prefix>_node_<name>`` with NODE_NAME=<name>.
 """
+
+from dataclasses import dataclass
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
@@ -20,63 +35,227 @@ from psycopg import sql
 from billing.models import MeterSegment
 from portal.models import Instance
 from scheduler.models import Allocation, Gpu, GpuMinute, Node, Workload, WorkloadEvent, WorkloadGpuMinute
+from scheduler.telemetry.rollups import FIELDS as ROLLUP_FIELDS
 
-# What a node agent's process does to each table (scheduler/node/*, and the lifecycle receivers
-# that run in it: billing's metering and the portal's live push).
-NODE_GRANTS = {
-    Node: "SELECT, INSERT, UPDATE",  # registration, heartbeats, epochs, rejoining
-    Gpu: "SELECT, INSERT, UPDATE, DELETE",  # the host's cards, as NVML (or the spec) reports them
-    Workload: "SELECT, UPDATE",  # transitions (compare-and-swap) and measured utilization
-    Allocation: "SELECT, DELETE",  # freed when work leaves a holding state
-    WorkloadEvent: "SELECT, INSERT",
-    MeterSegment: "SELECT, INSERT, UPDATE",
-    Instance: "SELECT",
-    GpuMinute: "SELECT, INSERT, UPDATE",  # minute rollups (upserted: an agent restarted mid-minute)
-    WorkloadGpuMinute: "SELECT, INSERT, UPDATE",
+# The id of the node the session's role belongs to: {own} in the row rules below.
+OWN_NODE = "(SELECT n.id FROM scheduler_node n WHERE n.name = {name})"
+# Work belongs to the node it is placed on, or, while it holds no node, to the one it is pinned to
+# (a stopped instance's disk, a preempted job's checkpoint): what the agent settles and releases.
+OWN_WORK = "(SELECT w.id FROM scheduler_workload w WHERE coalesce(w.node_id, w.pinned_node_id) = {own})"
+OWN_CARDS = "(SELECT g.id FROM scheduler_gpu g WHERE g.node_id = {own})"
+
+
+@dataclass(frozen=True)
+class NodeAccess:
+    """What a node agent does to one table: table privileges, the columns it updates, and which rows
+    it may write (a SQL condition; ``check`` for the new version of a row, when it is stricter)."""
+
+    privileges: str
+    update: tuple[str, ...] = ()
+    rows: str = ""
+    check: str = ""
+
+
+# What a node agent's process does to each table (scheduler/node/*, scheduler/services/nodes.py and
+# lifecycle.py that it calls, and the lifecycle receivers that run in it: billing's metering, the
+# portal's live push). A column a new agent code path updates must be added here: the fault suite's
+# lifecycle test runs the agent on this role.
+NODE_ACCESS = {
+    Node: NodeAccess(
+        "SELECT, INSERT",  # registration (its own row only), heartbeats, epochs, rejoining, freed capacity
+        update=(
+            "hostname",
+            "address",
+            "relay_url",
+            "status",
+            "simulated",
+            "nvidia_runtime",
+            "cpu_cores",
+            "memory_mb",
+            "allocated_cpu",
+            "allocated_memory_mb",
+            "docker_version",
+            "last_heartbeat",
+            "epoch",
+            "drain_deadline",  # cleared when its agent registers it again
+            # Django's update_or_create rewrites every field with its own pre_save (dates), unchanged.
+            "registered_at",
+        ),
+        rows="name = {name}",
+    ),
+    Gpu: NodeAccess(
+        "SELECT, INSERT, DELETE",  # the host's cards, as NVML (or the spec) reports them
+        update=("node_id", "index", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"),
+        rows="node_id = {own}",
+    ),
+    Workload: NodeAccess(
+        "SELECT",  # transitions (compare-and-swap) and measured utilization
+        update=(
+            "status",
+            "status_reason",
+            "status_changed_at",
+            "container_id",
+            "ports",
+            "exit_code",
+            "started_at",
+            "finished_at",
+            "queued_at",
+            "pinned_node_id",
+            "preempt_requested",
+            "preemptions",
+            "log_tail",
+            "gpu_utilization",
+        ),
+        rows="coalesce(node_id, pinned_node_id) = {own}",
+        # After the write it still belongs to this node alone: it cannot be handed to another one.
+        check="coalesce(node_id, pinned_node_id) = {own} AND coalesce(pinned_node_id, node_id) = {own}",
+    ),
+    Allocation: NodeAccess("SELECT, DELETE", rows="gpu_id IN " + OWN_CARDS),  # freed when work leaves a holding state
+    WorkloadEvent: NodeAccess("SELECT, INSERT", rows="workload_id IN " + OWN_WORK),
+    MeterSegment: NodeAccess("SELECT, INSERT", update=("ended_at", "end_reason"), rows="workload_id IN " + OWN_WORK),
+    Instance: NodeAccess("SELECT"),
+    # Minute rollups, upserted (an agent restarted mid-minute).
+    GpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
+    WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
 }
+
+MAX_ROLE_NAME = 63  # PostgreSQL's identifier length
+
+
+def node_role(prefix: str, node_name: str) -> str:
+    return f"{prefix}_node_{node_name}"
 
 
 class Command(BaseCommand):
-    help = "Create or update the least-privilege PostgreSQL roles: <prefix>_web and <prefix>_node."
+    help = "Create or update the least-privilege PostgreSQL roles: <prefix>_web and one <prefix>_node_<name> per host."
 
     def add_arguments(self, parser):
         parser.add_argument("--prefix", default="gpucloud")
-        parser.add_argument("--web-password", required=True)
-        parser.add_argument("--node-password", required=True)
+        parser.add_argument("--web-password", help="(Re)sets the web role's password; needed the first time.")
+        parser.add_argument(
+            "--node",
+            action="append",
+            default=[],
+            dest="nodes",
+            metavar="NAME=PASSWORD",
+            help="A GPU host's agent role, created or its password reset (repeat for several hosts).",
+        )
+        parser.add_argument("--drop-node", action="append", default=[], dest="drop_nodes", metavar="NAME")
 
-    def handle(self, *args, prefix, web_password, node_password, **options):
+    def handle(self, *args, prefix, web_password, nodes, drop_nodes, **options):
         if connection.vendor != "postgresql":
             raise CommandError("roles are a PostgreSQL feature: point DATABASE_URL at the PostgreSQL database")
-        web, node = f"{prefix}_web", f"{prefix}_node"
+        web, group = f"{prefix}_web", f"{prefix}_node"
+        hosts = dict(self._parse_node(prefix, item) for item in nodes)
         database = sql.Identifier(connection.settings_dict["NAME"])
         with connection.cursor() as cursor:
-            for role, password in ((web, web_password), (node, node_password)):
-                cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
-                verb = "ALTER" if cursor.fetchone() else "CREATE"
-                cursor.execute(
-                    sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password))
-                )
+            if web_password is not None:
+                self._login_role(cursor, web, web_password)
+            elif not self._exists(cursor, web):
+                raise CommandError(f"role {web} does not exist yet: give --web-password")
+            if self._exists(cursor, group):
+                cursor.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(group)))
+            else:
+                cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
+            for role in (web, group):
                 cursor.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(database, sql.Identifier(role)))
                 cursor.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
             tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
-            for table in tables:
-                cursor.execute(
-                    sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-                        sql.Identifier(table), sql.Identifier(web)
-                    )
-                )
+            self._grant_web(cursor, web, tables)
+            self._grant_nodes(cursor, prefix, web, group, tables)
+            for name, password in hosts.items():
+                role = node_role(prefix, name)
+                self._login_role(cursor, role, password)
+                cursor.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(role)))
+            for name in drop_nodes:
+                role = node_role(prefix, name)
+                if self._exists(cursor, role):
+                    cursor.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+                    cursor.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
             cursor.execute(
-                sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {}").format(sql.Identifier(web))
+                "SELECT r.rolname FROM pg_roles r JOIN pg_auth_members m ON m.member = r.oid "
+                "JOIN pg_roles g ON g.oid = m.roleid WHERE g.rolname = %s ORDER BY 1",
+                [group],
             )
-            for table in tables:
-                cursor.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(table), sql.Identifier(node)))
-            for model, privileges in NODE_GRANTS.items():
-                table = sql.Identifier(model._meta.db_table)
-                cursor.execute(sql.SQL("GRANT " + privileges + " ON {} TO {}").format(table, sql.Identifier(node)))
-                if "INSERT" in privileges:
-                    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [model._meta.db_table])
-                    sequence = cursor.fetchone()[0]
-                    cursor.execute(
-                        sql.SQL("GRANT USAGE, SELECT ON SEQUENCE " + sequence + " TO {}").format(sql.Identifier(node))
-                    )
-        self.stdout.write(f"roles ready: {web} (all application tables), {node} ({len(NODE_GRANTS)} tables)")
+            members = [row[0] for row in cursor.fetchall()]
+        self.stdout.write(
+            f"roles ready: {web} (all application tables); {group} ({len(NODE_ACCESS)} tables, own rows only) "
+            f"for {', '.join(members) or 'no host yet (add one with --node NAME=PASSWORD)'}"
+        )
+
+    @staticmethod
+    def _parse_node(prefix: str, item: str) -> tuple[str, str]:
+        name, sep, password = item.partition("=")
+        if not sep or not name or not password:
+            raise CommandError(f"--node takes NAME=PASSWORD, not {item!r}")
+        field = Node._meta.get_field("name")
+        try:
+            field.run_validators(name)
+        except Exception as exc:
+            raise CommandError(f"node name {name!r}: {exc}") from exc
+        if len(node_role(prefix, name).encode()) > MAX_ROLE_NAME:
+            raise CommandError(f"role {node_role(prefix, name)} is longer than {MAX_ROLE_NAME} bytes: a shorter name")
+        return name, password
+
+    @staticmethod
+    def _exists(cursor, role: str) -> bool:
+        cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
+        return cursor.fetchone() is not None
+
+    def _login_role(self, cursor, role: str, password: str) -> None:
+        verb = "ALTER" if self._exists(cursor, role) else "CREATE"
+        cursor.execute(sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+
+    @staticmethod
+    def _grant_web(cursor, web: str, tables: list[str]) -> None:
+        for table in tables:
+            cursor.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                    sql.Identifier(table), sql.Identifier(web)
+                )
+            )
+        cursor.execute(
+            sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {}").format(sql.Identifier(web))
+        )
+
+    @staticmethod
+    def _grant_nodes(cursor, prefix: str, web: str, group: str, tables: list[str]) -> None:
+        """Table and column grants, and the row-level security policies, of the node group role."""
+        role = sql.Identifier(group)
+        # The node a session is: its login role's name, past "<prefix>_node_".
+        name = f"substr(current_user, {len(node_role(prefix, '')) + 1})"
+        own = OWN_NODE.format(name=name)
+        for table in tables:
+            cursor.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(table), role))
+        for model, access in NODE_ACCESS.items():
+            table = sql.Identifier(model._meta.db_table)
+            cursor.execute(sql.SQL("GRANT " + access.privileges + " ON {} TO {}").format(table, role))
+            if access.update:
+                columns = sql.SQL(", ").join(sql.Identifier(c) for c in access.update)
+                cursor.execute(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(columns, table, role))
+            if "INSERT" in access.privileges:
+                cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [model._meta.db_table])
+                sequence = cursor.fetchone()[0]
+                cursor.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE " + sequence + " TO {}").format(role))
+            if not access.rows:
+                continue
+            rows = sql.SQL(access.rows.format(name=name, own=own))
+            check = sql.SQL((access.check or access.rows).format(name=name, own=own))
+            writes = [p.strip() for p in access.privileges.split(",") if p.strip() != "SELECT"]
+            writes += ["UPDATE"] if access.update else []
+            policies = {
+                f"{group}_read": sql.SQL("FOR SELECT TO {} USING (true)").format(role),
+                f"{web}_all": sql.SQL("FOR ALL TO {} USING (true) WITH CHECK (true)").format(sql.Identifier(web)),
+            }
+            for command in writes:
+                clause = {
+                    "INSERT": sql.SQL("WITH CHECK ({})").format(check),
+                    "UPDATE": sql.SQL("USING ({}) WITH CHECK ({})").format(rows, check),
+                    "DELETE": sql.SQL("USING ({})").format(rows),
+                }[command]
+                policies[f"{group}_{command.lower()}"] = sql.SQL("FOR " + command + " TO {} {}").format(role, clause)
+            for policy, body in policies.items():
+                cursor.execute(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(sql.Identifier(policy), table))
+                cursor.execute(sql.SQL("CREATE POLICY {} ON {} ").format(sql.Identifier(policy), table) + body)
+            # The owner (migrations, this command) is not subject to it; every other role needs a policy.
+            cursor.execute(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table))

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config.celery import app
+from scheduler import sharedfs
 from scheduler.clock import agent_clock
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
@@ -20,6 +21,7 @@ from scheduler.node.network import fence_forever, fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
 from scheduler.node.relay.server import RelayServer
 from scheduler.node.selffence import SelfFence
+from scheduler.node.sharedfs import mount_ensure
 from scheduler.telemetry.sampler import sampler_for
 
 
@@ -43,6 +45,8 @@ class Command(BaseCommand):
             agent_reconcile(name)
             if settings.INSTANCE_NETWORK_MODE == "fenced":
                 fence_install()  # tenants' network fenced off before any of them runs here
+            # The users' shared storage mounted before any work is placed here (it says why it cannot be).
+            shared = mount_ensure() if sharedfs.enabled() else None
             node = agent_register(name, relay_url=relay_url)
             agent_clock.measure()
         except ServiceError as exc:
@@ -53,6 +57,11 @@ class Command(BaseCommand):
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
         self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
         self.stdout.write(f"relay at {node.relay_url}")
+        where = settings.SHARED_FS_PATH
+        if shared:
+            self.stdout.write(f"shared storage: JuiceFS {settings.SHARED_FS_NAME} at {shared}, in instances at {where}")
+        else:
+            self.stdout.write(f"shared storage: off (SHARED_FS_META is empty): instances get no {where}")
         stop = threading.Event()
         self_fence = SelfFence(node.name, agent_clock)  # its jobs stopped if it loses the control plane
         threading.Thread(

@@ -8,10 +8,18 @@ from scheduler import tick
 from scheduler.clock import db_now
 from scheduler.errors import Conflict
 from scheduler.models import Node, NodeStatus, WorkloadStatus
+from scheduler.node.gpus import simulated_inventory
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.cluster import launches_resend
 from scheduler.services.lifecycle import workload_transition
-from scheduler.services.nodes import node_activate, node_drain, node_heartbeat, node_remove, nodes_drain_step
+from scheduler.services.nodes import (
+    node_activate,
+    node_drain,
+    node_heartbeat,
+    node_register,
+    node_remove,
+    nodes_drain_step,
+)
 from scheduler.services.workloads import workload_start
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
@@ -136,3 +144,21 @@ def test_a_launch_left_starting_past_the_resend_time_is_sent_to_its_node_again(u
     type(stale).objects.filter(pk=stale.pk).update(status_changed_at=db_now() - timedelta(seconds=31))
 
     assert launches_resend() == [stale.pk]
+
+
+def test_an_agent_restart_does_not_take_a_drained_node_back_into_service():
+    node = make_node("sim:1xT4")
+    node_drain(node=node, notice_s=0)
+    nodes_drain_step()
+
+    again = node_register(
+        name=node.name,
+        hostname="h",
+        cpu_cores=node.cpu_cores,
+        memory_mb=node.memory_mb,
+        gpus=simulated_inventory("sim:1xT4", node.name),
+        simulated=True,
+        nvidia_runtime=False,
+    )
+
+    assert again.status == NodeStatus.DRAINED and again.epoch == node.epoch + 1

@@ -1,0 +1,31 @@
+#!/bin/sh
+# PostgreSQL 15 from Debian's packages. On first start (an empty data directory) it creates the
+# cluster, and the platform's database owned by POSTGRES_USER (a login role that may create roles,
+# not a superuser: `manage.py db_roles` runs as it to make each part's own role). The superuser
+# `postgres` logs in only over the local socket inside this container.
+set -eu
+: "${PGDATA:=/var/lib/postgresql/data}"
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  : "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}" "${POSTGRES_USER:=gpucloud}" "${POSTGRES_DB:=gpucloud}"
+  mkdir -p "$PGDATA" /run/postgresql
+  chown -R postgres:postgres "$PGDATA" /run/postgresql
+  chmod 700 "$PGDATA"
+  runuser -u postgres -- initdb -D "$PGDATA" -U postgres -E UTF8 --locale=C.UTF-8 \
+    --auth-local=peer --auth-host=scram-sha-256 >/dev/null
+  {
+    echo "listen_addresses = '*'"
+    echo "password_encryption = 'scram-sha-256'"
+  } >>"$PGDATA/postgresql.conf"
+  echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
+  runuser -u postgres -- pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
+  runuser -u postgres -- psql -v ON_ERROR_STOP=1 -q -d postgres \
+    -v user="$POSTGRES_USER" -v password="$POSTGRES_PASSWORD" -v db="$POSTGRES_DB" <<'SQL'
+CREATE ROLE :"user" LOGIN CREATEROLE PASSWORD :'password';
+CREATE DATABASE :"db" OWNER :"user";
+REVOKE ALL ON DATABASE :"db" FROM PUBLIC;
+SQL
+  runuser -u postgres -- pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
+  echo "database $POSTGRES_DB created, owned by $POSTGRES_USER"
+fi
+mkdir -p /run/postgresql && chown postgres:postgres /run/postgresql
+exec runuser -u postgres -- postgres -D "$PGDATA" "$@"

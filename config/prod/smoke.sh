@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# `make prod-smoke`: build the production images (cached), bring docker-compose.yml up with Debian's
+# docker-compose on a Docker engine of its own (config/prod/engine.sh: a network namespace standing
+# in for the production server), with one node agent on simulated GPUs, then run
+# config/prod/smoke.py against the TLS proxy from outside that server. Everything it started is
+# stopped at the end (KEEP=1 leaves the stack and the engine up to look around).
+#
+#   make prod-smoke                  # or: bash config/prod/smoke.sh
+#   SMOKE_ARGS="--allow-fail terminal" make prod-smoke
+#
+# Times of each phase on stderr; logs of every service in var/prodstack/log/compose.log.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CACHE=${PROD_CACHE:-$PWD/var/prodstack}
+NET=${PROD_NET:-10.250}
+SERVER=$NET.0.2                                  # the server's address, as clients reach it
+PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+export PROD_CACHE=$CACHE PROD_NET=$NET PYTHON
+mkdir -p "$CACHE/log"
+t0=$(date +%s)
+phase() { echo "== $(date +%T) +$(( $(date +%s) - t0 ))s $*" >&2; }
+
+# What it runs, from Debian (installed when missing, as root): compose v1 1.29, mmdebstrap, the engine.
+for need in docker-compose:docker-compose mmdebstrap:mmdebstrap dockerd:docker.io openssl:openssl curl:curl; do
+  command -v "${need%%:*}" >/dev/null && continue
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || { echo "ERROR: apt-get install ${need#*:}" >&2; exit 1; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need#*:}" >/dev/null
+done
+phase "engine"
+DOCKER_HOST=$(config/prod/engine.sh start)
+export DOCKER_HOST
+phase "images"
+config/prod/build_images.sh
+
+# --- this bring-up's configuration: secrets made once and kept in CACHE --------------------------
+ENV_FILE=$CACHE/prod.env
+if [ ! -s "$ENV_FILE" ]; then
+  secret() { python3 -c 'import secrets; print(secrets.token_hex(24))'; }
+  pg=$(secret) web=$(secret) node=$(secret) redis=$(secret)
+  cat >"$ENV_FILE" <<ENV
+SECRET_KEY=$(secret)$(secret)
+DEPLOYMENT_ID=gpprod
+ALLOWED_HOSTS=$SERVER,localhost
+CSRF_TRUSTED_ORIGINS=https://$SERVER
+KEYS_DIR=$CACHE/keys
+TLS_DIR=$CACHE/tls
+HTTPS_BIND=0.0.0.0
+HTTPS_PORT=443
+DATA_BIND=127.0.0.1
+POSTGRES_PASSWORD=$pg
+OWNER_DATABASE_URL=postgres://gpucloud:$pg@postgres:5432/gpucloud
+DB_WEB_PASSWORD=$web
+WEB_DATABASE_URL=postgres://gpucloud_web:$web@postgres:5432/gpucloud
+DB_NODE_ROLES=gpu1=$node
+REDIS_PASSWORD=$redis
+REDIS_URL=redis://:$redis@redis:6379/0
+REGISTRY=$SERVER
+REGISTRY_USERNAME=gpucloud
+REGISTRY_PASSWORD=$(secret)
+REGISTRY_CA_FILE=$CACHE/tls/cert.pem
+WEB_WORKERS=2
+NODE_NAME=gpu1
+NODE_ADDRESS=$SERVER
+NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node@127.0.0.1:5432/gpucloud
+NODE_REDIS_URL=redis://:$redis@127.0.0.1:6379/0
+GPU_BACKEND=sim:2xRTX3090
+NODE_RUNTIME=runc
+DOCKER_SOCKET=${DOCKER_HOST#unix://}
+VOLUMES_DIR=$CACHE/volumes
+SHARED_FS_MOUNT=$CACHE/sharedfs
+SHARED_FS_CACHE_DIR=$CACHE/juicefs-cache
+INSTANCE_SUBNET=$NET.64.0/20
+ENV
+fi
+config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
+docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
+  gpucloud/app:latest python manage.py make_signing_keys >/dev/null
+# The server's data-disk and shared-storage folders are shared mounts, as the agent's rshared binds need.
+for dir in "$CACHE/volumes" "$CACHE/sharedfs"; do
+  mkdir -p "$dir"
+  findmnt -n "$dir" >/dev/null || mount --bind "$dir" "$dir"
+  mount --make-rshared "$dir"
+done
+
+# The server's engine trusts the registry's certificate (the proxy's, self-signed here).
+CERTS_D=/etc/docker/certs.d/$SERVER
+install -D -m 644 "$CACHE/tls/cert.pem" "$CERTS_D/ca.crt"
+
+compose=(docker-compose --env-file "$ENV_FILE" -p gpprod -f docker-compose.yml)
+node_compose=(docker-compose --env-file "$ENV_FILE" -p gpprod-node -f docker-compose.node.yml)
+finish() {
+  status=$?
+  { "${compose[@]}" logs --no-color --timestamps; "${node_compose[@]}" logs --no-color --timestamps; } \
+    >"$CACHE/log/compose.log" 2>&1 || true
+  if [ "${KEEP:-}" != 1 ]; then
+    "${node_compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+    "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+    # The agent's tenants' containers and volumes, made on this engine outside compose.
+    docker ps -aq --filter label=gpucloud.node | xargs -r docker rm -f >/dev/null 2>&1 || true
+    docker volume ls -q --filter label=gpucloud.node | xargs -r docker volume rm -f >/dev/null 2>&1 || true
+    umount -R "$CACHE/volumes" "$CACHE/sharedfs" 2>/dev/null || true
+    rm -rf "$CERTS_D"
+    config/prod/engine.sh stop
+  fi
+  phase "done (exit $status); logs: $CACHE/log/compose.log"
+}
+trap finish EXIT
+
+phase "compose up (control plane)"
+# A fresh database each run.
+"${node_compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+"${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+"${compose[@]}" up -d 2>&1 | grep -v '^Creating\|^Starting' >&2 || true
+"${compose[@]}" ps
+migrate=$("${compose[@]}" ps -q migrate)
+[ "$(docker wait "$migrate")" = 0 ] || { docker logs --tail 40 "$migrate" >&2; exit 1; }
+docker logs "$migrate" 2>&1 | tail -1 >&2
+for _ in $(seq 120); do
+  curl -fsS -o /dev/null --cacert "$CACHE/tls/cert.pem" "https://$SERVER/login/" 2>/dev/null && break
+  sleep 1
+done
+# The demo catalog and user, on the web tier's role. The catalog's images: built on the server's
+# engine and pushed to the registry through the proxy (build_images, where the Docker socket is).
+"${compose[@]}" run --rm --no-deps web python manage.py load_demo | sed 's/API token .*//' >&2
+web_on_server=$(sed -n 's|^WEB_DATABASE_URL=\(.*\)@postgres:5432/\(.*\)$|\1@127.0.0.1:5432/\2|p' "$ENV_FILE")
+"${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" node-agent python manage.py build_images |
+  tail -2 >&2
+docker images --format '{{.Repository}}:{{.Tag}}' | grep "^$SERVER/" | xargs -r docker rmi >/dev/null  # pulled back on use
+phase "compose up (node agent)"
+"${node_compose[@]}" up -d 2>&1 | grep -v '^Creating\|^Starting' >&2 || true
+agent=$("${node_compose[@]}" ps -q node-agent)
+for _ in $(seq 120); do docker logs "$agent" 2>&1 | grep -q "^node gpu1: " && break; sleep 1; done
+docker logs "$agent" 2>&1 | grep "^node gpu1: " >&2 || { docker logs --tail 40 "$agent" >&2; exit 1; }
+
+phase "smoke"
+# Nothing but the proxy answers from outside the server.
+for port in 8000 8001 5432 6379 5000; do
+  if timeout 2 bash -c "</dev/tcp/$SERVER/$port" 2>/dev/null; then echo "ERROR: $SERVER:$port answers" >&2; exit 1; fi
+done
+echo "published from $SERVER: 443 only (8000 8001 5432 6379 5000 closed)" >&2
+# shellcheck disable=SC2086
+"$PYTHON" config/prod/smoke.py --url "https://$SERVER" --ca "$CACHE/tls/cert.pem" \
+  --user demo --password demo-pass-123 ${SMOKE_ARGS:-}
