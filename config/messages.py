@@ -59,6 +59,8 @@ class ToScheduler(StrEnum):
     IMAGE_SAVED = "portal.tasks.image_saved"
     IMAGE_REMOVED = "portal.tasks.image_removed"
     DISK_GROWN = "portal.tasks.disk_grown"
+    # Moving a stopped instance to another host: the agents' reports (move id, fields).
+    MOVE_REPORT = "scheduler.tasks.move_report"
 
 
 class ToNode(StrEnum):
@@ -73,6 +75,9 @@ class ToNode(StrEnum):
     IMAGE_COMMIT = "scheduler.node.tasks.agent_image_commit"
     IMAGE_REMOVE = "scheduler.node.tasks.agent_image_remove"
     DISK_GROW = "scheduler.node.tasks.agent_disk_grow"
+    MOVE_EXPORT = "scheduler.node.tasks.agent_move_export"  # the source: the system disk to the registry
+    MOVE_IMPORT = "scheduler.node.tasks.agent_move_import"  # the target: pull it, fetch the data disk
+    MOVE_CLEANUP = "scheduler.node.tasks.agent_move_cleanup"  # a copy that is not the instance's any more
 
 
 def node_queue(node_name: str) -> str:

@@ -11,6 +11,8 @@ ticket and the container's labels before it touches Docker.
     list        GET /v1/list                 NDJSON, one entry a line   portal/files.py
     download    GET /v1/download             the file's bytes           portal/files.py
     upload      PUT /v1/upload               the file's bytes (chunked) portal/files.py
+    volume      GET /v1/volume               a tar of the data disk     another host's agent, moving
+                                             of a STOPPED instance      the instance (scheduler/node/moves.py)
 
 A ticket travels as ``Authorization: Bearer <ticket>``; it is signed with
 RELAY_SECRET (the same on web servers and agents; SECRET_KEY by default),
@@ -47,6 +49,7 @@ class Op(StrEnum):
     LIST = "list"
     DOWNLOAD = "download"
     UPLOAD = "upload"
+    VOLUME = "volume"  # agent to agent: the data disk of a stopped instance that moves to the caller's host
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Ticket:
     path: str = ""
     name: str = ""  # upload: the new file's name in ``path``
     size: int = 0  # upload: its length in bytes
+    move: int = 0  # volume: the Move it serves (the relay reports what it sent to the control plane)
     nonce: str = field(default_factory=lambda: secrets.token_urlsafe(12))
 
 

@@ -343,6 +343,11 @@ WATCH_GAP_S = env.int("WATCH_GAP_S", default=max(3 * RECONCILE_S, 2 * NODE_HEART
 # A launch still "starting" this long is sent to its node again (its message may have been lost after
 # commit); the node's agent runs a launch once however often it is sent.
 LAUNCH_RESEND_S = env.int("LAUNCH_RESEND_S", default=30)
+# Moving a stopped instance to another host: the data disk's transfer may take this long; a move that
+# reports nothing for MOVE_STALL_S fails (the instance stays where it was); progress every MOVE_PROGRESS_S.
+MOVE_TRANSFER_TIMEOUT_S = env.int("MOVE_TRANSFER_TIMEOUT_S", default=6 * 3600)
+MOVE_STALL_S = env.int("MOVE_STALL_S", default=600)
+MOVE_PROGRESS_S = env.float("MOVE_PROGRESS_S", default=5.0)
 # How long running work on a node being drained may go on before it is stopped.
 DRAIN_NOTICE_S = env.int("DRAIN_NOTICE_S", default=3600)
 

@@ -7,6 +7,7 @@ minute rollups); the live numbers come over the monitor WebSockets
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
@@ -86,5 +87,7 @@ def instance_detail(request, instance_id: int):
             "shares": Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index"),
             "release_at": release_due_at(instance),
             "services": services_of(workload),
+            "move": workload.moves.select_related("source", "target").first(),
+            "can_move": bool(settings.REGISTRY),
         },
     )

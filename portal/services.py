@@ -13,6 +13,7 @@ from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
 from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
+from scheduler.services import moves
 from scheduler.services import workloads as scheduler
 
 # The scheduler names resources its own way; users see these field names.
@@ -154,12 +155,14 @@ ACTIONS = {
     "stop": scheduler.workload_stop,
     "restart": scheduler.workload_restart,
     "release": scheduler.workload_release,
+    # A stopped instance's disks to another host with its GPU type (AutoDL's "migrate"): it starts there.
+    "move": moves.workload_move,
 }
 
 
 def instance_act(*, instance: Instance, action: str) -> Instance:
     """Run one of ACTIONS on an instance the caller has already been allowed to touch."""
-    if action in ("start", "start-no-gpu", "release") and images.image_busy(instance):
+    if action in ("start", "start-no-gpu", "release", "move") and images.image_busy(instance):
         raise Conflict(f"the instance is being saved as an image; {action} it when that is done")
     if action in ("start", "start-no-gpu"):
         _payable(instance.workload)

@@ -126,6 +126,7 @@ class WorkloadStatus(models.TextChoices):
     RELEASED = "released", _("Released")
     FAILED = "failed", _("Failed")
     SUCCEEDED = "succeeded", _("Succeeded")
+    MOVING = "moving", _("Moving")  # a stopped instance's disks being copied to another host (``Move``)
 
     @classmethod
     def holding_resources(cls):
@@ -287,6 +288,47 @@ class WorkloadEvent(models.Model):
 
     def __str__(self):
         return f"{self.workload_id}: {self.from_status} -> {self.to_status}"
+
+
+class MoveStatus(models.TextChoices):
+    COPYING = "copying", _("Copying")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
+
+
+class Move(models.Model):
+    """A stopped instance's disks copied from its host to another (``scheduler.services.moves``).
+
+    The system disk travels as an image through the registry; the data disk as a tar
+    stream from the source agent's relay to the target agent, checksummed on both
+    ends. The source's copy is removed only once both checksums agree.
+    """
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="moves")
+    source = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
+    target = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=16, choices=MoveStatus.choices, default=MoveStatus.COPYING)
+    phase = models.CharField(max_length=64, blank=True, help_text="What is being copied now.")
+    snapshot_ref = models.CharField(max_length=255, blank=True, help_text="The system disk, in the registry.")
+    bytes_total = models.BigIntegerField(null=True, blank=True)
+    bytes_done = models.BigIntegerField(default=0)
+    sent_sha256 = models.CharField(max_length=64, blank=True)
+    received_sha256 = models.CharField(max_length=64, blank=True)
+    error = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workload"], condition=Q(status="copying"), name="one_move_at_a_time_per_workload"
+            ),
+            models.CheckConstraint(condition=~Q(source=F("target")), name="move_to_another_node"),
+        ]
+
+    def __str__(self):
+        return f"move of {self.workload_id}: {self.source_id} -> {self.target_id} ({self.status})"
 
 
 class Quota(models.Model):

@@ -14,7 +14,7 @@ from django.utils import timezone
 from config.messages import ToScheduler
 from scheduler import sharedfs, tick
 from scheduler.models import GpuMinute, WorkloadGpuMinute
-from scheduler.services import cluster
+from scheduler.services import cluster, moves
 
 
 @shared_task(name=ToScheduler.SCHEDULE_TICK, ignore_result=True)
@@ -40,3 +40,8 @@ def telemetry_prune() -> int:
 def shared_storage_user(user_id: int):
     """The user's shared storage directory with its quota (``scheduler.sharedfs.user_ensure``)."""
     sharedfs.user_ensure(user_id)
+
+
+@shared_task(name=ToScheduler.MOVE_REPORT, ignore_result=True)
+def move_report(move_id: int, report: dict):
+    moves.move_report(move_id, report)

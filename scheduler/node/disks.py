@@ -84,3 +84,12 @@ def disk_delete(volume: str) -> None:
     if mount.is_dir():
         mount.rmdir()
     image.unlink(missing_ok=True)
+
+
+def disk_used_bytes(volume: str) -> int | None:
+    """Bytes in use on the volume's filesystem; None when it is a plain Docker volume (not measured)."""
+    _, mount = _paths(volume)
+    if not os.path.ismount(mount):
+        return None
+    stat = os.statvfs(mount)
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize

@@ -146,6 +146,17 @@ def _ensure_volume(name: str, labels: dict, *, size_gb: int | None = None) -> No
         client.volumes.create(name=name, labels=labels, driver="local", driver_opts=options or {})
 
 
+def data_volume_ensure(workload, *, node_name: str) -> None:
+    """The work's data disk on this engine (made if missing, ``disk_gb`` with INSTANCE_DISK_QUOTA)."""
+    labels = {
+        f"{LABEL}.deployment": settings.DEPLOYMENT_ID,
+        f"{LABEL}.uid": workload.uid,
+        f"{LABEL}.node": node_name,
+        f"{LABEL}.disk_gb": str(workload.disk_gb),
+    }
+    _ensure_volume(workload.volume_name, labels, size_gb=workload.disk_gb)
+
+
 def container_launch(workload, spec: dict) -> str:
     """Start the workload's container, reusing its disk if it has run before; returns its id.
 
@@ -170,13 +181,7 @@ def container_launch(workload, spec: dict) -> str:
         snapshot = existing.commit(repository=SNAPSHOT_REPOSITORY, tag=workload.uid)
         existing.remove()
         spec = {**spec, "image": snapshot.id}
-    volume_labels = {
-        f"{LABEL}.deployment": settings.DEPLOYMENT_ID,
-        f"{LABEL}.uid": workload.uid,
-        f"{LABEL}.node": spec["labels"][f"{LABEL}.node"],
-        f"{LABEL}.disk_gb": str(workload.disk_gb),
-    }
-    _ensure_volume(workload.volume_name, volume_labels, size_gb=workload.disk_gb)
+    data_volume_ensure(workload, node_name=spec["labels"][f"{LABEL}.node"])
     _ensure_image(spec["image"])
     container = client.containers.create(**spec)
     container.start()

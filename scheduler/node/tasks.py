@@ -7,7 +7,7 @@ the control plane sends them without importing node-side code.
 from celery import shared_task
 
 from config.messages import ToNode, send
-from scheduler.node import agent, reconcile
+from scheduler.node import agent, moves, reconcile
 
 NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
 
@@ -58,3 +58,19 @@ def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int
 @shared_task(name=ToNode.RECONCILE, ignore_result=True)
 def agent_reconcile(node_name: str):
     reconcile.agent_reconcile_periodic(node_name)
+
+
+# Copying a data disk takes as long as it takes (the relay's own limit, MOVE_TRANSFER_TIMEOUT_S, bounds it).
+@shared_task(name=ToNode.MOVE_EXPORT, **NODE_TASK, time_limit=3600, soft_time_limit=3500)
+def agent_move_export(move_id: int):
+    moves.agent_move_export(move_id)
+
+
+@shared_task(name=ToNode.MOVE_IMPORT, **NODE_TASK, time_limit=6 * 3600, soft_time_limit=6 * 3600 - 100)
+def agent_move_import(move_id: int):
+    moves.agent_move_import(move_id)
+
+
+@shared_task(name=ToNode.MOVE_CLEANUP, **NODE_TASK)
+def agent_move_cleanup(move_id: int, side: str):
+    moves.agent_move_cleanup(move_id, side)

@@ -2,7 +2,7 @@
 
 It marks silent nodes lost (``node_loss``), moves draining nodes on
 (``nodes.nodes_drain_step``), sends again the launches whose message was lost
-after commit, and asks every node in service to converge with its Docker
+after commit, fails moves that stopped making progress, and asks every node in service to converge with its Docker
 engine (``scheduler.node.reconcile``).
 """
 
@@ -13,6 +13,7 @@ from django.conf import settings
 from config.messages import ToNode, send
 from scheduler.clock import db_now
 from scheduler.models import Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.services.moves import moves_stalled_fail
 from scheduler.services.node_loss import nodes_mark_lost
 from scheduler.services.nodes import nodes_drain_step
 
@@ -23,6 +24,7 @@ def cluster_reconcile() -> None:
     nodes_mark_lost(silent_for=timedelta(seconds=settings.NODE_LOST_AFTER_S))
     nodes_drain_step()
     launches_resend()
+    moves_stalled_fail()
     for node in Node.objects.filter(status__in=IN_SERVICE):
         send(ToNode.RECONCILE, node.name, node=node.name)
 

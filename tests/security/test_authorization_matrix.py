@@ -83,6 +83,7 @@ MATRIX = {
     "api-instance-stop": ("post", {}, "", OWNED),
     "api-instance-restart": ("post", {}, "", OWNED),
     "api-instance-release": ("post", {}, "", OWNED),
+    "api-instance-move": ("post", {}, "", OWNED),  # the queued instance: 409, still "allowed"
     "api-nodes": ("get", {}, "", STAFF_ONLY),
     "api-instance-clone": ("post", {}, "", OWNED),
     "api-jobs": ("get", {}, "", MINE),

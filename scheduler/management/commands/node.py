@@ -4,16 +4,21 @@
     python manage.py node drain gpu-07 [--notice 3600]     # nothing new; work stops at the deadline
     python manage.py node activate gpu-07
     python manage.py node remove gpu-07 [--force]          # drained or lost; its agent stops
+    python manage.py node evacuate gpu-07 [--to gpu-09]    # move its stopped instances' disks elsewhere
 
 A host is added by starting its node agent: it registers.
 """
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
 
 from scheduler.errors import ServiceError
-from scheduler.models import Node, Workload, WorkloadStatus
+from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
+from scheduler.services.moves import workload_move
 from scheduler.services.nodes import node_activate, node_drain, node_remove
+
+S = WorkloadStatus
 
 
 class Command(BaseCommand):
@@ -29,6 +34,9 @@ class Command(BaseCommand):
         remove = verbs.add_parser("remove")
         remove.add_argument("name")
         remove.add_argument("--force", action="store_true", help="even if instances keep their disk there")
+        evacuate = verbs.add_parser("evacuate")
+        evacuate.add_argument("name")
+        evacuate.add_argument("--to", help="the host to move them to (default: chosen for each)")
 
     def handle(self, *args, verb, **options):
         if verb == "list":
@@ -40,6 +48,8 @@ class Command(BaseCommand):
             if verb == "drain":
                 node = node_drain(node=node, notice_s=options["notice"])
                 self.stdout.write(f"{node.name} draining; work still running at {node.drain_deadline:%H:%M} UTC stops")
+            elif verb == "evacuate":
+                self._evacuate(node, options["to"])
             elif verb == "activate":
                 node_activate(node=node)
                 self.stdout.write(f"{node.name} active")
@@ -48,6 +58,20 @@ class Command(BaseCommand):
                 self.stdout.write(f"{node.name} removed; its agent stops at its next heartbeat")
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
+
+    def _evacuate(self, node, to: str | None) -> None:
+        target = Node.objects.filter(name=to).first() if to else None
+        if to and target is None:
+            raise CommandError(f"no node named {to!r}")
+        homed = Workload.objects.filter(kind=WorkloadKind.INSTANCE, status__in=[S.STOPPED, S.FAILED]).filter(
+            Q(node=node) | Q(node__isnull=True, pinned_node=node)
+        )
+        for workload in homed:
+            try:
+                move = workload_move(workload, target=target)
+                self.stdout.write(f"instance workload {workload.pk}: moving to {move.target.name}")
+            except ServiceError as exc:
+                self.stderr.write(f"instance workload {workload.pk}: {exc.message}")
 
     def _list(self):
         holding = WorkloadStatus.holding_resources()

@@ -64,7 +64,10 @@ class Guard:
         }
         if any(labels.get(key) != value for key, value in expected.items()):
             raise Refused(403, f"{ticket.container} is not a container of this node's for this ticket")
-        if not running:
+        if op == Op.VOLUME:
+            if running:
+                raise Refused(409, "the instance runs: its disk is copied only while it is stopped")
+        elif not running:
             raise Refused(409, "the instance is not running")
         return call
 
@@ -80,7 +83,7 @@ class Guard:
             raise Refused(401, "the ticket is not valid") from None
         if ticket.op != op:
             raise Refused(403, f"the ticket is for {ticket.op}, not {op}")
-        if op != Op.TERMINAL and not (
+        if op in (Op.LIST, Op.DOWNLOAD, Op.UPLOAD) and not (
             ticket.root in FILE_ROOTS
             and posixpath.normpath(ticket.path) == ticket.path
             and within(ticket.path, ticket.root)

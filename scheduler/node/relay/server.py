@@ -23,7 +23,7 @@ from django.conf import settings
 
 from config.relay import Op
 from scheduler.errors import ServiceError
-from scheduler.node.relay import files, terminal
+from scheduler.node.relay import files, terminal, volume
 from scheduler.node.relay.guard import STARTED, Call, Guard, Refused
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ HANDLERS: dict[Op, tuple[str, Handler, Callable[[], float | None]]] = {
     Op.LIST: ("GET", files.listing, lambda: LIST_TIMEOUT_S),
     Op.DOWNLOAD: ("GET", files.download, lambda: settings.RELAY_TRANSFER_TIMEOUT_S),
     Op.UPLOAD: ("PUT", files.upload, lambda: settings.RELAY_TRANSFER_TIMEOUT_S),
+    Op.VOLUME: ("GET", volume.volume, lambda: settings.MOVE_TRANSFER_TIMEOUT_S),
 }
 
 

@@ -1,0 +1,181 @@
+"""Moving a stopped instance to another host: its system disk and data disk copied through the agents.
+
+AutoDL's answer to "the machine holding my instance has no free card": the
+instance's disks live on one host (Docker volumes are per host), so to run
+elsewhere they are copied there while it is stopped.
+
+1. ``workload_move`` (a user or an operator): the instance goes ``stopped ->
+   moving`` and a ``Move`` row records source, target and progress; the source
+   agent gets ``ToNode.MOVE_EXPORT``.
+2. The source commits the container's filesystem (the system disk) and pushes
+   it to the registry as a snapshot, then reports (``move_report``).
+3. The target gets ``ToNode.MOVE_IMPORT``: it pulls the snapshot, makes the data
+   disk (its size, on its own engine) and fetches its contents from the source
+   agent's relay as a tar stream, reporting progress; both ends count the bytes
+   and hash them.
+4. When both reports agree (bytes and SHA-256), the instance is ``stopped`` on
+   the target, pinned there and started from the snapshot; the source's copy
+   (container, disk, local snapshot) is removed and the registry's copy deleted.
+   Anything else fails the move: the instance is ``stopped`` on the source as it
+   was, and the target removes what it made.
+
+A move that reports no progress for ``MOVE_STALL_S`` fails the same way
+(``moves_stalled_fail``, from the control plane's reconciliation).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
+from django.db.models.functions import Now
+
+from config.messages import ToNode, send_after_commit
+from scheduler import registry
+from scheduler.clock import db_now
+from scheduler.errors import Conflict, InvalidInput
+from scheduler.models import Move, MoveStatus, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
+from scheduler.services.lifecycle import workload_transition
+
+log = logging.getLogger(__name__)
+S = WorkloadStatus
+# Hosts whose agent can still copy a disk out: it answers, whatever it may run.
+REACHABLE = [NodeStatus.ACTIVE, NodeStatus.DRAINING, NodeStatus.DRAINED]
+
+
+def move_target_choose(workload: Workload, source: Node) -> Node | None:
+    """The active host with the instance's GPU type and enough cards that has the most of them free."""
+    return (
+        Node.objects.filter(status=NodeStatus.ACTIVE, gpus__model=workload.gpu_model)
+        .exclude(pk=source.pk)
+        .annotate(
+            cards=Count("gpus", filter=Q(gpus__model=workload.gpu_model)),
+            free=Count("gpus", filter=Q(gpus__model=workload.gpu_model, gpus__allocated_milli=0)),
+        )
+        .filter(cards__gte=workload.gpu_count)
+        .order_by("-free", "name")
+        .first()
+    )
+
+
+def workload_move(workload: Workload, *, target: Node | None = None) -> Move:
+    """Start moving a stopped instance's disks to ``target`` (default: chosen); Conflict if it cannot be now."""
+    if workload.kind != WorkloadKind.INSTANCE:
+        raise Conflict("only instances are moved (a job resumes anywhere from its checkpoint)")
+    if not settings.REGISTRY:
+        raise Conflict("moving needs the platform's image registry (REGISTRY): the system disk travels through it")
+    source = workload.node or workload.pinned_node
+    if source is None:
+        raise Conflict("it has no disk on any host yet: start it, it runs wherever there is room")
+    source.refresh_from_db()
+    if source.status not in REACHABLE:
+        raise Conflict(f"its host {source.name} is {source.status}: its disk cannot be copied from there now")
+    target = target or move_target_choose(workload, source)
+    if target is None:
+        raise Conflict(f"no other active host has {workload.gpu_count} × {workload.gpu_model}")
+    if target.pk == source.pk:
+        raise InvalidInput("that is the host it is on", field="node")
+    if target.status != NodeStatus.ACTIVE or not target.gpus.filter(model=workload.gpu_model).exists():
+        raise InvalidInput(f"{target.name} is not an active host with {workload.gpu_model} cards", field="node")
+    with transaction.atomic():
+        if not workload_transition(
+            workload,
+            to=S.MOVING,
+            allowed_from=[S.STOPPED, S.FAILED],
+            reason=f"moving its disks from {source.name} to {target.name}",
+        ):
+            raise Conflict(f"only a stopped instance is moved; it is {workload.status}")
+        move = Move.objects.create(workload=workload, source=source, target=target, phase="saving the system disk")
+        send_after_commit(ToNode.MOVE_EXPORT, move.pk, node=source.name)
+    return move
+
+
+def move_report(move_id: int, report: dict) -> None:
+    """An agent's report on a move: progress, what it sent or received, or an error; the next step follows.
+
+    ``report`` keys: ``phase``, ``snapshot_ref``, ``bytes_total``, ``bytes_done``, ``sent_sha256`` +
+    ``bytes_sent`` (the source's relay), ``received_sha256`` + ``bytes_received`` (the target), ``error``.
+    """
+    with transaction.atomic():
+        move = Move.objects.select_for_update().select_related("workload", "source", "target").get(pk=move_id)
+        if move.status != MoveStatus.COPYING:
+            return  # late news of a move already settled
+        if report.get("error"):
+            _move_fail(move, str(report["error"]))
+            return
+        for field in ("phase", "snapshot_ref", "bytes_total", "bytes_done", "sent_sha256", "received_sha256"):
+            if report.get(field) is not None:
+                setattr(move, field, report[field])
+        for counted in ("bytes_sent", "bytes_received"):
+            if counted in report:
+                move.bytes_done = max(move.bytes_done, int(report[counted]))
+        move.updated_at = Now()
+        move.save()
+        if report.get("nothing_to_copy"):
+            _move_finish(move)
+            return
+        if report.get("exported"):
+            send_after_commit(ToNode.MOVE_IMPORT, move.pk, node=move.target.name)
+        if move.sent_sha256 and move.received_sha256:
+            if move.sent_sha256 == move.received_sha256:
+                _move_finish(move)
+            else:
+                _move_fail(move, "the data disk arrived different from what was sent (checksums differ)")
+
+
+def _move_finish(move: Move) -> None:
+    workload = move.workload
+    fields = {"node": None, "pinned_node": move.target}
+    if move.snapshot_ref:
+        fields["image_ref"] = move.snapshot_ref  # its system disk, now on the target
+    if not workload_transition(
+        workload,
+        to=S.STOPPED,
+        allowed_from=[S.MOVING],
+        reason=f"moved from {move.source.name} to {move.target.name}",
+        **fields,
+    ):
+        return
+    Move.objects.filter(pk=move.pk).update(status=MoveStatus.DONE, phase="done", updated_at=Now())
+    send_after_commit(ToNode.MOVE_CLEANUP, move.pk, "source", node=move.source.name)
+    _snapshot_forget_after_commit(move.snapshot_ref)
+
+
+def _move_fail(move: Move, why: str) -> None:
+    log.warning("move %s of workload %s failed: %s", move.pk, move.workload_id, why)
+    Move.objects.filter(pk=move.pk).update(status=MoveStatus.FAILED, error=why[:255], updated_at=Now())
+    workload_transition(
+        move.workload,
+        to=S.STOPPED,
+        allowed_from=[S.MOVING],
+        reason=f"moving to {move.target.name} failed: {why}; it stays on {move.source.name}"[:255],
+    )
+    send_after_commit(ToNode.MOVE_CLEANUP, move.pk, "target", node=move.target.name)
+    _snapshot_forget_after_commit(move.snapshot_ref)
+
+
+def _snapshot_forget_after_commit(ref: str) -> None:
+    """The registry's copy of the system disk is only for the journey: the target keeps it on its engine."""
+    if not ref:
+        return
+
+    def forget():
+        try:
+            registry.manifest_delete(registry.image_name(ref))
+        except registry.RegistryError as exc:  # left in the registry; `registry.sh gc` does not free it
+            log.warning("could not delete the move snapshot %s from the registry: %s", ref, exc.message)
+
+    transaction.on_commit(forget)
+
+
+def moves_stalled_fail() -> list[int]:
+    """Fail moves that reported nothing for ``MOVE_STALL_S`` (an agent died, a host went away)."""
+    cutoff = db_now() - timedelta(seconds=settings.MOVE_STALL_S)
+    failed = []
+    for move_id in Move.objects.filter(status=MoveStatus.COPYING, updated_at__lt=cutoff).values_list("pk", flat=True):
+        move_report(move_id, {"error": f"no progress for {settings.MOVE_STALL_S} s"})
+        failed.append(move_id)
+    return failed

@@ -1,0 +1,115 @@
+"""Moving a stopped instance to another host: the control plane's side (the agents' side: tests/cluster/)."""
+
+from datetime import timedelta
+
+import pytest
+
+from config.messages import ToNode
+from scheduler.clock import db_now
+from scheduler.errors import Conflict
+from scheduler.models import Move, MoveStatus, Node, NodeStatus, WorkloadStatus
+from scheduler.services.moves import move_report, moves_stalled_fail, workload_move
+from tests.conftest import make_node
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db
+S = WorkloadStatus
+
+
+@pytest.fixture
+def hosts(settings):
+    settings.REGISTRY = "127.0.0.1:5999"  # names the registry; nothing here talks to it
+    return make_node("sim:2xRTX3090"), make_node("sim:4xRTX3090"), make_node("sim:4xA100-80GB")
+
+
+def sent_to(callbacks, monkeypatch):
+    """The node tasks sent after commit, as (task, args, node)."""
+    sent = []
+    monkeypatch.setattr("config.messages.send", lambda task, *args, node=None, **kw: sent.append((task, args, node)))
+    for callback in callbacks:
+        callback()
+    return sent
+
+
+def test_a_stopped_instance_moves_to_the_host_of_its_type_with_most_free_cards(
+    user, hosts, django_capture_on_commit_callbacks, monkeypatch
+):
+    source, roomy, other_type = hosts
+    w = workload(user, status=S.STOPPED, node=source)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        move = workload_move(w)
+
+    w.refresh_from_db()
+    assert w.status == S.MOVING and move.source == source and move.target == roomy
+    assert sent_to(callbacks, monkeypatch) == [(ToNode.MOVE_EXPORT, (move.pk,), source.name)]
+
+
+def test_matching_checksums_finish_the_move_on_the_target_and_the_source_cleans_up(
+    user, hosts, django_capture_on_commit_callbacks, monkeypatch
+):
+    source, target, _ = hosts
+    w = workload(user, status=S.STOPPED, node=source)
+    move = workload_move(w, target=target)
+    monkeypatch.setattr("scheduler.registry.manifest_delete", lambda name: True)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        move_report(move.pk, {"snapshot_ref": "127.0.0.1:5999/gpucloud-move:x", "exported": True, "bytes_total": 10})
+    assert sent_to(callbacks, monkeypatch)[-1] == (ToNode.MOVE_IMPORT, (move.pk,), target.name)
+    with django_capture_on_commit_callbacks() as callbacks:
+        move_report(move.pk, {"sent_sha256": "ab" * 32, "bytes_sent": 10})
+        move_report(move.pk, {"received_sha256": "ab" * 32, "bytes_received": 10})
+
+    w.refresh_from_db()
+    move.refresh_from_db()
+    assert move.status == MoveStatus.DONE and move.bytes_done == 10
+    assert w.status == S.STOPPED and w.pinned_node == target and w.node is None
+    assert w.image_ref == "127.0.0.1:5999/gpucloud-move:x" and f"to {target.name}" in w.status_reason
+    assert (ToNode.MOVE_CLEANUP, (move.pk, "source"), source.name) in sent_to(callbacks, monkeypatch)
+
+
+def test_different_checksums_fail_the_move_and_the_instance_stays_where_it_was(
+    user, hosts, django_capture_on_commit_callbacks, monkeypatch
+):
+    source, target, _ = hosts
+    w = workload(user, status=S.STOPPED, node=source, image_ref="gpucloud/base:latest")
+    move = workload_move(w, target=target)
+    monkeypatch.setattr("scheduler.registry.manifest_delete", lambda name: True)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        move_report(move.pk, {"sent_sha256": "ab" * 32})
+        move_report(move.pk, {"received_sha256": "cd" * 32})
+
+    w.refresh_from_db()
+    assert Move.objects.get().status == MoveStatus.FAILED
+    assert w.status == S.STOPPED and w.node == source and w.image_ref == "gpucloud/base:latest"
+    assert "checksums differ" in w.status_reason and f"stays on {source.name}" in w.status_reason
+    assert (ToNode.MOVE_CLEANUP, (move.pk, "target"), target.name) in sent_to(callbacks, monkeypatch)
+
+
+def test_a_move_without_progress_fails_after_the_stall_time(user, hosts, settings):
+    source, target, _ = hosts
+    w = workload(user, status=S.STOPPED, node=source)
+    move = workload_move(w, target=target)
+    assert moves_stalled_fail() == []
+    Move.objects.filter(pk=move.pk).update(updated_at=db_now() - timedelta(seconds=settings.MOVE_STALL_S + 1))
+
+    assert moves_stalled_fail() == [move.pk]
+    w.refresh_from_db()
+    assert w.status == S.STOPPED and "no progress" in w.status_reason
+
+
+def test_what_cannot_move_is_refused_saying_why(user, hosts, settings):
+    source, target, _ = hosts
+    with pytest.raises(Conflict, match="only a stopped instance"):
+        workload_move(workload(user, status=S.RUNNING, node=source), target=target)
+    with pytest.raises(Conflict, match="only instances"):
+        workload_move(workload(user, kind="job", status=S.STOPPED, node=source))
+    with pytest.raises(Conflict, match="no other active host has 1 × H100"):
+        workload_move(workload(user, status=S.STOPPED, node=source, gpu_model="H100"))
+    Node.objects.filter(pk=source.pk).update(status=NodeStatus.LOST)
+    with pytest.raises(Conflict, match="its disk cannot be copied"):
+        workload_move(workload(user, status=S.STOPPED, node=source))
+    settings.REGISTRY = ""
+    with pytest.raises(Conflict, match="needs the platform's image registry"):
+        workload_move(workload(user, status=S.STOPPED, node=target))
