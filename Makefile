@@ -10,7 +10,7 @@ test: export WHITENOISE_USE_FINDERS = true
 test: export DB_CONN_MAX_AGE = 0
 test: export TEST_FAST_PASSWORD_HASHER = true
 
-.PHONY: run test services lint bench messages
+.PHONY: run test services lint bench messages cluster cluster-down
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@command -v python3 >/dev/null || { echo "ERROR: python3 is missing: install Python 3.11 (apt-get install python3 python3-venv)."; exit 1; }
@@ -24,6 +24,15 @@ services:
 
 run: $(VENV)/.installed services
 	@bash config/dev/run.sh
+
+# Several GPU hosts on this machine (network namespaces, one Docker engine and node agent each):
+# `make cluster` (N=3 hosts), `make cluster-down`; more in config/dev/cluster.sh.
+N ?= 3
+cluster: $(VENV)/.installed
+	@PYTHON=$(PY) bash config/dev/cluster.sh up $(N)
+
+cluster-down:
+	@bash config/dev/cluster.sh down
 
 test: $(VENV)/.installed
 	@DATABASE_URL=$(TEST_DATABASE_URL) WITH_BROWSER=1 bash config/dev/services.sh

@@ -186,8 +186,11 @@ def agent_register(node_name: str) -> Node:
         name=node_name,
         hostname=socket.gethostname(),
         address=settings.NODE_ADDRESS,
-        # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has.
-        cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS"),
+        # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has
+        # (but simulated hosts sharing one development machine's cores may, when told so).
+        cpu_cores=_at_most(
+            settings.NODE_CPUS, host_cpus, "NODE_CPUS", may_exceed=simulated and settings.NODE_CPUS_MAY_EXCEED_HOST
+        ),
         memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB"),
         gpus=gpus,
         simulated=simulated,
@@ -196,7 +199,9 @@ def agent_register(node_name: str) -> Node:
     )
 
 
-def _at_most(configured: int, host: int, name: str) -> int:
+def _at_most(configured: int, host: int, name: str, *, may_exceed: bool = False) -> int:
+    if configured and may_exceed:
+        return configured
     if configured > host:
         log.warning("%s=%s is more than this host has (%s): advertising %s", name, configured, host, host)
     return min(configured, host) if configured else host
