@@ -171,6 +171,8 @@ postgres_up() {
   if [ -z "$(psql_admin "SELECT 1 FROM pg_roles WHERE rolname = '$DB_OWNER'")" ]; then
     psql_admin "CREATE ROLE $DB_OWNER LOGIN CREATEROLE PASSWORD '$PG_PASSWORD'"
     psql_admin "CREATE DATABASE $DB_NAME OWNER $DB_OWNER"
+    # The owner may see where every connection comes from (pg_stat_activity's client_addr).
+    psql_admin "GRANT pg_read_all_stats TO $DB_OWNER"
   fi
 }
 
@@ -273,9 +275,10 @@ host_up() { # host_up <i> [cards]
   host_agent_up "$i" "$cards"
 }
 
-veth_check() { # the agents' database and Redis connections come from their hosts' addresses
-  local addrs expected clients i
-  expected=$(for i in "$@"; do host_addr "$i"; done | sort -u)
+veth_check() { # veth_check <i>...: these agents' database and Redis connections come from their hosts' addresses
+  local addrs clients i stray
+  local -a all
+  mapfile -t all < <(host_numbers)
   addrs=$(PSQL_DB=$DB_NAME psql_admin \
     "SELECT DISTINCT host(client_addr) FROM pg_stat_activity WHERE usename = '${DB_OWNER}_node'" | sort -u)
   clients=$(redis-cli -h "$CP" -a "$REDIS_PASSWORD" --no-auth-warning CLIENT LIST | grep -o 'addr=[0-9.]*' | cut -d= -f2)
@@ -283,7 +286,9 @@ veth_check() { # the agents' database and Redis connections come from their host
     grep -qx "$(host_addr "$i")" <<<"$addrs" || die "host h$i's agent has no database connection from $(host_addr "$i")"
     grep -qx "$(host_addr "$i")" <<<"$clients" || die "host h$i's agent has no Redis connection from $(host_addr "$i")"
   done
-  [ "$addrs" = "$expected" ] || die "node-role database connections from unexpected addresses: $addrs"
+  # ... and no node-role connection comes from anywhere else (a unix socket, loopback, the bridge).
+  stray=$(grep -vxF -f <(for i in "${all[@]}"; do host_addr "$i"; done) <<<"$addrs" || true)
+  [ -z "$stray" ] || die "node-role database connections from unexpected addresses: $stray"
   say "agents reach PostgreSQL and Redis over the veths from: $(tr '\n' ' ' <<<"$addrs")"
 }
 
@@ -432,7 +437,7 @@ case $command in
     [ "$(id -u)" = 0 ] || die "run as root"
     down
     if [ "${1:-}" = --purge ]; then
-      find "$DIR" -mindepth 1 -maxdepth 1 ! -name log -exec rm -rf {} +
+      [ ! -d "$DIR" ] || find "$DIR" -mindepth 1 -maxdepth 1 ! -name log -exec rm -rf {} +
       say "stopped; state deleted (logs kept in $LOG/)"
     else
       say "stopped (state kept in $DIR; down --purge deletes it)"
