@@ -27,6 +27,7 @@ run: $(VENV)/.installed services
 
 # Several GPU hosts on this machine (network namespaces, one Docker engine and node agent each):
 # `make cluster` (N=3 hosts), `make cluster-down`; more in config/dev/cluster.sh.
+# `make test` runs tests/cluster (which bring up their own) as its last stage: it needs root.
 N ?= 3
 cluster: $(VENV)/.installed
 	@PYTHON=$(PY) bash config/dev/cluster.sh up $(N)
@@ -40,6 +41,7 @@ test: $(VENV)/.installed
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) DJANGO_ALLOW_ASYNC_UNSAFE=true \
 		$(PY) -m pytest -m browser tests/browser
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -m cluster tests/cluster
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
