@@ -19,9 +19,10 @@
 # instance of the plan (CLUSTER_PREFIX=gct CLUSTER_NET=234) so both can run at once.
 #
 # Settings (environment): CLUSTER_PREFIX, CLUSTER_NET, CLUSTER_DIR (state and logs, default
-# var/cluster), CLUSTER_WEB_PORT, CLUSTER_CARDS_<I> (host I's cards), CLUSTER_NODE_CPUS (CPU
-# cores each simulated host advertises; they share this machine's), N, PYTHON. Any other
-# setting of the platform (NODE_HEARTBEAT_S, ...) set by the caller reaches every process.
+# var/cluster), CLUSTER_WEB_PORT, CLUSTER_CARDS_<I> (host I's cards), CLUSTER_NODE_CPUS and
+# CLUSTER_NODE_MEMORY_MB (what each simulated host advertises: they share this machine's), N,
+# PYTHON. Any other setting of the platform (NODE_HEARTBEAT_S, ...) the caller sets reaches
+# every process.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -124,7 +125,8 @@ REDIS_URL=redis://:$REDIS_PASSWORD@$CP:6379/0
 DOCKER_BASE_URL=unix://$(host_sock "$i")
 GPU_BACKEND=$cards
 NODE_CPUS=${CLUSTER_NODE_CPUS:-16}
-NODE_CPUS_MAY_EXCEED_HOST=true
+NODE_MEMORY_MB=${CLUSTER_NODE_MEMORY_MB:-65536}
+NODE_OVERCOMMIT_SIMULATED=true
 INSTANCE_NETWORK_MODE=fenced
 INSTANCE_NETWORK=gpucloud-tenants
 INSTANCE_BRIDGE=${PREFIX}t$i

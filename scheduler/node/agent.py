@@ -182,16 +182,15 @@ def agent_register(node_name: str) -> Node:
     info = launcher.docker_client().info()
     host_cpus = os.cpu_count() or 1
     host_memory_mb = info.get("MemTotal", 0) // (1024 * 1024)
+    overcommit = simulated and settings.NODE_OVERCOMMIT_SIMULATED
     return node_register(
         name=node_name,
         hostname=socket.gethostname(),
         address=settings.NODE_ADDRESS,
         # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has
-        # (but simulated hosts sharing one development machine's cores may, when told so).
-        cpu_cores=_at_most(
-            settings.NODE_CPUS, host_cpus, "NODE_CPUS", may_exceed=simulated and settings.NODE_CPUS_MAY_EXCEED_HOST
-        ),
-        memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB"),
+        # (but simulated hosts sharing one development machine may, when told so).
+        cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS", may_exceed=overcommit),
+        memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB", may_exceed=overcommit),
         gpus=gpus,
         simulated=simulated,
         nvidia_runtime="nvidia" in (info.get("Runtimes") or {}),

@@ -29,13 +29,17 @@ def test_a_node_never_advertises_more_cpus_or_memory_than_its_host_has(settings)
     assert node.memory_mb == launcher.docker_client().info()["MemTotal"] // (1024 * 1024)
 
 
-def test_simulated_hosts_sharing_a_machine_may_advertise_more_cpus_when_told_so(settings):
+def test_simulated_hosts_sharing_a_machine_may_advertise_more_than_it_has_when_told_so(settings):
     settings.GPU_BACKEND = "sim:1xT4"
     settings.NODE_CPUS = 100 * (os.cpu_count() or 1)
-    settings.NODE_CPUS_MAY_EXCEED_HOST = True
-    assert agent_register("test-shared-machine").cpu_cores == settings.NODE_CPUS
-    settings.NODE_CPUS = 0
-    assert agent_register("test-shared-machine").cpu_cores == os.cpu_count()
+    settings.NODE_MEMORY_MB = 1 << 30
+    settings.NODE_OVERCOMMIT_SIMULATED = True
+    node = agent_register("test-shared-machine")
+    assert (node.cpu_cores, node.memory_mb) == (settings.NODE_CPUS, settings.NODE_MEMORY_MB)
+    settings.NODE_CPUS = settings.NODE_MEMORY_MB = 0
+    node = agent_register("test-shared-machine")
+    assert node.cpu_cores == os.cpu_count()
+    assert node.memory_mb == launcher.docker_client().info()["MemTotal"] // (1024 * 1024)
 
 
 def test_work_asking_more_cores_than_the_host_has_fails_to_start_instead_of_being_capped(user, base_image):
