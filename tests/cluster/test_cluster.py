@@ -8,7 +8,7 @@ import os
 import pytest
 from django.conf import settings
 
-from tests.conftest import wait_for
+from tests.cluster.harness import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -92,7 +92,7 @@ def test_each_agent_runs_in_its_hosts_namespace_and_reaches_the_control_plane_ov
 
     # Every agent holds a database connection from its host's address, and none from anywhere else
     # (no unix socket, no loopback).
-    wait_for(lambda: node_role_clients() >= addresses, timeout=30, what="a database connection from every host")
+    wait_until(lambda: node_role_clients() >= addresses, timeout=30, what="a database connection from every host")
     assert node_role_clients() <= addresses
     # Celery's broker connection and the channel layer: Redis sees the hosts' addresses too.
     clients = {c["addr"].rsplit(":", 1)[0] for c in cluster.redis().client_list()}
@@ -100,10 +100,10 @@ def test_each_agent_runs_in_its_hosts_namespace_and_reaches_the_control_plane_ov
 
 
 def test_a_host_added_to_the_running_cluster_registers_and_takes_work(cluster):
-    cluster.script("add-host", "4", "sim:2xH100", timeout=180)
+    cluster.add_host(4, "sim:2xH100")
     rows = cluster.sql("SELECT status, address FROM scheduler_node WHERE name = 'h4'")
     assert rows == [("active", cluster.host_address(4))]
-    cluster.__dict__.pop("catalog", None)  # H100s exist now
+    cluster.catalog_forget()  # H100s exist now
     instance = cluster.create_instance("H100", gpus=2)
     try:
         running = cluster.wait_instance(instance["id"], "running")
