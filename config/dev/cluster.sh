@@ -20,8 +20,8 @@
 #
 # Settings (environment): CLUSTER_PREFIX, CLUSTER_NET, CLUSTER_DIR (state and logs, default
 # var/cluster), CLUSTER_WEB_PORT, CLUSTER_CARDS_<I> (host I's cards), CLUSTER_NODE_CPUS and
-# CLUSTER_NODE_MEMORY_MB (what each simulated host advertises: they share this machine's), N,
-# PYTHON. Any other setting of the platform (NODE_HEARTBEAT_S, ...) the caller sets reaches
+# CLUSTER_NODE_MEMORY_MB (what each simulated host advertises: they share this machine's),
+# CLUSTER_AGENT_CONCURRENCY (tasks each agent runs at once, default 2), N, PYTHON. Any other setting of the platform (NODE_HEARTBEAT_S, ...) the caller sets reaches
 # every process.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -257,7 +257,7 @@ host_agent_up() {
   local -a environment
   mapfile -t environment < <(host_env "$i" "$cards")
   spawn "h$i-agent" nsenter --net="/var/run/netns/$ns" env "${environment[@]}" \
-    "$PY" manage.py node_agent --name "h$i"
+    "$PY" manage.py node_agent --name "h$i" --concurrency "${CLUSTER_AGENT_CONCURRENCY:-2}"
 }
 
 host_registered() { # the node is active and its agent reached the database from the host's address

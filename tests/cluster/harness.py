@@ -114,12 +114,8 @@ class Cluster:
         return int(Path(f"/run/gpucloud-{self.prefix}/{name}.pid").read_text())
 
     # --- as a user, over HTTP ----------------------------------------------------------------
-    @cached_property
-    def http(self) -> requests.Session:
-        return requests.Session()
-
     def api(self, method: str, path: str, *, user: str = "demo", **kwargs) -> requests.Response:
-        return self.http.request(
+        return requests.request(
             method,
             f"{self.info['WEB_URL']}/api/v1/{path}",
             headers={"Authorization": f"Token {self.tokens[user]}"},
