@@ -41,15 +41,6 @@ SETTINGS = {
 }
 
 
-def commit() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=_setup.ROOT, capture_output=True, text=True).stdout.strip()
-
-    return git("rev-parse", "--short", "HEAD") + (
-        "-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
-    )
-
-
 def docker_run(cluster: Cluster, name: str) -> float:
     """Seconds of ``docker run -d`` on host 1's engine (it returns once the container started)."""
     socket = f"unix:///run/gpucloud-{cluster.prefix}/h1.sock"
@@ -181,7 +172,7 @@ def main():
                 "agent_concurrency": args.agent_concurrency,
                 "errors": len(errors),
                 "error_examples": errors[:3],
-                "commit": commit(),
+                "commit": _setup.commit(),
             }
         )
     )

@@ -112,6 +112,23 @@ def test_a_returning_node_stops_containers_of_work_it_lost_but_keeps_their_disk(
         remove_node_containers(node.name)
 
 
+def test_work_that_started_after_reconciliation_read_docker_is_not_taken_for_gone(user, base_image, monkeypatch):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        # Docker was read before the launch; the database, after it committed "running".
+        monkeypatch.setattr(launcher, "containers_on_node", lambda name: {})
+
+        agent_reconcile(node.name)
+
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.RUNNING, w.status_reason
+        monkeypatch.undo()
+        assert is_running(w)
+    finally:
+        remove_node_containers(node.name)
+
+
 def test_containers_and_volumes_of_work_released_while_the_node_was_away_are_removed(user, base_image):
     node = make_node("sim:1xRTX3090")
     try:
