@@ -447,6 +447,7 @@ case $command in
     ;;
   status) status ;;
   env)
+    [ -d "$DIR" ] || die "no cluster in $DIR (cluster.sh up first)"
     secrets
     if [ -n "${1:-}" ]; then
       var="CLUSTER_CARDS_$1"
