@@ -35,7 +35,8 @@ RUN=/run/gpucloud-$PREFIX # short paths: Docker's and containerd's sockets live 
 BRIDGE=${PREFIX}br0
 CP=10.$NET.0.1
 LAN=10.$NET.0.0/24
-WEB_PORT=${CLUSTER_WEB_PORT:-8100}
+# The loopback port a running cluster was started with wins over the default (status, env, add-host).
+WEB_PORT=${CLUSTER_WEB_PORT:-$(cat "$DIR/web-port" 2>/dev/null || echo 8100)}
 WS_PORT=$((WEB_PORT + 1))
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 DB_NAME=gpucloud
@@ -416,6 +417,7 @@ case $command in
     mkdir -p "$RUN"
     secrets
     control_env
+    echo "$WEB_PORT" >"$DIR/web-port"
     say "control plane on $CP (logs $LOG/)"
     bridge_up
     control_plane_up
