@@ -10,7 +10,7 @@ test: export WHITENOISE_USE_FINDERS = true
 test: export DB_CONN_MAX_AGE = 0
 test: export TEST_FAST_PASSWORD_HASHER = true
 
-.PHONY: run test services lint bench messages prod-smoke
+.PHONY: run test services lint bench messages prod-smoke cluster cluster-down
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@command -v python3 >/dev/null || { echo "ERROR: python3 is missing: install Python 3.11 (apt-get install python3 python3-venv)."; exit 1; }
@@ -25,12 +25,23 @@ services:
 run: $(VENV)/.installed services
 	@bash config/dev/run.sh
 
+# Several GPU hosts on this machine (network namespaces, one Docker engine and node agent each):
+# `make cluster` (N=3 hosts), `make cluster-down`; more in config/dev/cluster.sh.
+# `make test` runs tests/cluster (which bring up their own) as its last stage: it needs root.
+N ?= 3
+cluster: $(VENV)/.installed
+	@PYTHON=$(PY) bash config/dev/cluster.sh up $(N)
+
+cluster-down:
+	@bash config/dev/cluster.sh down
+
 test: $(VENV)/.installed
 	@DATABASE_URL=$(TEST_DATABASE_URL) WITH_BROWSER=1 bash config/dev/services.sh
 	@$(PY) manage.py make_signing_keys
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) DJANGO_ALLOW_ASYNC_UNSAFE=true \
 		$(PY) -m pytest -m browser tests/browser
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -m cluster tests/cluster
 
 # The production stack (docker-compose.yml) built from Debian's packages and brought up on a Docker
 # engine of its own, then smoke-tested through its TLS proxy (config/prod/smoke.sh; needs root,

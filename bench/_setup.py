@@ -1,11 +1,24 @@
 """Make the project importable from bench/ scripts (policy code needs no Django); set up a bench database."""
 
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACES = ROOT.parent / "shared" / "traces"
+TRACES = Path(os.environ.get("TRACES_DIR", ROOT.parent / "shared" / "traces"))  # TRACES_DIR: from a worktree
 sys.path.insert(0, str(ROOT))
+
+
+def commit() -> str:
+    """The commit measured (``-dirty`` when tracked files differ from it), for a result's "commit" field."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (
+        "-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    )
 
 
 def fresh_database(database_url: str, **environ: str) -> None:

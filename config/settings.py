@@ -301,6 +301,9 @@ SIM_GPU_DEFAULT = env.str("SIM_GPU_DEFAULT", default="sim:4xRTX3090,4xA100-80GB"
 NODE_NAME = env.str("NODE_NAME", default="")
 NODE_CPUS = env.int("NODE_CPUS", default=0)  # 0: the host's own count
 NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memory
+# Development only: several simulated hosts share one machine (config/dev/cluster.sh), so a host
+# with simulated cards may advertise NODE_CPUS / NODE_MEMORY_MB above what the machine has.
+NODE_OVERCOMMIT_SIMULATED = env.bool("NODE_OVERCOMMIT_SIMULATED", default=False)
 # The address the control plane and the other GPU hosts reach this host at (its LAN address).
 NODE_ADDRESS = env.str("NODE_ADDRESS", default="127.0.0.1")
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)

@@ -203,14 +203,16 @@ def agent_register(node_name: str, *, relay_url: str = "") -> Node:
     info = launcher.docker_client().info()
     host_cpus = os.cpu_count() or 1
     host_memory_mb = info.get("MemTotal", 0) // (1024 * 1024)
+    overcommit = simulated and settings.NODE_OVERCOMMIT_SIMULATED
     return node_register(
         name=node_name,
         hostname=socket.gethostname(),
         address=settings.NODE_ADDRESS,
         relay_url=relay_url,
-        # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has.
-        cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS"),
-        memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB"),
+        # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has
+        # (but simulated hosts sharing one development machine may, when told so).
+        cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS", may_exceed=overcommit),
+        memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB", may_exceed=overcommit),
         gpus=gpus,
         simulated=simulated,
         nvidia_runtime="nvidia" in (info.get("Runtimes") or {}),
@@ -218,7 +220,9 @@ def agent_register(node_name: str, *, relay_url: str = "") -> Node:
     )
 
 
-def _at_most(configured: int, host: int, name: str) -> int:
+def _at_most(configured: int, host: int, name: str, *, may_exceed: bool = False) -> int:
+    if configured and may_exceed:
+        return configured
     if configured > host:
         log.warning("%s=%s is more than this host has (%s): advertising %s", name, configured, host, host)
     return min(configured, host) if configured else host

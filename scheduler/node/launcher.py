@@ -347,26 +347,32 @@ class ContainerState:
     workload_id: int | None = None
 
 
+def _state(c) -> ContainerState:
+    state = c.attrs.get("State", {})
+    workload = c.labels.get(f"{LABEL}.workload", "")
+    return ContainerState(
+        c.id,
+        c.labels.get(f"{LABEL}.uid", ""),
+        c.name,
+        c.status == "running",
+        state.get("ExitCode"),
+        bool(state.get("OOMKilled")),
+        kind=c.labels.get(f"{LABEL}.kind", ""),
+        workload_id=int(workload) if workload.isdigit() else None,
+    )
+
+
 def containers_on_node(node_name: str) -> dict[str, ContainerState]:
     """Every container of this deployment that Docker has for this node, by workload uid."""
-    found = {}
     labels = [f"{LABEL}.node={node_name}", f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"]
     containers = docker_client().containers.list(all=True, filters={"label": labels})
-    for c in containers:
-        state = c.attrs.get("State", {})
-        uid = c.labels.get(f"{LABEL}.uid", "")
-        workload = c.labels.get(f"{LABEL}.workload", "")
-        found[uid] = ContainerState(
-            c.id,
-            uid,
-            c.name,
-            c.status == "running",
-            state.get("ExitCode"),
-            bool(state.get("OOMKilled")),
-            kind=c.labels.get(f"{LABEL}.kind", ""),
-            workload_id=int(workload) if workload.isdigit() else None,
-        )
-    return found
+    return {state.uid: state for state in map(_state, containers)}
+
+
+def container_state(name: str) -> ContainerState | None:
+    """One container's state, read now (None when Docker has no such container)."""
+    container = _find(name)
+    return None if container is None else _state(container)
 
 
 def volumes_on_node(node_name: str) -> dict[str, str]:

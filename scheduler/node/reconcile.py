@@ -65,6 +65,10 @@ def _settle_running(node_name: str, containers: dict, now) -> list[int]:
     changed = []
     for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING):
         state = containers.get(workload.uid)
+        if state is None:
+            # Not in the snapshot: its launch may have started the container and committed "running"
+            # between the Docker read and this database read (short jobs make that common). Ask again.
+            state = launcher.container_state(workload.container_name)
         if state is not None and state.running:
             if _over_runtime(workload, now) and _end_over_runtime(workload):
                 changed.append(workload.pk)

@@ -4,7 +4,9 @@ Jobs arrive at their submit time, run for their duration once placed, and
 accrue service as they run. A preempted job keeps running through the grace
 period (its checkpoint), then returns to the queue and later resumes where it
 stopped. Decisions happen at every arrival, completion and eviction, and every
-``quantum`` seconds while work waits (so demotions can preempt).
+``quantum`` seconds while work waits (so demotions can preempt). ``launch_overhead``
+models what a live start costs: a placed job holds its cards that long before its own
+time starts (bench/cluster_live.py sets it to what the live cluster measured).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     timeline_every: float = 0.0,
     seed: int = 0,
+    launch_overhead: float = 0.0,
 ) -> SimResult:
     discipline = DISCIPLINES[policy](config)
     config = discipline.config
@@ -74,6 +77,7 @@ def simulate(
     mix = task_mix(shapes) if strategy == "fgd" else None
     works: dict[int, Work] = {}
     executed: dict[int, float] = {}
+    executed_before_launch: dict[int, float] = {}
     first_start: dict[int, float] = {}
     done: dict[int, float] = {}
     duration = {j.id: j.duration for j in jobs}
@@ -128,6 +132,7 @@ def simulate(
             if work is None:
                 continue  # finished during its grace period
             cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            executed[job_id] = max(executed[job_id], executed_before_launch[job_id])  # evicted while launching
             version[job_id] = version.get(job_id, 0) + 1
             work.node, work.cards, work.stopping = None, [], False
             work.waiting_since = now
@@ -136,7 +141,7 @@ def simulate(
             job = arrivals[next_arrival]
             next_arrival += 1
             milli = WHOLE_CARD if whole_cards_only else job.gpu_milli
-            request = Request(job.id, None, job.gpu_count, milli, job.cpu, job.memory_mb)
+            request = Request(job.id, job.gpu_model, job.gpu_count, milli, job.cpu, job.memory_mb)
             work = Work(job.id, job.user, request, submitted=job.submit, waiting_since=job.submit, preemptible=True)
             works[job.id] = work
             executed[job.id] = 0.0
@@ -167,6 +172,9 @@ def simulate(
             running[work.id] = work
             first_start.setdefault(work.id, now)
             version[work.id] = version.get(work.id, 0) + 1
+            # Its cards are held through the launch before its own time runs (credited back as it passes).
+            executed_before_launch[work.id] = executed[work.id]
+            executed[work.id] -= launch_overhead
             heapq.heappush(completions, (now + duration[work.id] - executed[work.id], version[work.id], work.id))
         for preempt in decisions.preempt:
             preemptions += 1

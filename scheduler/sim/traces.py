@@ -23,6 +23,7 @@ class TraceJob:
     user: str = ""
     cpu: int = 0
     memory_mb: int = 0
+    gpu_model: str | None = None  # None: any model
 
 
 def detect(path: str | Path) -> str:
@@ -75,6 +76,7 @@ def read_jobs(path: str | Path, *, min_duration: float = 0, max_gpus: int | None
                     int(r["num_gpus"]),
                     round(fraction * WHOLE_CARD),
                     user=r.get("user", ""),
+                    gpu_model=r.get("gpu_model") or None,
                 )
             )
     jobs = [j for j in jobs if j.duration >= min_duration and (max_gpus is None or j.gpu_count <= max_gpus)]

@@ -25,12 +25,22 @@ class Command(BaseCommand):
         parser.add_argument("--placement", choices=STRATEGIES, default="bestfit")
         size = parser.add_mutually_exclusive_group(required=True)
         size.add_argument("--gpus", type=int, help="cluster of N cards, 8 per node")
-        size.add_argument("--nodes", help="node spec, e.g. '16x8xV100' (16 nodes of 8 V100)")
+        size.add_argument(
+            "--nodes",
+            help="node spec, e.g. '16x8xV100' (16 nodes of 8 V100); groups separated by commas "
+            "('2x4xRTX3090,1x4xA100-80GB')",
+        )
         parser.add_argument("--whole-cards-only", action="store_true", help="round fractions up to whole cards")
         parser.add_argument("--start-day", type=float, default=0, help="window start, days after the first submit")
         parser.add_argument("--days", type=float, default=None, help="window length in days (default: all)")
         parser.add_argument("--min-duration", type=float, default=0)
         parser.add_argument("--quantum", type=float, default=300.0)
+        parser.add_argument(
+            "--launch-overhead",
+            type=float,
+            default=0.0,
+            help="seconds a placed job holds its cards before it runs (a live launch and exit)",
+        )
         parser.add_argument("--plot", help="write queue length and GPU allocation over time to this PNG")
 
     def handle(
@@ -46,6 +56,7 @@ class Command(BaseCommand):
         days,
         min_duration,
         quantum,
+        launch_overhead,
         plot,
         **options,
     ):
@@ -76,6 +87,7 @@ class Command(BaseCommand):
             whole_cards_only=whole_cards_only,
             progress=progress if sys.stderr.isatty() else None,
             timeline_every=600 if plot else 0,
+            launch_overhead=launch_overhead,
         )
         summary = result.summary() | {"seconds": round(time.perf_counter() - started, 1)}
         if plot:
@@ -86,16 +98,22 @@ class Command(BaseCommand):
 
 
 def _nodes(spec: str) -> list[NodeSpec]:
-    try:
-        count, per_node, model = spec.split("x", 2)
-        count, per_node = int(count), int(per_node)
-        _, _, memory = parse_sim_spec(f"sim:1x{model}")[0]
-    except Exception as exc:
-        raise CommandError(f"--nodes expects <nodes>x<cards>x<MODEL> such as 16x8xV100, got {spec!r}") from exc
-    return [
-        NodeSpec(f"node-{n}", 10**9, 10**9, [CardSpec((n, c), model, memory) for c in range(per_node)])
-        for n in range(count)
-    ]
+    nodes = []
+    for group in spec.split(","):
+        try:
+            count, per_node, model = group.strip().split("x", 2)
+            count, per_node = int(count), int(per_node)
+            _, _, memory = parse_sim_spec(f"sim:1x{model}")[0]
+        except Exception as exc:
+            raise CommandError(
+                f"--nodes expects <nodes>x<cards>x<MODEL>[,...] such as 16x8xV100, got {group!r}"
+            ) from exc
+        for _ in range(count):
+            n = len(nodes)
+            nodes.append(
+                NodeSpec(f"node-{n}", 10**9, 10**9, [CardSpec((n, c), model, memory) for c in range(per_node)])
+            )
+    return nodes
 
 
 def _plot(result, path: str) -> None:

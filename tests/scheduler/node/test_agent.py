@@ -31,6 +31,19 @@ def test_a_node_never_advertises_more_cpus_or_memory_than_its_host_has(settings)
     assert node.memory_mb == launcher.docker_client().info()["MemTotal"] // (1024 * 1024)
 
 
+def test_simulated_hosts_sharing_a_machine_may_advertise_more_than_it_has_when_told_so(settings):
+    settings.GPU_BACKEND = "sim:1xT4"
+    settings.NODE_CPUS = 100 * (os.cpu_count() or 1)
+    settings.NODE_MEMORY_MB = 1 << 30
+    settings.NODE_OVERCOMMIT_SIMULATED = True
+    node = agent_register("test-shared-machine")
+    assert (node.cpu_cores, node.memory_mb) == (settings.NODE_CPUS, settings.NODE_MEMORY_MB)
+    settings.NODE_CPUS = settings.NODE_MEMORY_MB = 0
+    node = agent_register("test-shared-machine")
+    assert node.cpu_cores == os.cpu_count()
+    assert node.memory_mb == launcher.docker_client().info()["MemTotal"] // (1024 * 1024)
+
+
 def test_work_asking_more_cores_than_the_host_has_fails_to_start_instead_of_being_capped(user, base_image):
     node = make_node("sim:1xRTX3090", cpu_cores=1024)
     card = node.gpus.get()
@@ -100,6 +113,23 @@ def test_a_returning_node_keeps_its_running_instance_and_stops_what_was_stopped_
         assert not is_running(stopped)
         assert stopped.container_name in {c.name for c in launcher.docker_client().containers.list(all=True)}
         assert stopped.volume_name in launcher.volumes_on_node(node.name).values()  # its disk stays
+    finally:
+        remove_node_containers(node.name)
+
+
+def test_work_that_started_after_reconciliation_read_docker_is_not_taken_for_gone(user, base_image, monkeypatch):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        # Docker was read before the launch; the database, after it committed "running".
+        monkeypatch.setattr(launcher, "containers_on_node", lambda name: {})
+
+        agent_reconcile(node.name)
+
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.RUNNING, w.status_reason
+        monkeypatch.undo()
+        assert is_running(w)
     finally:
         remove_node_containers(node.name)
 

@@ -76,3 +76,17 @@ def test_the_command_draws_a_plot(tmp_path, capsys):
 def test_the_command_refuses_an_unknown_trace_format(tmp_path):
     with pytest.raises(CommandError, match="unknown trace format"):
         call_command("simulate", trace=str(write(tmp_path, "x.csv", "a,b\n1,2\n")), gpus=8)
+
+
+def test_jobs_wait_for_their_gpu_model_on_a_cluster_of_several_models(tmp_path, capsys):
+    trace = write(tmp_path, "m.csv", "submit_time,duration,num_gpus,gpu_model\n0,100,1,A100-80GB\n0,100,1,A100-80GB\n")
+    call_command("simulate", trace=str(trace), nodes="1x1xRTX3090, 1x1xA100-80GB", policy="fifo")
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["finished"] == 2
+    assert result["avg_jct"] == 150  # one after the other on the one A100; the RTX 3090 stays free
+
+
+def test_a_launch_overhead_holds_the_cards_before_the_job_runs():
+    jobs = [TraceJob(0, 0, 100, 1), TraceJob(1, 0, 100, 1)]
+    result = simulate(jobs, uniform_nodes(1), policy="fifo", launch_overhead=5)
+    assert result.avg_jct == pytest.approx((105 + 210) / 2)

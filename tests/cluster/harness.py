@@ -1,0 +1,195 @@
+"""A several-host cluster brought up by ``config/dev/cluster.sh`` on an instance of its address plan
+of the caller's choosing, and a client for it: the HTTP API as a user, each host's Docker engine
+(its own socket), and the cluster's own PostgreSQL and Redis.
+
+No Django here: the tests (``tests/cluster/conftest.py``) and the benchmarks (``bench/``) share it.
+Needs root, as the script does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import docker
+import psycopg
+import redis
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "config" / "dev" / "cluster.sh"
+IMAGE = "gpucloud/pytorch:2.5.1-cuda12.4"
+
+
+class ClusterError(RuntimeError):
+    """The script failed; the message holds its output."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, *, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Cluster:
+    """A cluster of prefix ``prefix`` on 10.<net>.0.0/24 (hosts), 10.<net+1> (engines), 10.<net+2> (tenants)."""
+
+    prefix: str
+    net: int
+    directory: Path
+    settings: dict = field(default_factory=dict)  # platform settings for every process (timings, ...)
+    info: dict = field(default_factory=dict)  # cluster.sh env: URLs and secrets of the control plane
+    tokens: dict = field(default_factory=dict)  # demo user name -> API token
+
+    @cached_property
+    def env(self) -> dict:
+        return {
+            **os.environ,
+            **self.settings,
+            "CLUSTER_PREFIX": self.prefix,
+            "CLUSTER_NET": str(self.net),
+            "CLUSTER_DIR": str(self.directory),
+            "CLUSTER_WEB_PORT": str(free_port()),
+            "PYTHON": sys.executable,
+        }
+
+    # --- its script ------------------------------------------------------------------------
+    def script(self, *args: str, timeout: float = 300) -> str:
+        result = subprocess.run(
+            ["bash", str(SCRIPT), *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if result.returncode != 0:
+            raise ClusterError(
+                f"cluster.sh {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
+        return result.stdout
+
+    def up(self, hosts: int) -> Cluster:
+        """Bring it up afresh (whatever an interrupted run left is removed first)."""
+        self.script("down", "--purge", timeout=180)
+        self.script("up", str(hosts), timeout=600)
+        self.info = dict(line.split("=", 1) for line in self.script("env").splitlines() if "=" in line)
+        for line in (self.directory / "demo-users.txt").read_text().splitlines():
+            words = line.split()  # "user demo / demo-pass-123  API token <key>"
+            self.tokens[words[1]] = words[-1]
+        return self
+
+    def down(self) -> None:
+        self.script("down", "--purge", timeout=180)
+
+    def add_host(self, i: int, cards: str) -> None:
+        self.script("add-host", str(i), cards, timeout=180)
+
+    # --- the address plan --------------------------------------------------------------------
+    def host_address(self, i: int) -> str:
+        return f"10.{self.net}.0.{10 + i}"
+
+    def host_netns(self, i: int) -> str:
+        return f"/var/run/netns/{self.prefix}h{i}"
+
+    def tenant_subnet(self, i: int) -> str:
+        return f"10.{self.net + 2}.{i}.0/24"
+
+    def engine(self, i: int) -> docker.DockerClient:
+        return docker.DockerClient(base_url=f"unix:///run/gpucloud-{self.prefix}/h{i}.sock", timeout=60)
+
+    def pid(self, name: str) -> int:
+        return int(Path(f"/run/gpucloud-{self.prefix}/{name}.pid").read_text())
+
+    # --- as a user, over HTTP ----------------------------------------------------------------
+    def api(self, method: str, path: str, *, user: str = "demo", **kwargs) -> requests.Response:
+        return requests.request(
+            method,
+            f"{self.info['WEB_URL']}/api/v1/{path}",
+            headers={"Authorization": f"Token {self.tokens[user]}"},
+            timeout=60,
+            **kwargs,
+        )
+
+    @cached_property
+    def catalog(self) -> dict:
+        """GPU type ids by name, and the id of the test image (read once; ``catalog_forget`` after a change)."""
+        types = {t["name"]: t["id"] for t in self.api("get", "gpu-types/").json()["results"]}
+        images = {i["docker_ref"]: i["id"] for i in self.api("get", "images/").json()["results"]}
+        return {"gpu_types": types, "image": images[IMAGE]}
+
+    def catalog_forget(self) -> None:
+        self.__dict__.pop("catalog", None)
+
+    def work_body(self, gpu_type: str, gpus: float | str = 1, **fields) -> dict:
+        catalog = self.catalog
+        body = {
+            "image": catalog["image"],
+            "gpu_type": str(catalog["gpu_types"][gpu_type]),
+            "gpus": str(gpus),
+            "cpu_cores": 1,
+            "memory_gb": 1,
+        }
+        return body | fields
+
+    def create_instance(self, gpu_type: str, gpus: float | str = 1) -> dict:
+        response = self.api("post", "instances/", json=self.work_body(gpu_type, gpus, disk_gb=5))
+        if response.status_code != 201:
+            raise AssertionError(f"create answered {response.status_code}: {response.text}")
+        return response.json()
+
+    def instance(self, instance_id: int) -> dict:
+        response = self.api("get", f"instances/{instance_id}/")
+        if response.status_code != 200:
+            raise AssertionError(f"instance {instance_id} answered {response.status_code}: {response.text}")
+        return response.json()
+
+    def action(self, instance_id: int, action: str) -> dict:
+        response = self.api("post", f"instances/{instance_id}/{action}/")
+        if response.status_code not in (200, 202):
+            raise AssertionError(f"{action} of {instance_id} answered {response.status_code}: {response.text}")
+        return response.json()
+
+    def wait_instance(self, instance_id: int, status: str, timeout: float = 60, every: float = 0.2) -> dict:
+        last = {}
+
+        def reached():
+            nonlocal last
+            last = self.instance(instance_id)
+            return last["status"] == status
+
+        try:
+            wait_until(reached, timeout=timeout, what=f"instance {instance_id} {status}", every=every)
+        except AssertionError:
+            raise AssertionError(
+                f"instance {instance_id} stayed {last.get('status')} ({last.get('status_reason')}); wanted {status}"
+            ) from None
+        return last
+
+    def release(self, instance_id: int) -> None:
+        """Stop (if it runs) and release it, so its cards are free again."""
+        if self.instance(instance_id)["status"] == "running":
+            self.action(instance_id, "stop")
+            self.wait_instance(instance_id, "stopped")
+        self.action(instance_id, "release")
+        self.wait_instance(instance_id, "released")
+
+    # --- where the outcome lives -------------------------------------------------------------
+    def sql(self, query: str, params=()) -> list[tuple]:
+        with psycopg.connect(self.info["OWNER_DATABASE_URL"], connect_timeout=10) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.info["REDIS_URL"], socket_timeout=10)
