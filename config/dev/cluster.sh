@@ -98,7 +98,8 @@ secrets() { # random passwords and keys, made once per cluster directory (mode 6
   local key
   umask 077
   touch "$DIR/secrets.env"
-  for key in PG_PASSWORD WEB_DB_PASSWORD NODE_DB_PASSWORD REDIS_PASSWORD SECRET_KEY AGENT_SECRET_KEY; do
+  for key in PG_PASSWORD WEB_DB_PASSWORD NODE_DB_PASSWORD REDIS_PASSWORD SECRET_KEY AGENT_SECRET_KEY \
+    REGISTRY_PASSWORD FS_DB_PASSWORD; do
     grep -q "^$key=" "$DIR/secrets.env" || echo "$key=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')" >>"$DIR/secrets.env"
   done
   umask 022
@@ -106,7 +107,28 @@ secrets() { # random passwords and keys, made once per cluster directory (mode 6
   source "$DIR/secrets.env"
 }
 
+# The image registry (Debian's docker-registry, TLS with a CA of its own that every engine here trusts)
+# and the users' file storage (JuiceFS: metadata and data in this PostgreSQL, mounted on every host).
+REGISTRY=$CP:5000
+shared_env() { # what every part gets for the registry and the file storage (printed as NAME=value lines)
+  cat <<ENV
+RELAY_SECRET=$SECRET_KEY$SECRET_KEY
+REGISTRY=$REGISTRY
+REGISTRY_USERNAME=gpucloud
+REGISTRY_PASSWORD=$REGISTRY_PASSWORD
+REGISTRY_CA_FILE=$DIR/registry/ca.crt
+SHARED_FS_META=postgres://gpucloud_fs@$CP:5432/gpucloud_fs_meta?sslmode=disable
+META_PASSWORD=$FS_DB_PASSWORD
+SHARED_FS_STORAGE=postgres
+SHARED_FS_BUCKET=$CP:5432/gpucloud_fs_data?sslmode=disable
+SHARED_FS_ACCESS_KEY=gpucloud_fs
+SHARED_FS_SECRET_KEY=$FS_DB_PASSWORD
+ENV
+}
+
 control_env() { # what every control-plane process (and manage.py run here) gets
+  local line
+  while IFS= read -r line; do export "${line?}"; done < <(shared_env)
   export SECRET_KEY DEPLOYMENT_ID="cluster-$PREFIX" SCHEDULER_QUEUE=scheduler
   export REDIS_URL="redis://:$REDIS_PASSWORD@$CP:6379/0"
   export DATABASE_URL="postgres://${DB_OWNER}_web:$WEB_DB_PASSWORD@$CP:5432/$DB_NAME"
@@ -121,7 +143,7 @@ host_env() { # host_env <i> <cards>: what host i's node agent gets (printed as N
   cat <<ENV
 NODE_NAME=h$i
 NODE_ADDRESS=$(host_addr "$i")
-DATABASE_URL=postgres://${DB_OWNER}_node:$NODE_DB_PASSWORD@$CP:5432/$DB_NAME
+DATABASE_URL=postgres://${DB_OWNER}_node_h$i:$NODE_DB_PASSWORD@$CP:5432/$DB_NAME
 REDIS_URL=redis://:$REDIS_PASSWORD@$CP:6379/0
 DOCKER_BASE_URL=unix://$(host_sock "$i")
 GPU_BACKEND=$cards
@@ -137,7 +159,11 @@ VOLUMES_DIR=$DIR/h$i/volumes
 SECRET_KEY=$AGENT_SECRET_KEY
 DEPLOYMENT_ID=cluster-$PREFIX
 SCHEDULER_QUEUE=scheduler
+SHARED_FS_MOUNT=$DIR/h$i/sharedfs/mnt
+SHARED_FS_CACHE_DIR=$DIR/h$i/sharedfs/cache
+SHARED_FS_CACHE_MB=512
 ENV
+  shared_env
 }
 
 psql_admin() { # SQL as the instance's superuser, over its own unix socket
@@ -188,19 +214,33 @@ redis_up() {
 
 database_ready() { # schema, roles, demo users, signing keys (as the database owner)
   DATABASE_URL=$(owner_url) "$PY" manage.py migrate --no-input -v0
-  DATABASE_URL=$(owner_url) "$PY" manage.py db_roles --prefix "$DB_OWNER" \
-    --web-password "$WEB_DB_PASSWORD" --node-password "$NODE_DB_PASSWORD"
+  DATABASE_URL=$(owner_url) "$PY" manage.py db_roles --prefix "$DB_OWNER" --web-password "$WEB_DB_PASSWORD"
   DATABASE_URL=$(owner_url) "$PY" manage.py load_demo >"$DIR/demo-users.txt"
   "$PY" manage.py make_signing_keys
 }
 
-# TODO(registry helper): start Debian's docker-registry on $CP:5000 with authentication, push the
-# catalog images once, and give each host's engine --insecure-registry (or TLS) in host_up.
-# Until then every host builds the demo base image on its own engine (host_images).
-start_registry() { :; }
-# TODO(shared-storage helper): the users' file storage (JuiceFS: metadata in this Redis or
-# PostgreSQL, data in an object store on $CP), mounted on every host in host_up.
-start_sharedfs() { :; }
+registry_answers() {
+  [ "$(curl -s --cacert "$DIR/registry/ca.crt" -o /dev/null -w '%{http_code}' "https://$REGISTRY/v2/")" = 401 ]
+}
+
+start_registry() { # TLS: every engine here trusts its CA through /etc/docker/certs.d (shared by the namespaces)
+  need docker-registry docker-registry
+  need htpasswd apache2-utils
+  REGISTRY_USERNAME=gpucloud REGISTRY_PASSWORD=$REGISTRY_PASSWORD REGISTRY_TLS_NAMES=$CP \
+    bash config/dev/registry.sh write "$DIR/registry" "$REGISTRY" >/dev/null
+  install -D -m 644 "$DIR/registry/ca.crt" "/etc/docker/certs.d/$REGISTRY/ca.crt"
+  spawn registry bash config/dev/registry.sh serve "$DIR/registry"
+  wait_for 15 "the registry" registry_answers
+}
+
+start_sharedfs() { # its two databases in this PostgreSQL, formatted once (every user gets a directory)
+  if [ -z "$(psql_admin "SELECT 1 FROM pg_roles WHERE rolname = 'gpucloud_fs'")" ]; then
+    psql_admin "CREATE ROLE gpucloud_fs LOGIN PASSWORD '$FS_DB_PASSWORD'"
+    psql_admin "CREATE DATABASE gpucloud_fs_meta OWNER gpucloud_fs"
+    psql_admin "CREATE DATABASE gpucloud_fs_data OWNER gpucloud_fs"
+  fi
+  DATABASE_URL=$(owner_url) "$PY" manage.py sharedfs_format >/dev/null
+}
 
 control_plane_up() {
   redis_up
@@ -246,7 +286,8 @@ host_dockerd_up() {
     --bip "10.$((NET + 1)).$i.1/24" --iptables=true
 }
 
-host_images() { # the demo images on this host's engine (until the registry serves them)
+host_images() { # the catalog pushed to the registry once, through the first host's engine; the others pull
+  registry_answers && [ -n "$(ls -A "$DIR/registry/storage" 2>/dev/null)" ] && return 0
   DATABASE_URL=$(owner_url) DOCKER_BASE_URL="unix://$(host_sock "$1")" "$PY" manage.py build_images >/dev/null
 }
 
@@ -275,6 +316,9 @@ host_up() { # host_up <i> [cards]
   host_dockerd_up "$i"
   wait_for 60 "host h$i's Docker engine" docker -H "unix://$(host_sock "$i")" info
   host_images "$i"
+  # One at a time: db_roles re-applies the node group's grants, which hosts coming up at once would race on.
+  DATABASE_URL=$(owner_url) flock "$DIR/db_roles.lock" \
+    "$PY" manage.py db_roles --prefix "$DB_OWNER" --node "h$i=$NODE_DB_PASSWORD" >/dev/null
   host_agent_up "$i" "$cards"
 }
 
@@ -283,7 +327,7 @@ veth_check() { # veth_check <i>...: these agents' database and Redis connections
   local -a all
   mapfile -t all < <(host_numbers)
   addrs=$(PSQL_DB=$DB_NAME psql_admin \
-    "SELECT DISTINCT host(client_addr) FROM pg_stat_activity WHERE usename = '${DB_OWNER}_node'" | sort -u)
+    "SELECT DISTINCT host(client_addr) FROM pg_stat_activity WHERE usename LIKE '${DB_OWNER}\_node\_%'" | sort -u)
   clients=$(redis-cli -h "$CP" -a "$REDIS_PASSWORD" --no-auth-warning CLIENT LIST | grep -o 'addr=[0-9.]*' | cut -d= -f2)
   for i in "$@"; do
     grep -qx "$(host_addr "$i")" <<<"$addrs" || die "host h$i's agent has no database connection from $(host_addr "$i")"
@@ -316,6 +360,12 @@ host_down() {
   local i=$1 sock ns
   sock=$(host_sock "$i") ns=$(host_ns "$i")
   stop_process "h$i-agent" 20
+  # Its file-storage client, before the metadata service goes (a client that cannot reach it never ends).
+  local mnt=$DIR/h$i/sharedfs/mnt
+  if mountpoint -q "$mnt" 2>/dev/null; then
+    nsenter --net="/var/run/netns/$ns" "$(dirname "$PY")/juicefs" umount --force "$mnt" >/dev/null 2>&1 ||
+      umount -l "$mnt" 2>/dev/null || true
+  fi
   if [ -S "$sock" ] && pid_of "h$i-dockerd" >/dev/null; then
     local running
     running=$(timeout 20 docker -H "unix://$sock" ps -q 2>/dev/null || true)
@@ -344,6 +394,8 @@ down() {
   stop_process websocket 20 &
   stop_process web 30 &
   wait
+  stop_process registry 10
+  rm -rf "/etc/docker/certs.d/$REGISTRY"
   stop_process redis 10
   if [ -n "$PG_BIN" ] && [ -s "$DIR/pg/postmaster.pid" ]; then
     runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$DIR/pg" -m fast -w -t 60 stop >/dev/null 2>&1 || true

@@ -128,7 +128,9 @@ class SelfFence:
             return []
         node = Node.objects.filter(name=self.node_name).first()
         requeued = []
-        for workload in Workload.objects.filter(pk__in=pending, kind=WorkloadKind.JOB):
+        # Only work still placed here: one the control plane requeued and placed elsewhere meanwhile runs
+        # there now, and is none of this node's business.
+        for workload in Workload.objects.filter(pk__in=pending, kind=WorkloadKind.JOB, node__name=self.node_name):
             stopped_at = datetime.fromisoformat(pending[workload.pk])
             if workload_transition(
                 workload,

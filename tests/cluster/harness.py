@@ -127,7 +127,11 @@ class Cluster:
     def catalog(self) -> dict:
         """GPU type ids by name, and the id of the test image (read once; ``catalog_forget`` after a change)."""
         types = {t["name"]: t["id"] for t in self.api("get", "gpu-types/").json()["results"]}
-        images = {i["docker_ref"]: i["id"] for i in self.api("get", "images/").json()["results"]}
+        # The catalog names its registry (REGISTRY/gpucloud/pytorch:...).
+        images = {
+            i["docker_ref"].split("/", 1)[-1] if "." in i["docker_ref"].split("/")[0] else i["docker_ref"]: i["id"]
+            for i in self.api("get", "images/").json()["results"]
+        }
         return {"gpu_types": types, "image": images[IMAGE]}
 
     def catalog_forget(self) -> None:
@@ -189,7 +193,8 @@ class Cluster:
     # --- where the outcome lives -------------------------------------------------------------
     def sql(self, query: str, params=()) -> list[tuple]:
         with psycopg.connect(self.info["OWNER_DATABASE_URL"], connect_timeout=10) as conn:
-            return conn.execute(query, params).fetchall()
+            cursor = conn.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
 
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(self.info["REDIS_URL"], socket_timeout=10)

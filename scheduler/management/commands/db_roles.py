@@ -34,7 +34,7 @@ from psycopg import sql
 
 from billing.models import MeterSegment
 from portal.models import Instance
-from scheduler.models import Allocation, Gpu, GpuMinute, Node, Workload, WorkloadEvent, WorkloadGpuMinute
+from scheduler.models import Allocation, Gpu, GpuMinute, Move, Node, Workload, WorkloadEvent, WorkloadGpuMinute
 from scheduler.telemetry.rollups import FIELDS as ROLLUP_FIELDS
 
 # The id of the node the session's role belongs to: {own} in the row rules below.
@@ -114,6 +114,7 @@ NODE_ACCESS = {
     WorkloadEvent: NodeAccess("SELECT, INSERT", rows="workload_id IN " + OWN_WORK),
     MeterSegment: NodeAccess("SELECT, INSERT", update=("ended_at", "end_reason"), rows="workload_id IN " + OWN_WORK),
     Instance: NodeAccess("SELECT"),
+    Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
     # Minute rollups, upserted (an agent restarted mid-minute).
     GpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
     WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),

@@ -101,3 +101,18 @@ def test_a_job_the_control_plane_already_requeued_is_left_as_it_is(user, node, b
     assert fence.report() == []
     job.refresh_from_db()
     assert job.status_reason == "requeued: node lost" and fence.pending() == {}
+
+
+def test_a_job_already_running_on_another_node_is_left_as_it_is(user, node, base_image):
+    from scheduler.models import Workload
+
+    job = running_instance(user, node, base_image, kind="job", command=["sleep", "600"])
+    fence = SelfFence(node.name, AgentClock())
+    cut_off(fence, 3)
+    fence.check()
+    elsewhere = make_node("sim:1xRTX3090")
+    Workload.objects.filter(pk=job.pk).update(node=elsewhere)  # requeued and placed there meanwhile
+
+    assert fence.report() == []
+    job.refresh_from_db()
+    assert job.status == WorkloadStatus.RUNNING and job.node == elsewhere

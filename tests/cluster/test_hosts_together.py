@@ -1,0 +1,176 @@
+"""What only several real hosts can show: files that follow the user, instances that move with their
+disks, tenants fenced off from the control plane and the other hosts with Docker's iptables on, and a
+host cut off from the control plane that stops its own job before the job runs elsewhere."""
+
+import subprocess
+from contextlib import contextmanager
+
+import pytest
+
+from tests.cluster.harness import wait_until
+
+pytestmark = pytest.mark.cluster
+
+
+def container_of(cluster, instance: dict):
+    return cluster.engine(int(instance["node"][1:])).containers.get(instance["container_id"])
+
+
+def run_in(container, script: str) -> tuple[int, str]:
+    result = container.exec_run(["sh", "-c", script])
+    return result.exit_code, result.output.decode(errors="replace")
+
+
+def in_host(cluster, i: int, *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["nsenter", f"--net={cluster.host_netns(i)}", *command], capture_output=True, text=True, timeout=60
+    )
+
+
+@contextmanager
+def node_held_back(cluster, name: str):
+    """Nothing new is placed on ``name`` meanwhile (an operator's drain), so that work lands elsewhere."""
+    cluster.sql("UPDATE scheduler_node SET status = 'draining' WHERE name = %s", (name,))
+    try:
+        yield
+    finally:
+        cluster.sql("UPDATE scheduler_node SET status = 'active' WHERE name = %s AND status = 'draining'", (name,))
+
+
+def test_a_file_written_by_an_instance_on_host_1_is_read_by_one_on_host_2(cluster):
+    on_h1 = cluster.wait_instance(cluster.create_instance("RTX3090")["id"], "running")
+    on_h2 = cluster.wait_instance(cluster.create_instance("A100-80GB")["id"], "running")
+    try:
+        assert on_h2["node"] == "h2" and on_h1["node"] in ("h1", "h3")
+        code, out = run_in(container_of(cluster, on_h1), "echo written-on-one-host > /root/autodl-fs/note.txt")
+        assert code == 0, out
+        code, out = run_in(container_of(cluster, on_h2), "cat /root/autodl-fs/note.txt; df -P /root/autodl-fs")
+        assert code == 0 and "written-on-one-host" in out and "JuiceFS" in out, out
+    finally:
+        cluster.release(on_h1["id"])
+        cluster.release(on_h2["id"])
+
+
+def test_a_stopped_instance_moves_to_another_host_with_its_system_and_data_disks(cluster):
+    instance = cluster.wait_instance(cluster.create_instance("RTX3090")["id"], "running")
+    source = instance["node"]
+    code, out = run_in(
+        container_of(cluster, instance),
+        "head -c 8388608 /dev/urandom > /root/autodl-tmp/data.bin && echo kept > /root/system.txt"
+        " && sha256sum /root/autodl-tmp/data.bin",
+    )
+    assert code == 0, out
+    digest = out.split()[0]
+    cluster.action(instance["id"], "stop")
+    cluster.wait_instance(instance["id"], "stopped")
+
+    response = cluster.api("post", f"instances/{instance['id']}/move/")
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "moving"
+    moved = cluster.wait_instance(instance["id"], "stopped", timeout=120)
+    target = "h3" if source == "h1" else "h1"
+    assert f"moved from {source} to {target}" in moved["status_reason"]
+
+    cluster.action(instance["id"], "start")
+    running = cluster.wait_instance(instance["id"], "running")
+    try:
+        assert running["node"] == target
+        code, out = run_in(container_of(cluster, running), "sha256sum /root/autodl-tmp/data.bin; cat /root/system.txt")
+        assert code == 0 and digest in out and "kept" in out, out
+        old = cluster.engine(int(source[1:]))
+        assert not [c for c in old.containers.list(all=True) if c.labels.get("gpucloud.workload")]
+        assert not [v for v in old.volumes.list() if v.name.startswith("gpucloud-data-")]
+    finally:
+        cluster.release(instance["id"])
+
+
+def test_a_tenant_reaches_no_control_plane_service_no_other_host_and_no_other_tenant(cluster):
+    """Docker's iptables are on in every host: the fence sits in DOCKER-USER, ahead of Docker's ACCEPTs."""
+    tenant = cluster.wait_instance(cluster.create_instance("RTX3090")["id"], "running")
+    neighbour = cluster.wait_instance(cluster.create_instance("A100-80GB")["id"], "running")
+    try:
+        host = int(tenant["node"][1:])
+        control_plane = cluster.info["CONTROL_PLANE"] if "CONTROL_PLANE" in cluster.info else f"10.{cluster.net}.0.1"
+        other_tenant = container_of(cluster, neighbour).attrs["NetworkSettings"]["Networks"]["gpucloud-tenants"]
+        targets = {
+            "PostgreSQL": (control_plane, 5432),
+            "Redis": (control_plane, 6379),
+            "web": (control_plane, 8000),
+            "registry": (control_plane, 5000),
+            "host 2's relay": (cluster.host_address(2), 8470),
+            "another host's tenant": (other_tenant["IPAddress"], 22),
+        }
+        probe = "nc -w 3 {0} {1} </dev/null >/dev/null 2>&1 && echo open || echo closed"
+        for what, (address, port) in targets.items():
+            if what != "another host's tenant":  # (its container listens nowhere: the host check is the point)
+                reached = in_host(cluster, host, "bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}")
+                assert reached.returncode == 0, f"the host itself should reach {what}: {reached.stderr}"
+            code, out = run_in(container_of(cluster, tenant), probe.format(address, port))
+            assert out.strip() == "closed", f"a tenant reached {what} at {address}:{port}"
+        fence = in_host(cluster, host, "iptables", "-S", "DOCKER-USER")
+        assert fence.stdout.splitlines()[1].endswith("-j GPUCLOUD-FENCE"), fence.stdout  # first, ahead of Docker's
+    finally:
+        cluster.release(tenant["id"])
+        cluster.release(neighbour["id"])
+
+
+def test_a_host_cut_off_stops_its_job_before_it_runs_elsewhere_and_keeps_its_instance_metered(cluster):
+    spare = "h3"
+    with node_held_back(cluster, spare):  # both land on h1
+        instance = cluster.wait_instance(cluster.create_instance("RTX3090")["id"], "running")
+        job = cluster.api("post", "jobs/", json=cluster.work_body("RTX3090", command="sleep 600"))
+        assert job.status_code == 201, job.text
+        job_id = job.json()["id"]
+        wait_until(
+            lambda: cluster.api("get", f"jobs/{job_id}/").json()["status"] == "running",
+            timeout=60,
+            what="the job to run",
+        )
+    assert instance["node"] == "h1"
+    workload = cluster.sql("SELECT workload_id FROM portal_job WHERE id = %s", (job_id,))[0][0]
+    old_container = cluster.sql("SELECT container_id FROM scheduler_workload WHERE id = %s", (workload,))[0][0]
+    cut = ["iptables", "-I", "OUTPUT", "-d", f"10.{cluster.net}.0.1", "-j", "DROP"]
+    assert in_host(cluster, 1, *cut).returncode == 0
+    try:
+        # The control plane calls h1 lost and requeues the job; h3 runs it.
+        def running_on():
+            rows = cluster.sql(
+                "SELECT n.name FROM scheduler_workload w JOIN scheduler_node n ON n.id = w.node_id "
+                "WHERE w.id = %s AND w.status = 'running'",
+                (workload,),
+            )
+            return rows and rows[0][0]
+
+        wait_until(lambda: running_on() == spare, timeout=90, what="the job running again on the other host")
+        assert cluster.sql("SELECT status FROM scheduler_node WHERE name = 'h1'")[0][0] == "lost"
+        stopped = cluster.engine(1).containers.get(old_container).attrs["State"]
+        new_container = cluster.sql("SELECT container_id FROM scheduler_workload WHERE id = %s", (workload,))[0][0]
+        started = cluster.engine(3).containers.get(new_container).attrs["State"]
+        assert not stopped["Running"]
+        assert stopped["FinishedAt"] < started["StartedAt"]  # h1 had stopped it before h3 started it
+        # The instance ran on: h1 still runs it, and its meter is still open.
+        assert container_of(cluster, instance).status == "running"
+        assert (
+            cluster.sql(
+                "SELECT status FROM scheduler_workload w JOIN portal_instance i ON i.workload_id = w.id "
+                "WHERE i.id = %s",
+                (instance["id"],),
+            )[0][0]
+            == "running"
+        )
+    finally:
+        in_host(cluster, 1, "iptables", "-D", "OUTPUT", "-d", f"10.{cluster.net}.0.1", "-j", "DROP")
+    wait_until(
+        lambda: cluster.sql("SELECT status FROM scheduler_node WHERE name = 'h1'")[0][0] == "active",
+        timeout=90,
+        what="h1 to rejoin",
+    )
+    segments = cluster.sql(
+        "SELECT s.ended_at FROM billing_metersegment s JOIN portal_instance i ON i.workload_id = s.workload_id "
+        "WHERE i.id = %s",
+        (instance["id"],),
+    )
+    assert segments == [(None,)]  # one run, metered throughout
+    assert cluster.instance(instance["id"])["status"] == "running"
+    cluster.api("post", f"jobs/{job_id}/cancel/")
+    cluster.release(instance["id"])
