@@ -363,9 +363,10 @@ host_down() {
   # Its file-storage client, before the metadata service goes (a client that cannot reach it never ends).
   local mnt=$DIR/h$i/sharedfs/mnt
   if mountpoint -q "$mnt" 2>/dev/null; then
-    nsenter --net="/var/run/netns/$ns" "$(dirname "$PY")/juicefs" umount --force "$mnt" >/dev/null 2>&1 ||
+    timeout 20 nsenter --net="/var/run/netns/$ns" "$(dirname "$PY")/juicefs" umount --force "$mnt" >/dev/null 2>&1 ||
       umount -l "$mnt" 2>/dev/null || true
   fi
+  pkill -KILL -f -- "--log $DIR/h$i/sharedfs/" 2>/dev/null || true # a client that lost its metadata service
   if [ -S "$sock" ] && pid_of "h$i-dockerd" >/dev/null; then
     local running
     running=$(timeout 20 docker -H "unix://$sock" ps -q 2>/dev/null || true)

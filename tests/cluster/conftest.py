@@ -54,7 +54,9 @@ def cluster():
     problem = _missing()
     if problem:
         pytest.fail(problem)
-    c = Cluster(prefix="gct", net=234, directory=settings.VAR_DIR / "cluster-test", settings=TIMINGS)
+    # Another instance of the plan when two runs must not meet (CLUSTER_TEST_PREFIX, CLUSTER_TEST_NET).
+    prefix, net = os.environ.get("CLUSTER_TEST_PREFIX", "gct"), int(os.environ.get("CLUSTER_TEST_NET", "234"))
+    c = Cluster(prefix=prefix, net=net, directory=settings.VAR_DIR / f"cluster-test-{prefix}", settings=TIMINGS)
     started = time.monotonic()
     try:
         c.up(HOSTS)
