@@ -87,7 +87,9 @@ def test_each_agent_runs_in_its_hosts_namespace_and_reaches_the_control_plane_ov
         assert os.stat(f"/proc/{agent}/ns/net").st_ino == os.stat(cluster.host_netns(i)).st_ino
 
     def node_role_clients():
-        rows = cluster.sql("SELECT host(client_addr) FROM pg_stat_activity WHERE usename LIKE 'gpucloud\\_node\\_%'")
+        rows = cluster.sql(
+            "SELECT host(client_addr) FROM pg_stat_activity WHERE usename LIKE %s", ("gpucloud\\_node\\_%",)
+        )
         return {address for (address,) in rows}
 
     # Every agent holds a database connection from its host's address, and none from anywhere else
