@@ -8,21 +8,14 @@ from scheduler import tick
 from scheduler.clock import db_now
 from scheduler.errors import Conflict
 from scheduler.models import Node, NodeStatus, WorkloadStatus
-from scheduler.node.gpus import simulated_inventory
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.cluster import launches_resend
 from scheduler.services.lifecycle import workload_transition
-from scheduler.services.nodes import (
-    node_activate,
-    node_drain,
-    node_heartbeat,
-    node_register,
-    node_remove,
-    nodes_drain_step,
-)
+from scheduler.services.nodes import node_activate, node_drain, node_heartbeat, node_remove, nodes_drain_step
 from scheduler.services.workloads import workload_start
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
+from tests.scheduler.services.test_nodes import make_node_again
 
 pytestmark = pytest.mark.django_db
 S = WorkloadStatus
@@ -151,14 +144,6 @@ def test_an_agent_restart_does_not_take_a_drained_node_back_into_service():
     node_drain(node=node, notice_s=0)
     nodes_drain_step()
 
-    again = node_register(
-        name=node.name,
-        hostname="h",
-        cpu_cores=node.cpu_cores,
-        memory_mb=node.memory_mb,
-        gpus=simulated_inventory("sim:1xT4", node.name),
-        simulated=True,
-        nvidia_runtime=False,
-    )
+    again = make_node_again(node)  # its agent restarts: it registers again
 
     assert again.status == NodeStatus.DRAINED and again.epoch == node.epoch + 1
