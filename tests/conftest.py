@@ -301,7 +301,11 @@ def web_server(transactional_db):
         yield f"127.0.0.1:{port}"
     finally:
         process.terminate()
-        process.wait(10)
+        try:  # daphne waits for open WebSockets (a browser's) to close before it exits: not forever
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
         log.close()
 
 
