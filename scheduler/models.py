@@ -290,6 +290,30 @@ class WorkloadEvent(models.Model):
         return f"{self.workload_id}: {self.from_status} -> {self.to_status}"
 
 
+class WorkloadRun(models.Model):
+    """One start of a workload's container, on one node: where that piece of its log lives.
+
+    Numbered from 1 in start order; a log cursor begins with the run's number, so the pieces of a
+    preempted-and-resumed job read as one log across hosts. ``node_name`` stays when the node is removed.
+    """
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="runs")
+    number = models.PositiveIntegerField()
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    node_name = models.CharField(max_length=63)
+    started_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["workload", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["workload", "number"], name="workload_run_unique_number"),
+            models.CheckConstraint(condition=Q(number__gte=1), name="workload_run_number_from_one"),
+        ]
+
+    def __str__(self):
+        return f"{self.workload_id} run {self.number} on {self.node_name}"
+
+
 class MoveStatus(models.TextChoices):
     COPYING = "copying", _("Copying")
     DONE = "done", _("Done")

@@ -11,13 +11,15 @@ import socket
 import threading
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
 from django.db.models.functions import Now
 
 from config.messages import ToScheduler, send
 from scheduler import sharedfs
 from scheduler.errors import ServiceError
-from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
-from scheduler.node import disks, launcher, network
+from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
+from scheduler.node import disks, launcher, network, worklogs
 from scheduler.node.gpus import discover
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
@@ -55,18 +57,22 @@ def _launch(workload_id: int) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
     if workload is None or workload.status != S.STARTING:
         return
+    run = None
     try:
         if settings.INSTANCE_NETWORK_MODE == "fenced":
             network.fence_check()
         if sharedfs.enabled():
             user_dir_ready(workload.owner_id)  # the owner's files, under its quota on this host too
         spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
+        run = _run_begin(workload)
         container_id = launcher.container_launch(workload, spec)
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)
         # An image this host cannot pull says so itself ("cannot pull image X from the registry Y: why").
         reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+        if run is not None:
+            worklogs.run_close(workload.pk, run, f"… {reason}")
         workload_transition(workload, to=S.FAILED, allowed_from=[S.STARTING], reason=reason, finished_at=Now())
         return
     if not workload_transition(
@@ -81,6 +87,22 @@ def _launch(workload_id: int) -> None:
         # Stopped, released or lost while it launched: do not leave its container running.
         log.info("workload %s left starting while it launched; stopping its container", workload_id)
         launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+
+
+def _run_begin(workload: Workload) -> int:
+    """Number this start of the work's container (where this piece of its log lives) and open its log here."""
+    with transaction.atomic():
+        Workload.objects.select_for_update().filter(pk=workload.pk).first()  # one launch numbers at a time
+        last = WorkloadRun.objects.filter(workload=workload).aggregate(last=Max("number"))["last"] or 0
+        WorkloadRun.objects.create(workload=workload, number=last + 1, node=workload.node, node_name=workload.node.name)
+    worklogs.run_begin(
+        workload_id=workload.pk,
+        uid=workload.uid,
+        owner_id=workload.owner_id,
+        run=last + 1,
+        container=workload.container_name,
+    )
+    return last + 1
 
 
 def agent_stop(workload_id: int) -> None:

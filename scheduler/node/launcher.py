@@ -19,7 +19,7 @@ from django.conf import settings
 from scheduler import registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
-from scheduler.node import disks
+from scheduler.node import collector, disks
 from scheduler.node.sharedfs import user_dir_on_host
 
 LABEL = "gpucloud"
@@ -111,6 +111,7 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         cap_drop=["ALL"],
         cap_add=KEPT_CAPABILITIES,
         volumes=volumes,
+        log_config=log_config(),
     )
     if settings.INSTANCE_NETWORK_MODE == "fenced":
         spec["network"] = settings.INSTANCE_NETWORK
@@ -127,6 +128,25 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
     if node.nvidia_runtime and not node.simulated and uuids:
         spec["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
     return spec
+
+
+def log_config() -> docker.types.LogConfig:
+    """Docker's own log of a container: the collector (``collector.py``) reads it into the workload's log.
+
+    The "local" driver, capped (two files of WORKLOG_DOCKER_MAX_MB / 2), in non-blocking mode: a
+    container printing faster than the engine writes loses lines from its WORKLOG_DOCKER_BUFFER_MB
+    buffer instead of stalling in write(2) or slowing the engine's other containers.
+    """
+    return docker.types.LogConfig(
+        type="local",
+        config={
+            "max-size": f"{max(1, settings.WORKLOG_DOCKER_MAX_MB // 2)}m",
+            "max-file": "2",
+            "compress": "false",
+            "mode": "non-blocking",
+            "max-buffer-size": f"{settings.WORKLOG_DOCKER_BUFFER_MB}m",
+        },
+    )
 
 
 def _find(name: str):
@@ -170,6 +190,7 @@ def container_launch(workload, spec: dict) -> str:
     if existing is not None and workload.kind == WorkloadKind.JOB:
         # A job starts afresh each time (its state is in the checkpoint volume, and its
         # environment says how often it was resumed).
+        collector.settle(existing.name)
         existing.remove(force=True)
         existing = None
     if existing is not None and _same_setup(existing, spec):
@@ -273,10 +294,12 @@ def container_logs_tail(name: str) -> str:
 
 
 def container_delete(name: str) -> None:
-    """Remove the container only (its volumes stay). Already gone, or going, is fine."""
+    """Remove the container only (its volumes stay), once its output is in the workload's log. Already
+    gone, or going, is fine."""
     container = _find(name)
     if container is None:
         return
+    collector.settle(name)
     try:
         container.remove(force=True)
     except docker.errors.NotFound:

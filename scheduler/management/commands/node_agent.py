@@ -1,4 +1,4 @@
-"""Run this host's node agent: register its cards, heartbeat, serve queue node.<name> and its relay."""
+"""Run this host's node agent: register its cards, heartbeat, serve queue node.<name> and its relay, collect logs."""
 
 import gc
 import logging
@@ -16,6 +16,7 @@ from scheduler.clock import agent_clock
 from scheduler.errors import ServiceError
 from scheduler.node import launcher
 from scheduler.node.agent import agent_register
+from scheduler.node.collector import Collector
 from scheduler.node.iptables import IptablesError
 from scheduler.node.network import fence_forever, fence_install
 from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_container_exits
@@ -84,6 +85,8 @@ class Command(BaseCommand):
         else:
             threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()
+        # Every container's output into its workload's log here (read through the relay).
+        collector = Collector(node.name, launcher.docker_client().api).start()
         if settings.INSTANCE_NETWORK_MODE == "fenced":
             threading.Thread(target=fence_forever, args=(stop,), name="fence-check", daemon=True).start()
         # Start-up's objects live as long as the agent: kept out of the collector, whose full passes over
@@ -109,4 +112,5 @@ class Command(BaseCommand):
             )
         finally:
             stop.set()
+            collector.stop()
             relay.stop()

@@ -4,7 +4,9 @@
 ticket, 403 for a ticket of another operation or one whose path leaves its
 root, 404 for a container that is not there, 403 for one of another node or
 deployment (or whose labels name another workload or owner than the ticket),
-and 409 for one that does not run. It returns a ``Call``: what a handler needs.
+and 409 for one that does not run. A log is the workload's, read from this host's files whatever
+became of its container: 404 when there is none here, 403 when another owner's or deployment's.
+It returns a ``Call``: what a handler needs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import docker
 from django.core import signing
 
 from config.relay import FILE_ROOTS, TICKET_S, Op, Ticket, ticket_open, within
+from scheduler.node import worklogs
 from scheduler.node.launcher import LABEL
 
 
@@ -53,6 +56,13 @@ class Guard:
     async def admit(self, request, op: Op, *, api: docker.APIClient, executor) -> Call:
         ticket = self._ticket(request.headers.get("Authorization", ""), op)
         call = Call(ticket, api, executor)
+        if op == Op.LOGS:  # the log outlives the container: its files say whose it is
+            meta = await call.run(worklogs.meta_read, ticket.workload)
+            if meta is None:
+                raise Refused(404, f"no log of workload {ticket.workload} on this node")
+            if meta.get("deployment") != self.deployment or meta.get("owner") != ticket.user:
+                raise Refused(403, f"the log of workload {ticket.workload} is not this ticket's")
+            return call
         labels, running = await call.run(_container_state, api, ticket.container)
         if labels is None:
             raise Refused(404, f"no container {ticket.container} on this node")

@@ -2,7 +2,7 @@
 
 Each operation of ``config.relay.Op`` is one route ``/v1/<op>`` and one handler
 in HANDLERS, with its time limit; a new operation (the CLI's logs) is one more
-line there and one more handler. Every request passes ``Guard.admit`` first
+line there and one more handler (as the logs were). Every request passes ``Guard.admit`` first
 (the ticket, then the container's labels), then runs under its time limit.
 Errors are shaped as the API shapes them: ``{"detail": ..., "<field>": [...]}``.
 Blocking Docker calls run on the relay's own threads, never on the loop.
@@ -23,7 +23,7 @@ from django.conf import settings
 
 from config.relay import Op
 from scheduler.errors import ServiceError
-from scheduler.node.relay import files, terminal, volume
+from scheduler.node.relay import files, logs, terminal, volume
 from scheduler.node.relay.guard import STARTED, Call, Guard, Refused
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ HANDLERS: dict[Op, tuple[str, Handler, Callable[[], float | None]]] = {
     Op.DOWNLOAD: ("GET", files.download, lambda: settings.RELAY_TRANSFER_TIMEOUT_S),
     Op.UPLOAD: ("PUT", files.upload, lambda: settings.RELAY_TRANSFER_TIMEOUT_S),
     Op.VOLUME: ("GET", volume.volume, lambda: settings.MOVE_TRANSFER_TIMEOUT_S),
+    Op.LOGS: ("GET", logs.logs, lambda: None),  # a followed log stays open while its run lasts
 }
 
 

@@ -1,0 +1,311 @@
+"""The log collector: each of this host's containers' stdout/stderr, followed into ``worklogs``' files.
+
+One thread per container whose run is open here reads Docker's log of it (``follow``, ``timestamps``,
+from the run's last timestamp taken, so an agent restart resumes without a line twice), a flusher
+commits every writer each COMMIT_S (the latency of a followed log), and a watcher starts followers
+when Docker starts a container and scans every SCAN_S (agent start, a missed event): it also closes
+runs whose container vanished unread and purges logs past their retention.
+
+Output is bounded twice: Docker's own log (the launcher's ``log_config``: the "local" driver, capped,
+non-blocking, so a flooding container never waits on the engine) and here, a token bucket of
+WORKLOG_RATE_KB_S with bursts of WORKLOG_BURST_MB: lines beyond it are dropped and counted, and a
+system line says how many bytes went before the next kept line.
+
+``settle(name)`` is called before a stopped container is removed: it waits (bounded) until its log
+has been read to the end.
+"""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import threading
+import time
+
+import docker
+from django.conf import settings
+
+from scheduler.node import launcher, worklogs
+
+log = logging.getLogger(__name__)
+COMMIT_S = 0.1
+SCAN_S = 5.0
+PURGE_S = 600.0
+SETTLE_S = 15.0
+STREAMS = {1: "stdout", 2: "stderr"}
+GONE = "… the container was removed before its output was read to the end"
+_active: Collector | None = None
+
+
+def settle(name: str, timeout: float = SETTLE_S) -> None:
+    """Before removing container ``name``: wait until its output is stored (no-op without a collector)."""
+    collector = _active
+    if collector is not None:
+        collector.settle(name, timeout)
+
+
+def _ns(ts: str) -> int:
+    """Nanoseconds since the epoch of a Docker timestamp ("2026-12-01T07:40:00.123456789Z")."""
+    return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) * 10**9 + int(ts[20:29].ljust(9, "0"))
+
+
+class Follower:
+    """Reads one container's log into its run's writer until the container stops."""
+
+    def __init__(self, collector: Collector, container_id: str, workload_id: int, state: worklogs.RunState):
+        self.collector, self.container_id, self.workload_id = collector, container_id, workload_id
+        self.writer = worklogs.RunWriter(workload_id, state)
+        self.thread = threading.Thread(target=self._run, name=f"log-{workload_id}", daemon=True)
+        self._response = None
+        rate = settings.WORKLOG_RATE_KB_S * 1024
+        self._rate, self._burst = rate, max(rate, settings.WORKLOG_BURST_MB * 1024 * 1024)
+        self._tokens, self._refilled = float(self._burst), time.monotonic()
+
+    def _run(self) -> None:
+        exit_code, gone = None, False
+        try:
+            while not self.collector.stopping.is_set():
+                try:
+                    self._read()
+                except docker.errors.NotFound:
+                    gone = True
+                    break
+                except Exception as exc:  # the engine restarted, the stream broke: read again from the last line
+                    if self.collector.stopping.is_set():
+                        return
+                    log.warning("log stream of %s broke: %r", self.container_id[:12], exc)
+                    self.collector.stopping.wait(1)
+                try:
+                    attrs = self.collector.api.inspect_container(self.container_id)
+                except docker.errors.NotFound:
+                    gone = True
+                    break
+                if not attrs["State"].get("Running"):
+                    exit_code = attrs["State"].get("ExitCode")
+                    break
+            else:
+                return
+            with self.writer.lock:
+                state = self.writer.state
+                if state.dropping:
+                    self._marker()
+                if gone:
+                    self.writer.append(
+                        "system", worklogs.now_t(), "… the container was removed before its output was read"
+                    )
+                self.writer.finish(exit_code)
+        except Exception:
+            log.exception("collecting the log of workload %s failed", self.workload_id)
+        finally:
+            self.writer.close()
+
+    def _read(self) -> None:
+        api, state = self.collector.api, self.writer.state
+        since_ns = _ns(state.last_ts) if state.last_ts else state.since_ns
+        params = {
+            "follow": 1,
+            "stdout": 1,
+            "stderr": 1,
+            "timestamps": 1,
+            "since": f"{since_ns // 10**9}.{since_ns % 10**9:09d}",
+        }
+        response = api._get(
+            api._url("/containers/{0}/logs", self.container_id), params=params, stream=True, timeout=None
+        )
+        api._raise_for_status(response)
+        self._response = response
+        skip = state.at_last  # lines with exactly the last timestamp that were taken already
+        buffer, raw = bytearray(), response.raw
+        try:
+            while chunk := raw.read1(256 * 1024):
+                buffer += chunk
+                frames, position = [], 0
+                while len(buffer) - position >= 8:
+                    size = int.from_bytes(buffer[position + 4 : position + 8], "big")
+                    if len(buffer) - position - 8 < size:
+                        break
+                    frames.append((buffer[position], bytes(buffer[position + 8 : position + 8 + size])))
+                    position += 8 + size
+                del buffer[:position]
+                if frames:
+                    skip = self._take(frames, skip)
+        finally:
+            response.close()
+
+    def _take(self, frames: list, skip: int) -> int:
+        state, writer = self.writer.state, self.writer
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+        with writer.lock:
+            for stream, payload in frames:
+                ts, _, text = payload.partition(b" ")
+                ts = ts.decode()
+                if ts < state.last_ts:
+                    continue
+                if ts == state.last_ts:
+                    if skip:
+                        skip -= 1
+                        continue
+                    state.at_last += 1
+                else:
+                    state.last_ts, state.at_last, skip = ts, 1, 0
+                size = len(text)
+                if size > self._tokens:
+                    state.dropping += size
+                    state.dropped_bytes += size
+                    continue
+                self._tokens -= size
+                t = ts[:26] + "Z"
+                if state.dropping:
+                    self._marker(t)
+                if text.endswith(b"\n"):
+                    text = text[:-1]
+                writer.append(STREAMS.get(stream, "stdout"), t, text.decode(errors="replace"))
+                state.kept_bytes += size
+        return skip
+
+    def _marker(self, t: str | None = None) -> None:
+        state = self.writer.state
+        said = f"… {state.dropping} bytes dropped (output faster than {settings.WORKLOG_RATE_KB_S} KB/s)"
+        self.writer.append("system", t or worklogs.now_t(), said)
+        state.dropping = 0
+
+    def commit(self) -> None:
+        with self.writer.lock:
+            self.writer.commit()
+
+    def interrupt(self) -> None:
+        response = self._response
+        if response is not None:
+            try:
+                response.raw._fp.fp.raw._sock.shutdown(2)  # unblocks the read (close() alone does not)
+            except Exception:  # already closed
+                pass
+
+
+class Collector:
+    def __init__(self, node_name: str, api: docker.APIClient):
+        self.node_name, self.api = node_name, api
+        self.stopping = threading.Event()
+        self._followers: dict[str, Follower] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> Collector:
+        global _active
+        _active = self
+        for target, name in (
+            (self._flush_forever, "log-flush"),
+            (self._scan_forever, "log-scan"),
+            (self._watch_starts, "log-watch"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        global _active
+        self.stopping.set()
+        with self._lock:
+            followers = list(self._followers.values())
+        for follower in followers:
+            follower.interrupt()
+        for follower in followers:
+            follower.thread.join(5)
+        for thread in self._threads[:2]:
+            thread.join(5)
+        if _active is self:
+            _active = None
+
+    def ensure(self, container: str) -> tuple[Follower | None, bool]:
+        """A follower for ``container`` (id or name) if its run here is open; and whether it runs."""
+        try:
+            attrs = self.api.inspect_container(container)
+        except docker.errors.NotFound:
+            return None, False
+        labels = attrs["Config"].get("Labels") or {}
+        running = bool(attrs["State"].get("Running"))
+        workload = labels.get(f"{launcher.LABEL}.workload", "")
+        if (
+            labels.get(f"{launcher.LABEL}.node") != self.node_name
+            or labels.get(f"{launcher.LABEL}.deployment") != settings.DEPLOYMENT_ID
+            or not workload.isdigit()
+        ):
+            return None, running
+        with self._lock:
+            follower = self._followers.get(attrs["Id"])
+            if follower is not None and follower.thread.is_alive():
+                return follower, running
+            runs = worklogs.runs_here(int(workload))
+            state = worklogs.state_read(int(workload), runs[-1]) if runs else None
+            if state is None:
+                return None, running  # started by no launch of this agent's (no run begun here)
+            if state.finished and (not running or state.container not in ("", attrs["Id"])):
+                return None, running
+            state.finished, state.container = False, attrs["Id"]  # a restarted container reopens its run
+            follower = Follower(self, attrs["Id"], int(workload), state)
+            self._followers[attrs["Id"]] = follower
+            follower.thread.start()
+            return follower, running
+
+    def settle(self, name: str, timeout: float) -> None:
+        follower, running = self.ensure(name)
+        if follower is not None and not running:
+            follower.thread.join(timeout)
+            if follower.thread.is_alive():
+                log.warning("the log of %s was not read to its end within %s s", name, timeout)
+
+    def _flush_forever(self) -> None:
+        while not self.stopping.wait(COMMIT_S):
+            with self._lock:
+                followers = list(self._followers.items())
+                self._followers = {key: f for key, f in followers if f.thread.is_alive()}
+            for _, follower in followers:
+                try:
+                    follower.commit()
+                except Exception:
+                    log.exception("committing the log of workload %s failed", follower.workload_id)
+
+    def _watch_starts(self) -> None:
+        filters = {"type": "container", "event": "start", "label": f"{launcher.LABEL}.node={self.node_name}"}
+        while not self.stopping.is_set():
+            try:
+                for event in self.api.events(decode=True, filters=filters):
+                    if self.stopping.is_set():
+                        return
+                    self.ensure(event["id"])
+            except Exception:  # the engine restarted: the scan covers the gap
+                log.exception("docker events for the log collector broke")
+                self.stopping.wait(5)
+
+    def _scan_forever(self) -> None:
+        purged_at = 0.0
+        while not self.stopping.is_set():
+            try:
+                live = self.scan()
+                if time.monotonic() - purged_at > PURGE_S:
+                    worklogs.purge(live_uids=live)
+                    purged_at = time.monotonic()
+            except Exception:
+                log.exception("log collector scan failed")
+            self.stopping.wait(SCAN_S)
+
+    def scan(self) -> set[str]:
+        """Follow every container of this node with an open run; close runs whose container is gone.
+        Returns the uids of this node's containers."""
+        labels = [f"{launcher.LABEL}.node={self.node_name}", f"{launcher.LABEL}.deployment={settings.DEPLOYMENT_ID}"]
+        containers = self.api.containers(all=True, filters={"label": labels})
+        for container in containers:
+            self.ensure(container["Id"])
+        live = {c["Labels"].get(f"{launcher.LABEL}.uid", "") for c in containers}
+        ids = {c["Id"] for c in containers}
+        with self._lock:
+            following = {f.workload_id for f in self._followers.values() if f.thread.is_alive()}
+        for workload_id in worklogs.open_runs():
+            meta = worklogs.meta_read(workload_id) or {}
+            if workload_id in following or meta.get("uid") in live:
+                continue
+            worklogs.run_close_unread(workload_id, known_containers=ids)
+        return live

@@ -1,0 +1,447 @@
+"""A host's logs of its workloads: the files the collector appends to and the relay reads.
+
+Everything lives under ``settings.WORKLOG_DIR``, one folder per workload::
+
+    <workload id>/meta.json                        whose it is: owner, uid, deployment
+    <workload id>/run-<run>.json                   one run's state (``RunState``), replaced atomically
+    <workload id>/run-<run>-<first seq>.ndjson      the run's lines, in segments of about a cap's eighth
+
+A run is one start of the workload's container (``scheduler.WorkloadRun``, numbered by the control
+plane). Each stored line is the wire shape of ``config.relay`` already: ``{"n": "<run>.<seq>", "t":
+..., "stream": ..., "line": ...}`` with fixed-width numbers, so cursors and times sort as text and a
+reader passes lines on without decoding them. The state records how far the run's files are good
+(segment and size) and the last Docker timestamp taken, so a collector that restarts truncates what
+it wrote after its last commit and reads Docker again from there: no line twice, none lost.
+
+A workload's files on one host hold at most ``WORKLOG_MAX_MB``: past it the oldest segment goes, and
+the reader shows a system line saying how many bytes went. Readers learn of new lines from
+``changed`` (same process: the agent runs the relay) or, failing that, by reading again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+MB = 1024 * 1024
+END_SEQ = 10**12 - 1  # the web tier's end-of-run marker; agent lines stay below
+_SEGMENT = re.compile(r"run-(\d{6})-(\d{12})\.ndjson")
+_T_AT = slice(32, 59)  # where "t" sits in a stored line
+_N_AT = slice(6, 25)
+LAUNCH_GRACE_S = 3600  # a run begun here whose container never appeared is closed after this
+
+
+def cursor(run: int, seq: int) -> str:
+    return f"{run:06d}.{seq:012d}"
+
+
+def cursor_parse(text: str) -> tuple[int, int] | None:
+    """(run, seq) of a cursor, None if ``text`` is not one."""
+    run, dot, seq = text.partition(".")
+    if not (dot and run.isdigit() and seq.isdigit() and len(run) <= 6 and len(seq) <= 12):
+        return None
+    return int(run), int(seq)
+
+
+def seq_of(line: bytes) -> int:
+    """The sequence number of a stored line."""
+    return int(line[_N_AT][7:])
+
+
+def line_bytes(run: int, seq: int, t: str, stream: str, text: str) -> bytes:
+    """One stored line (and wire line): ``t`` is "YYYY-MM-DDTHH:MM:SS.ffffffZ"."""
+    return f'{{"n":"{cursor(run, seq)}","t":"{t}","stream":"{stream}","line":{json.dumps(text)}}}\n'.encode()
+
+
+def now_t() -> str:
+    ns = time.time_ns()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns // 1000 % 10**6:06d}Z"
+
+
+@dataclass
+class RunState:
+    run: int
+    since_ns: int  # Docker's log is read from here (a reused container's log holds earlier runs)
+    container: str = ""
+    last_ts: str = ""  # the last Docker timestamp taken (RFC 3339, nanoseconds: sorts as text)
+    at_last: int = 0  # lines taken with exactly that timestamp
+    seq: int = 0  # the last line's number
+    segment: int = 0  # first seq of the segment being written (0: none yet)
+    segment_size: int = 0  # its good length
+    kept_bytes: int = 0
+    dropped_bytes: int = 0  # over the rate, with markers in the log
+    dropping: int = 0  # dropped since the last marker (its marker is still to be written)
+    head_dropped_bytes: int = 0  # whole segments removed for the size cap
+    head_dropped_seq: int = 0  # the last line they held
+    finished: bool = False
+    exit_code: int | None = None
+    ended_at: float = 0.0  # this host's clock, for retention only
+
+
+# -- paths and state ---------------------------------------------------------------------------------
+
+
+def workload_dir(workload_id: int) -> Path:
+    return Path(settings.WORKLOG_DIR) / str(int(workload_id))
+
+
+def _state_path(workload_id: int, run: int) -> Path:
+    return workload_dir(workload_id) / f"run-{run:06d}.json"
+
+
+def _segment_path(workload_id: int, run: int, first: int) -> Path:
+    return workload_dir(workload_id) / f"run-{run:06d}-{first:012d}.ndjson"
+
+
+def _write_json(path: Path, value: dict) -> None:
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w") as f:
+        json.dump(value, f)
+    os.replace(temporary, path)
+
+
+def meta_read(workload_id: int) -> dict | None:
+    try:
+        return json.loads((workload_dir(workload_id) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def state_read(workload_id: int, run: int) -> RunState | None:
+    try:
+        return RunState(**json.loads(_state_path(workload_id, run).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def state_write(workload_id: int, state: RunState) -> None:
+    _write_json(_state_path(workload_id, state.run), asdict(state))
+
+
+def runs_here(workload_id: int) -> list[int]:
+    folder = workload_dir(workload_id)
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name[4:10]) for p in folder.glob("run-??????.json"))
+
+
+def segments(workload_id: int, run: int | None = None) -> list[tuple[int, int, Path]]:
+    """(run, first seq, path) of the workload's segments here (of ``run`` only, if given), oldest first."""
+    folder = workload_dir(workload_id)
+    found = []
+    for entry in os.scandir(folder) if folder.is_dir() else ():
+        match = _SEGMENT.fullmatch(entry.name)
+        if match and (run is None or int(match[1]) == run):
+            found.append((int(match[1]), int(match[2]), Path(entry.path)))
+    return sorted(found)
+
+
+def run_begin(*, workload_id: int, uid: str, owner_id: int, run: int, container: str) -> None:
+    """Before the container of run ``run`` starts here: its state, reading Docker's log from now on.
+
+    A run of this workload still open here is finished first (its container is being replaced).
+    """
+    folder = workload_dir(workload_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"workload": workload_id, "uid": uid, "owner": owner_id, "container": container}
+    _write_json(folder / "meta.json", meta | {"deployment": settings.DEPLOYMENT_ID})
+    for earlier in runs_here(workload_id):
+        state = state_read(workload_id, earlier)
+        if state is not None and not state.finished and earlier != run:
+            state.finished, state.ended_at = True, time.time()
+            state_write(workload_id, state)
+    if state_read(workload_id, run) is None:
+        state_write(workload_id, RunState(run=run, since_ns=time.time_ns()))
+    changed.notify(workload_id)
+
+
+def open_runs() -> list[int]:
+    """Workloads whose latest run here is not finished."""
+    root = Path(settings.WORKLOG_DIR)
+    found = []
+    for entry in os.scandir(root) if root.is_dir() else ():
+        if entry.name.isdigit() and (runs := runs_here(int(entry.name))):
+            state = state_read(int(entry.name), runs[-1])
+            if state is not None and not state.finished:
+                found.append(int(entry.name))
+    return found
+
+
+def run_close(workload_id: int, run: int, why: str) -> None:
+    """Finish a run whose output will not be read (any more), saying why in a system line."""
+    state = state_read(workload_id, run)
+    if state is None or state.finished:
+        return
+    writer = RunWriter(workload_id, state)
+    with writer.lock:
+        writer.append("system", now_t(), why)
+        writer.finish(None)
+
+
+def run_close_unread(workload_id: int, *, known_containers: set[str]) -> None:
+    """The latest run's container is gone from the engine: close it (the collector's scan).
+
+    A run not followed yet is left alone for LAUNCH_GRACE_S: its container may still be being made.
+    """
+    runs = runs_here(workload_id)
+    state = state_read(workload_id, runs[-1]) if runs else None
+    if state is None or state.finished or state.container in known_containers:
+        return
+    if not state.container and time.time_ns() - state.since_ns < LAUNCH_GRACE_S * 10**9:
+        return
+    run_close(workload_id, state.run, "… the container was removed before its output was read")
+
+
+# -- change notices (the relay in the agent's process waits on them) ----------------------------------
+
+
+class _Changes:
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._versions: dict[int, int] = {}
+
+    def version(self, workload_id: int) -> int:
+        with self._condition:
+            return self._versions.get(workload_id, 0)
+
+    def notify(self, workload_id: int) -> None:
+        with self._condition:
+            self._versions[workload_id] = self._versions.get(workload_id, 0) + 1
+            self._condition.notify_all()
+
+    def wait(self, workload_id: int, seen: int, timeout: float) -> int:
+        """Until the workload's version passes ``seen`` or ``timeout``; returns the version."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._versions.get(workload_id, 0) != seen, timeout)
+            return self._versions.get(workload_id, 0)
+
+
+changed = _Changes()
+
+
+# -- writing (the collector) --------------------------------------------------------------------------
+
+
+class RunWriter:
+    """Appends one run's lines; ``commit()`` makes them durable and visible (call it often)."""
+
+    def __init__(self, workload_id: int, state: RunState):
+        self.workload_id, self.state = workload_id, state
+        self.lock = threading.Lock()
+        self._file = None
+        self._dirty = False
+        self._recover()
+
+    def _recover(self) -> None:
+        """Drop what was written after the last commit: it is read from Docker again."""
+        for _, first, path in segments(self.workload_id, self.state.run):
+            if first > self.state.segment:
+                path.unlink(missing_ok=True)
+            elif first == self.state.segment:
+                with open(path, "r+b") as f:
+                    f.truncate(self.state.segment_size)
+
+    def _segment_bytes(self) -> int:
+        return max(64 * 1024, settings.WORKLOG_MAX_MB * MB // 8)
+
+    def append(self, stream: str, t: str, text: str) -> int:
+        """Store one line (without its newline); returns its size. Hold ``lock``."""
+        state = self.state
+        if self._file is None or state.segment_size >= self._segment_bytes():
+            self._next_segment()
+        state.seq += 1
+        data = line_bytes(state.run, state.seq, t, stream, text)
+        self._file.write(data)
+        state.segment_size += len(data)
+        self._dirty = True
+        return len(data)
+
+    def _next_segment(self) -> None:
+        state = self.state
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if state.segment == 0 or state.segment_size >= self._segment_bytes():
+            state.segment, state.segment_size = state.seq + 1, 0
+        path = _segment_path(self.workload_id, state.run, state.segment)
+        self._file = open(path, "ab")  # noqa: SIM115  (closed by close())
+        self._file.truncate(state.segment_size)
+
+    def commit(self) -> None:
+        """Flush, record how far the files are good, enforce the cap, wake readers. Hold ``lock``."""
+        if not self._dirty:
+            return
+        if self._file is not None:
+            self._file.flush()
+        state_write(self.workload_id, self.state)
+        self._dirty = False
+        _cap(self.workload_id, current=self.state)
+        changed.notify(self.workload_id)
+
+    def finish(self, exit_code: int | None) -> None:
+        """The container stopped and its log was read to the end. Hold ``lock``."""
+        self.state.finished, self.state.exit_code, self.state.ended_at = True, exit_code, time.time()
+        self._dirty = True
+        self.commit()
+        self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _cap(workload_id: int, *, current: RunState) -> None:
+    """Remove the oldest segments (never the one being written) while the workload's files pass the cap."""
+    present = segments(workload_id)
+    sizes = {path: path.stat().st_size for _, _, path in present}
+    total, cap = sum(sizes.values()), settings.WORKLOG_MAX_MB * MB
+    for index, (run, first, path) in enumerate(present[:-1]):
+        if total <= cap:
+            return
+        if run == current.run and first == current.segment:
+            return
+        following = present[index + 1]
+        last_seq = following[1] - 1 if following[0] == run else None
+        state = current if run == current.run else state_read(workload_id, run)
+        path.unlink(missing_ok=True)
+        total -= sizes[path]
+        if state is not None:
+            state.head_dropped_bytes += sizes[path]
+            state.head_dropped_seq = last_seq if last_seq is not None else state.seq
+            if state is not current:
+                state_write(workload_id, state)
+
+
+# -- reading (the relay) ------------------------------------------------------------------------------
+
+
+def head_marker(run: int, state: RunState) -> bytes:
+    return line_bytes(
+        run,
+        state.head_dropped_seq,
+        now_t(),
+        "system",
+        f"… {state.head_dropped_bytes} bytes of older output dropped (the log keeps {settings.WORKLOG_MAX_MB} MB)",
+    )
+
+
+def _complete_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
+    """Whole lines of ``path`` from byte ``offset`` (a line still being written waits); the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].splitlines(keepends=True), offset + end
+
+
+def _after(lines: list[bytes], after: int, run: int) -> list[bytes]:
+    if not lines or after <= 0:
+        return lines
+    mark = cursor(run, after).encode()
+    return [line for line in lines if line[_N_AT] > mark]
+
+
+class RunReader:
+    """Lines of one run after a cursor, as they come: ``more()`` gives what is new since the last call."""
+
+    def __init__(self, workload_id: int, run: int, *, after: int = 0, since: str = ""):
+        self.workload_id, self.run, self.after, self.since = workload_id, run, after, since.encode()
+        self._segment: tuple[int, Path] | None = None
+        self._offset = 0
+
+    def state(self) -> RunState | None:
+        return state_read(self.workload_id, self.run)
+
+    def more(self) -> list[bytes]:
+        state = self.state()
+        out: list[bytes] = []
+        if state is None:
+            return out
+        present = [(first, path) for _, first, path in segments(self.workload_id, self.run)]
+        if state.head_dropped_seq > self.after and (not present or present[0][0] > self.after + 1):
+            out.append(head_marker(self.run, state))  # what was after the cursor is gone: say so
+            self.after = state.head_dropped_seq
+        while True:
+            if self._segment is None or self._segment not in present:
+                start = [s for s in present if s[0] <= self.after + 1] or present[:1]
+                if not start:
+                    return self._since(out)
+                self._segment, self._offset = start[-1], 0
+            lines, self._offset = _complete_lines(self._segment[1], self._offset)
+            lines = _after(lines, self.after, self.run)
+            if lines:
+                self.after = seq_of(lines[-1])
+                out.extend(lines)
+            later = [s for s in present if s[0] > self._segment[0]]
+            if not later:
+                return self._since(out)
+            self._segment, self._offset = later[0], 0
+
+    def _since(self, lines: list[bytes]) -> list[bytes]:
+        if not self.since:
+            return lines
+        return [line for line in lines if line[_T_AT] >= self.since]
+
+
+def run_tail(workload_id: int, run: int, count: int, *, since: str = "") -> list[bytes]:
+    """The last ``count`` lines of a run (after ``since``), reading segments from the newest back."""
+    state = state_read(workload_id, run)
+    if state is None or count <= 0:
+        return []
+    kept: list[bytes] = []
+    present = segments(workload_id, run)
+    for _, _, path in reversed(present):
+        lines, _ = _complete_lines(path, 0)
+        if since:
+            lines = [line for line in lines if line[_T_AT] >= since.encode()]
+        kept = lines[-(count - len(kept)) :] + kept if len(kept) < count else kept
+        if len(kept) >= count:
+            return kept[-count:]
+    if state.head_dropped_bytes and len(kept) < count:
+        kept.insert(0, head_marker(run, state))
+    return kept[-count:]
+
+
+# -- retention ----------------------------------------------------------------------------------------
+
+
+def purge(*, live_uids: set[str], now: float | None = None) -> list[int]:
+    """Remove the logs of work whose container is gone (``live_uids``: this host's containers) and whose
+    last run ended over LOG_RETENTION_DAYS ago; returns the workloads purged."""
+    now = time.time() if now is None else now
+    horizon = now - settings.LOG_RETENTION_DAYS * 86400
+    root = Path(settings.WORKLOG_DIR)
+    purged = []
+    for entry in os.scandir(root) if root.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        workload_id = int(entry.name)
+        meta = meta_read(workload_id) or {}
+        if meta.get("uid") in live_uids:
+            continue
+        states = [state_read(workload_id, run) for run in runs_here(workload_id)]
+        if all(s is not None and s.finished and s.ended_at < horizon for s in states):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            purged.append(workload_id)
+    return purged
+
+
+def read_all(workload_id: int, run: int) -> Iterator[dict]:
+    """Every stored line of a run, decoded (tests and benchmarks)."""
+    for line in RunReader(workload_id, run).more():
+        yield json.loads(line)
