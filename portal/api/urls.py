@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal.api import billing, views
+from portal.api import billing, logs, views
 from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
@@ -21,6 +21,8 @@ urlpatterns = [
     path("nodes/", views.NodeListApi.as_view(), name="api-nodes"),
     path("jobs/", views.JobListApi.as_view(), name="api-jobs"),
     path("jobs/<int:job_id>/", views.JobDetailApi.as_view(), name="api-job"),
+    path("jobs/<int:object_id>/logs/", logs.LogsApi.as_view(kind="jobs"), name="api-job-logs"),
+    path("instances/<int:object_id>/logs/", logs.LogsApi.as_view(kind="instances"), name="api-instance-logs"),
     path("billing/", billing.BillingApi.as_view(), name="api-billing"),
     path("billing/statement/", billing.StatementApi.as_view(), name="api-billing-statement"),
     path("billing/topups/", billing.TopUpApi.as_view(), name="api-billing-topups"),

@@ -19,7 +19,7 @@ from config.messages import ToScheduler, send
 from scheduler import sharedfs
 from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
-from scheduler.node import disks, launcher, network, worklogs
+from scheduler.node import collector, disks, launcher, network, worklogs
 from scheduler.node.gpus import discover
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
@@ -64,6 +64,7 @@ def _launch(workload_id: int) -> None:
         if sharedfs.enabled():
             user_dir_ready(workload.owner_id)  # the owner's files, under its quota on this host too
         spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
+        collector.settle(workload.container_name)  # the last run's output is stored before this run begins
         run = _run_begin(workload)
         container_id = launcher.container_launch(workload, spec)
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}

@@ -1,0 +1,65 @@
+"""GET /api/v1/jobs/<id>/logs/ and /api/v1/instances/<id>/logs/: a workload's log, streamed.
+
+Query: ``tail``, ``since``, ``after`` (``portal.logs.query_parse``); ``format=ndjson`` (default: one
+line object a line, then ``{"end": ...}``) or ``format=text`` (the lines' text; ``download=1`` makes
+it an attachment). The owner only: anyone else gets 404. Errors before the first byte (a bad query,
+a host that does not answer) are the API's usual shapes; a read cut short later lacks its end line.
+"""
+
+import itertools
+import json
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.renderers import BaseRenderer
+from rest_framework.views import APIView
+
+from portal import logs
+
+
+class _JsonBody(BaseRenderer):
+    """Errors (dicts) as JSON in whichever of the two formats was asked for; logs bypass rendering."""
+
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return json.dumps(data).encode()
+
+
+class NdjsonRenderer(_JsonBody):
+    media_type, format = "application/x-ndjson", "ndjson"
+
+
+class TextRenderer(_JsonBody):
+    media_type, format = "text/plain", "text"
+
+
+PARAMETERS = [
+    OpenApiParameter("tail", int, description="the last N lines"),
+    OpenApiParameter("since", str, description="ISO-8601 time, or a duration back from now: 10m, 2h, 1d"),
+    OpenApiParameter("after", str, description="a cursor (a line's n): the lines after it"),
+    OpenApiParameter("format", str, enum=["ndjson", "text"]),
+    OpenApiParameter("download", int, enum=[0, 1], description="text as an attachment"),
+]
+
+
+class LogsApi(APIView):
+    kind = ""  # "jobs" or "instances"
+    renderer_classes = [NdjsonRenderer, TextRenderer]
+
+    @extend_schema(parameters=PARAMETERS, responses={(200, "application/x-ndjson"): str, (200, "text/plain"): str})
+    def get(self, request, object_id: int):
+        workload = logs.log_workload(user=request.user, kind=self.kind, object_id=object_id)
+        query = logs.query_parse(request.query_params)
+        lines = logs.log_lines(workload, query=query)
+        first = next(lines)  # a host that does not answer is still a 409 here
+        lines = itertools.chain([first], lines)
+        if request.query_params.get("format") == "text":
+            response = StreamingHttpResponse(logs.as_text(lines), content_type="text/plain; charset=utf-8")
+            if request.query_params.get("download") == "1":
+                name = f"{self.kind[:-1]}-{object_id}.log"
+                response["Content-Disposition"] = f'attachment; filename="{name}"'
+        else:
+            response = StreamingHttpResponse(lines, content_type="application/x-ndjson")
+        response["X-Accel-Buffering"] = "no"  # the proxy passes lines on as they come
+        return response
