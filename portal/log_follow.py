@@ -95,3 +95,11 @@ class LogFollowConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         self.alive = False
+
+
+class JobLogConsumer(LogFollowConsumer):
+    kind = "jobs"
+
+
+class InstanceLogConsumer(LogFollowConsumer):
+    kind = "instances"

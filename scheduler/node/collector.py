@@ -49,6 +49,13 @@ def _ns(ts: str) -> int:
     return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) * 10**9 + int(ts[20:29].ljust(9, "0"))
 
 
+def _ns_or_zero(ts: str) -> int:
+    try:
+        return _ns(ts)
+    except ValueError:
+        return 0
+
+
 class Follower:
     """Reads one container's log into its run's writer until the container stops."""
 
@@ -242,7 +249,11 @@ class Collector:
             state = worklogs.state_read(int(workload), runs[-1]) if runs else None
             if state is None:
                 return None, running  # started by no launch of this agent's (no run begun here)
-            if state.finished and (not running or state.container not in ("", attrs["Id"])):
+            if state.container and state.container != attrs["Id"]:
+                return None, running  # the run's container is another (this one is an earlier run's)
+            if not state.container and _ns_or_zero(attrs["State"].get("StartedAt", "")) < state.since_ns:
+                return None, running  # last started before this run began: not (yet) the run's container
+            if state.finished and not running:
                 return None, running
             state.finished, state.container = False, attrs["Id"]  # a restarted container reopens its run
             follower = Follower(self, attrs["Id"], int(workload), state)

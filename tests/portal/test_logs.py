@@ -53,7 +53,9 @@ def texts(lines) -> list[str]:
 
 
 def test_a_failed_jobs_log_outlives_its_container_and_ends_with_its_last_lines_and_reason(api, catalog, logs_node):
-    job = submit_job(api, catalog, command='for i in $(seq 1 40); do echo "step $i"; done; sleep 0.3; echo oops >&2; exit 3')
+    job = submit_job(
+        api, catalog, command='for i in $(seq 1 40); do echo "step $i"; done; sleep 0.3; echo oops >&2; exit 3'
+    )
     wait_status(job.workload, "failed", poke=reconcile(logs_node))
     assert not docker_client().containers.list(all=True, filters={"name": job.workload.container_name})
 
@@ -99,7 +101,7 @@ def test_tail_since_and_after_select_the_lines(api, catalog, logs_node):
 
     for bad in ({"tail": "-1"}, {"after": "12"}, {"since": "yesterday"}):
         response = api.get(f"/api/v1/jobs/{job.pk}/logs/", bad)
-        assert response.status_code == 400 and list(bad)[0] in response.json()
+        assert response.status_code == 400 and list(bad)[0] in json.loads(response.content)
 
 
 def test_an_outsider_and_strangers_get_404(api, outsider_api, catalog, logs_node, client):
