@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 import requests
 from django.conf import settings
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -286,6 +287,14 @@ class _Reader:
 def log_lines(workload: Workload, *, query: Query, alive: Callable[[], bool] = lambda: True) -> Iterator[bytes]:
     """The wire lines of ``workload``'s log for ``query``, then its ``{"end": ...}`` line."""
     return _Reader(workload, query, alive).lines()
+
+
+def logs_panel(kind: str, object_id: int) -> dict:
+    """What the console's log panel (``_logs.html``) needs: its follow socket and its download."""
+    return {
+        "socket": f"/ws/logs/{kind}/{object_id}/",
+        "download": reverse(f"api-{kind[:-1]}-logs", args=[object_id]) + "?format=text&download=1",
+    }
 
 
 def as_text(lines: Iterator[bytes]) -> Iterator[bytes]:

@@ -17,6 +17,7 @@ from billing.statements import cost_so_far
 from portal import selectors
 from portal.connect import services_of
 from portal.housekeeping import release_due_at
+from portal.logs import logs_panel
 from portal.shortcuts import or_404
 from scheduler.models import Allocation, WorkloadGpuMinute
 from scheduler.selectors import gpu_models_summary, node_list
@@ -69,6 +70,14 @@ def instance_terminal(request, instance_id: int):
         "portal/instance_terminal.html",
         {"instance": instance, "config": {"socket": f"/ws/terminal/instances/{instance.pk}/"}},
     )
+
+
+@login_required
+def instance_logs(request, instance_id: int):
+    """The owner's instance's output: followed live, searched, downloaded (``_logs.html``)."""
+    instance = or_404(selectors.instance_get_owned, user=request.user, instance_id=instance_id)
+    context = {"instance": instance, "logs": logs_panel("instances", instance.pk)}
+    return render(request, "portal/instance_logs.html", context)
 
 
 @login_required

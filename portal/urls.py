@@ -12,6 +12,7 @@ urlpatterns = [
     path("instances/<int:instance_id>/terminal/", monitor_views.instance_terminal, name="console-instance-terminal"),
     path("instances/<int:instance_id>/clone/", account_views.instance_clone, name="console-instance-clone"),
     path("instances/<int:instance_id>/files/", file_views.instance_files, name="console-instance-files"),
+    path("instances/<int:instance_id>/logs/", monitor_views.instance_logs, name="console-instance-logs"),
     path(
         "instances/<int:instance_id>/files/download/",
         file_views.instance_file_download,

@@ -20,6 +20,7 @@ from portal import selectors, services
 from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
 from portal.housekeeping import release_due_at
+from portal.logs import logs_panel
 from portal.shortcuts import or_404
 from scheduler.errors import ServiceError
 
@@ -167,7 +168,10 @@ def job_create(request):
 @login_required
 def job_detail(request, job_id: int):
     job = or_404(selectors.job_get, user=request.user, job_id=job_id)
-    return render(request, "portal/job_detail.html", {"job": job, "events": job.workload.events.all()})
+    context = {"job": job, "events": job.workload.events.all()}
+    if job.owner_id == request.user.pk:  # a log is its owner's only (staff see the last lines kept)
+        context["logs"] = logs_panel("jobs", job.pk)
+    return render(request, "portal/job_detail.html", context)
 
 
 @login_required

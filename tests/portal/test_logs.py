@@ -297,3 +297,21 @@ def test_an_instances_log_is_read_the_same_way(api, catalog, logs_node, settings
     response = api.get(f"/api/v1/instances/{instance.pk}/logs/")
     *lines, end = [json.loads(line) for line in b"".join(response.streaming_content).splitlines()]
     assert texts(lines) == ["instance up"] and end["end"] == end["end"] | {"status": "running", "finished": False}
+
+
+def test_the_console_shows_a_logs_panel_to_the_owner_only(api, catalog, sim_node, user, outsider):
+    from django.test import Client
+
+    job = submit_job(api, catalog, command="echo hi")
+    assert create(api, catalog).status_code == 201
+    instance = Instance.objects.get()
+    mine, theirs = Client(), Client()
+    mine.force_login(user)
+    theirs.force_login(outsider)
+    page = mine.get(f"/jobs/{job.pk}/").content.decode()
+    assert f'data-socket="/ws/logs/jobs/{job.pk}/"' in page
+    assert f'data-download="/api/v1/jobs/{job.pk}/logs/?format=text&amp;download=1"' in page
+    tab = mine.get(f"/instances/{instance.pk}/logs/")
+    assert tab.status_code == 200 and f'data-socket="/ws/logs/instances/{instance.pk}/"' in tab.content.decode()
+    assert f'href="/instances/{instance.pk}/logs/"' in mine.get(f"/instances/{instance.pk}/").content.decode()
+    assert theirs.get(f"/instances/{instance.pk}/logs/").status_code == 404
