@@ -456,7 +456,7 @@ JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
 WORKLOG_DIR = Path(env.str("WORKLOG_DIR", default=str(AGENT_STATE_DIR / "worklogs")))
 WORKLOG_MAX_MB = env.int("WORKLOG_MAX_MB", default=64)
 WORKLOG_RATE_KB_S = env.int("WORKLOG_RATE_KB_S", default=2048)
-WORKLOG_BURST_MB = env.int("WORKLOG_BURST_MB", default=16)
+WORKLOG_BURST_MB = env.int("WORKLOG_BURST_MB", default=4)
 LOG_RETENTION_DAYS = env.int("LOG_RETENTION_DAYS", default=7)
 # Docker's own log of a container ("local" driver, non-blocking: a container printing faster than the
 # collector reads never waits on the engine; beyond the buffer its output is dropped): its size on disk.

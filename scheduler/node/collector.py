@@ -33,6 +33,9 @@ SCAN_S = 5.0
 PURGE_S = 600.0
 SETTLE_S = 15.0
 STREAMS = {1: "stdout", 2: "stderr"}
+TS = len("2026-12-01T07:40:00.123456789Z")  # Docker's timestamps: fixed width (RFC 3339, nanoseconds)
+NEWLINE = ord("\n")
+DROP_ALL_BELOW = 64 * 1024  # tokens left under which a whole read is dropped unread
 GONE = "… the container was removed before its output was read to the end"
 _active: Collector | None = None
 
@@ -126,28 +129,36 @@ class Follower:
         try:
             while chunk := raw.read1(256 * 1024):
                 buffer += chunk
-                frames, position = [], 0
-                while len(buffer) - position >= 8:
-                    size = int.from_bytes(buffer[position + 4 : position + 8], "big")
-                    if len(buffer) - position - 8 < size:
+                frames, position, length = [], 0, len(buffer)
+                while length - position >= 8:
+                    end = position + 8 + int.from_bytes(buffer[position + 4 : position + 8], "big")
+                    if end > length:
                         break
-                    frames.append((buffer[position], bytes(buffer[position + 8 : position + 8 + size])))
-                    position += 8 + size
-                del buffer[:position]
+                    frames.append((buffer[position], position + 8, end))
+                    position = end
                 if frames:
-                    skip = self._take(frames, skip)
+                    skip = self._take(buffer, frames, skip)
+                del buffer[:position]
         finally:
             response.close()
 
-    def _take(self, frames: list, skip: int) -> int:
+    def _take(self, buffer: bytearray, frames: list, skip: int) -> int:
+        """Store (or drop, over the rate) the frames ``(stream, start, end)`` of ``buffer``; returns how many
+        lines with the last timestamp are still to be skipped (they were taken before a reconnect)."""
         state, writer = self.writer.state, self.writer
         now = time.monotonic()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
         self._refilled = now
         with writer.lock:
-            for stream, payload in frames:
-                ts, _, text = payload.partition(b" ")
-                ts = ts.decode()
+            if (
+                not skip
+                and self._tokens < DROP_ALL_BELOW
+                and buffer[frames[0][1] : frames[0][1] + TS] > state.last_ts.encode()
+            ):
+                self._drop_all(buffer, frames)
+                return 0
+            for stream, start, end in frames:
+                ts = buffer[start : start + TS].decode()
                 if ts < state.last_ts:
                     continue
                 if ts == state.last_ts:
@@ -157,7 +168,7 @@ class Follower:
                     state.at_last += 1
                 else:
                     state.last_ts, state.at_last, skip = ts, 1, 0
-                size = len(text)
+                size = end - start - TS - 1
                 if size > self._tokens:
                     state.dropping += size
                     state.dropped_bytes += size
@@ -166,11 +177,24 @@ class Follower:
                 t = ts[:26] + "Z"
                 if state.dropping:
                     self._marker(t)
-                if text.endswith(b"\n"):
-                    text = text[:-1]
+                text = buffer[start + TS + 1 : end - 1 if buffer[end - 1] == NEWLINE else end]
                 writer.append(STREAMS.get(stream, "stdout"), t, text.decode(errors="replace"))
                 state.kept_bytes += size
         return skip
+
+    def _drop_all(self, buffer: bytearray, frames: list) -> None:
+        """The bucket is empty: count the frames as dropped without looking into them (a flood costs little)."""
+        state = self.writer.state
+        size = frames[-1][2] - frames[0][1] - 8 * (len(frames) - 1) - (TS + 1) * len(frames)
+        state.dropping += size
+        state.dropped_bytes += size
+        last = buffer[frames[-1][1] : frames[-1][1] + TS]
+        same = 0
+        for _, start, _ in reversed(frames):
+            if buffer[start : start + TS] != last:
+                break
+            same += 1
+        state.last_ts, state.at_last = last.decode(), same
 
     def _marker(self, t: str | None = None) -> None:
         state = self.writer.state
