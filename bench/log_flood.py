@@ -101,7 +101,7 @@ def count_in(container) -> int:
         return int(archive.extractfile(archive.getmembers()[0]).read().strip() or 0)
 
 
-def finished(workload_id: int, timeout: float = 180):
+def finished(workload_id: int, timeout: float = 60):
     from scheduler.node import worklogs
 
     deadline = time.monotonic() + timeout
@@ -110,6 +110,9 @@ def finished(workload_id: int, timeout: float = 180):
         if state is not None and state.finished:
             return state
         time.sleep(0.2)
+    import faulthandler
+
+    faulthandler.dump_traceback()
     raise SystemExit(f"the collector did not finish workload {workload_id}'s log in {timeout} s")
 
 

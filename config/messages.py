@@ -22,7 +22,7 @@ name (``tests/test_messages.py`` holds the two sides together).
     monitor.workload.<id>      the host's sampler         the instance monitor
                                                           (telemetry.sample -> telemetry_sample)
 
-One route does not go through Redis: the web tier reaches a container's terminal and files
+One route does not go through Redis: the web tier reaches a container's terminal, files and logs
 over HTTP / WebSocket at its node agent's relay (``Node.relay_url``), with a signed ticket per
 call; its operations and ticket are in ``config/relay.py``.
 

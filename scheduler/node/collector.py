@@ -32,6 +32,7 @@ COMMIT_S = 0.1
 SCAN_S = 5.0
 PURGE_S = 600.0
 SETTLE_S = 15.0
+STALL_S = 30.0  # a follower with nothing from Docker this long reconnects
 STREAMS = {1: "stdout", 2: "stderr"}
 TS = len("2026-12-01T07:40:00.123456789Z")  # Docker's timestamps: fixed width (RFC 3339, nanoseconds)
 NEWLINE = ord("\n")
@@ -67,6 +68,7 @@ class Follower:
         self.writer = worklogs.RunWriter(workload_id, state)
         self.thread = threading.Thread(target=self._run, name=f"log-{workload_id}", daemon=True)
         self._response = None
+        self.received_at = time.monotonic()
         rate = settings.WORKLOG_RATE_KB_S * 1024
         self._rate, self._burst = rate, max(rate, settings.WORKLOG_BURST_MB * 1024 * 1024)
         self._tokens, self._refilled = float(self._burst), time.monotonic()
@@ -83,8 +85,8 @@ class Follower:
                 except Exception as exc:  # the engine restarted, the stream broke: read again from the last line
                     if self.collector.stopping.is_set():
                         return
-                    log.warning("log stream of %s broke: %r", self.container_id[:12], exc)
-                    self.collector.stopping.wait(1)
+                    log.info("log stream of %s broke: %r", self.container_id[:12], exc)
+                    self.collector.stopping.wait(0.2)
                 try:
                     attrs = self.collector.api.inspect_container(self.container_id)
                 except docker.errors.NotFound:
@@ -128,6 +130,7 @@ class Follower:
         buffer, raw = bytearray(), response.raw
         try:
             while chunk := raw.read1(256 * 1024):
+                self.received_at = time.monotonic()
                 buffer += chunk
                 frames, position, length = [], 0, len(buffer)
                 while length - position >= 8:
@@ -337,7 +340,15 @@ class Collector:
         live = {c["Labels"].get(f"{launcher.LABEL}.uid", "") for c in containers}
         ids = {c["Id"] for c in containers}
         with self._lock:
-            following = {f.workload_id for f in self._followers.values() if f.thread.is_alive()}
+            followers = [f for f in self._followers.values() if f.thread.is_alive()]
+        now = time.monotonic()
+        for follower in followers:
+            if now - follower.received_at > STALL_S:
+                # Docker's follower can stall for good when the log rotates under it (or outlive its
+                # container): read again from the last line taken (a quiet container costs one call).
+                follower.received_at = now
+                follower.interrupt()
+        following = {f.workload_id for f in followers}
         for workload_id in worklogs.open_runs():
             meta = worklogs.meta_read(workload_id) or {}
             if workload_id in following or meta.get("uid") in live:
