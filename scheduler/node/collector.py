@@ -18,6 +18,7 @@ has been read to the end.
 from __future__ import annotations
 
 import calendar
+import collections
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ STALL_S = 30.0  # a follower with nothing from Docker this long reconnects
 STREAMS = {1: "stdout", 2: "stderr"}
 TS = len("2026-12-01T07:40:00.123456789Z")  # Docker's timestamps: fixed width (RFC 3339, nanoseconds)
 NEWLINE = ord("\n")
+HOLD_BYTES = 64 * 1024  # the newest dropped output, kept aside to end the log if the output ends
 DROP_ALL_BELOW = 64 * 1024  # tokens left under which a whole read is dropped unread
 GONE = "… the container was removed before its output was read to the end"
 _active: Collector | None = None
@@ -69,6 +71,8 @@ class Follower:
         self.thread = threading.Thread(target=self._run, name=f"log-{workload_id}", daemon=True)
         self._response = None
         self.received_at = time.monotonic()
+        self._held: collections.deque = collections.deque()
+        self._held_bytes = 0
         rate = settings.WORKLOG_RATE_KB_S * 1024
         self._rate, self._burst = rate, max(rate, settings.WORKLOG_BURST_MB * 1024 * 1024)
         self._tokens, self._refilled = float(self._burst), time.monotonic()
@@ -100,7 +104,7 @@ class Follower:
             with self.writer.lock:
                 state = self.writer.state
                 if state.dropping:
-                    self._marker()
+                    self._last_lines()
                 if gone:
                     self.writer.append(
                         "system", worklogs.now_t(), "… the container was removed before its output was read"
@@ -175,6 +179,7 @@ class Follower:
                 if size > self._tokens:
                     state.dropping += size
                     state.dropped_bytes += size
+                    self._hold(stream, buffer, start, end)
                     continue
                 self._tokens -= size
                 t = ts[:26] + "Z"
@@ -198,9 +203,42 @@ class Follower:
                 break
             same += 1
         state.last_ts, state.at_last = last.decode(), same
+        newest, held = [], 0
+        for frame in reversed(frames):
+            if held >= HOLD_BYTES:
+                break
+            newest.append(frame)
+            held += frame[2] - frame[1]
+        for stream, start, end in reversed(newest):
+            self._hold(stream, buffer, start, end)
+
+    def _hold(self, stream: int, buffer: bytearray, start: int, end: int) -> None:
+        """Keep the newest dropped lines aside: if the output ends while dropping, they end the log (a
+        flood that ends in a traceback still shows the traceback)."""
+        self._held.append((stream, bytes(buffer[start:end])))
+        self._held_bytes += end - start
+        while self._held_bytes > HOLD_BYTES and len(self._held) > 1:
+            self._held_bytes -= len(self._held.popleft()[1])
+
+    def _last_lines(self) -> None:
+        """The output ended while dropping: the marker, then the held lines. Hold the writer's lock."""
+        state, held = self.writer.state, list(self._held)
+        kept = sum(len(payload) - TS - 1 for _, payload in held)
+        state.dropping -= kept
+        state.dropped_bytes -= kept
+        if state.dropping > 0:
+            self._marker(held[0][1][:26].decode() + "Z" if held else None)
+        for stream, payload in held:
+            text = payload[TS + 1 :].removesuffix(b"\n").decode(errors="replace")
+            self.writer.append(STREAMS.get(stream, "stdout"), payload[:26].decode() + "Z", text)
+            state.kept_bytes += len(payload) - TS - 1
+        self._held.clear()
+        self._held_bytes = 0
 
     def _marker(self, t: str | None = None) -> None:
         state = self.writer.state
+        self._held.clear()
+        self._held_bytes = 0
         said = f"… {state.dropping} bytes dropped (output faster than {settings.WORKLOG_RATE_KB_S} KB/s)"
         self.writer.append("system", t or worklogs.now_t(), said)
         state.dropping = 0
