@@ -51,8 +51,13 @@ def settle(name: str, timeout: float = SETTLE_S) -> None:
 
 
 def _ns(ts: str) -> int:
-    """Nanoseconds since the epoch of a Docker timestamp ("2026-12-01T07:40:00.123456789Z")."""
-    return calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) * 10**9 + int(ts[20:29].ljust(9, "0"))
+    """Nanoseconds since the epoch of a Docker time in UTC: "2026-12-01T07:40:00.123456789Z" (log lines:
+    always nine digits) or "...00.1234Z" (inspect's times drop trailing zeros)."""
+    seconds = calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S"))
+    fraction = ts[20:].rstrip("Z") if ts[19:20] == "." else ""
+    if not fraction.isdigit() and fraction:
+        raise ValueError(f"not a Docker UTC time: {ts!r}")
+    return seconds * 10**9 + int(fraction[:9].ljust(9, "0") or 0)
 
 
 def _ns_or_zero(ts: str) -> int:
@@ -81,8 +86,10 @@ class Follower:
         exit_code, gone = None, False
         try:
             while not self.collector.stopping.is_set():
+                ended = False  # Docker ended the stream itself: the container stopped and all was read
                 try:
                     self._read()
+                    ended = True
                 except docker.errors.NotFound:
                     gone = True
                     break
@@ -94,7 +101,7 @@ class Follower:
                 try:
                     attrs = self.collector.api.inspect_container(self.container_id)
                 except docker.errors.NotFound:
-                    gone = True
+                    gone = not ended
                     break
                 if not attrs["State"].get("Running"):
                     exit_code = attrs["State"].get("ExitCode")
@@ -106,9 +113,7 @@ class Follower:
                 if state.dropping:
                     self._last_lines()
                 if gone:
-                    self.writer.append(
-                        "system", worklogs.now_t(), "… the container was removed before its output was read"
-                    )
+                    self.writer.append("system", worklogs.now_t(), GONE)
                 self.writer.finish(exit_code)
         except Exception:
             log.exception("collecting the log of workload %s failed", self.workload_id)
@@ -373,8 +378,11 @@ class Collector:
         Returns the uids of this node's containers."""
         labels = [f"{launcher.LABEL}.node={self.node_name}", f"{launcher.LABEL}.deployment={settings.DEPLOYMENT_ID}"]
         containers = self.api.containers(all=True, filters={"label": labels})
+        with self._lock:
+            followed = {key for key, f in self._followers.items() if f.thread.is_alive()}
         for container in containers:
-            self.ensure(container["Id"])
+            if container["Id"] not in followed:
+                self.ensure(container["Id"])
         live = {c["Labels"].get(f"{launcher.LABEL}.uid", "") for c in containers}
         ids = {c["Id"] for c in containers}
         with self._lock:

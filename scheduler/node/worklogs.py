@@ -302,10 +302,17 @@ class RunWriter:
             self._file = None
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _cap(workload_id: int, *, current: RunState) -> None:
     """Remove the oldest segments (never the one being written) while the workload's files pass the cap."""
     present = segments(workload_id)
-    sizes = {path: path.stat().st_size for _, _, path in present}
+    sizes = {path: _size(path) for _, _, path in present}
     total, cap = sum(sizes.values()), settings.WORKLOG_MAX_MB * MB
     for index, (run, first, path) in enumerate(present[:-1]):
         if total <= cap:

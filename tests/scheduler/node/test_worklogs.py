@@ -125,3 +125,11 @@ def test_the_relay_serves_a_log_to_its_owners_ticket_only(settings, db):
         assert get().status_code == 403
     finally:
         relay.stop()
+
+
+def test_docker_times_are_read_with_and_without_trailing_zeros():
+    from scheduler.node.collector import _ns
+
+    assert _ns("2026-12-01T07:40:00.123456789Z") == 1796110800123456789
+    assert _ns("2026-12-01T07:40:00.1234Z") == 1796110800123400000  # inspect's StartedAt drops zeros
+    assert _ns("2026-12-01T07:40:00Z") == 1796110800000000000
