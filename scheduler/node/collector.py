@@ -9,7 +9,11 @@ runs whose container vanished unread and purges logs past their retention.
 Output is bounded twice: Docker's own log (the launcher's ``log_config``: the "local" driver, capped,
 non-blocking, so a flooding container never waits on the engine) and here, a token bucket of
 WORKLOG_RATE_KB_S with bursts of WORKLOG_BURST_MB: lines beyond it are dropped and counted, and a
-system line says how many bytes went before the next kept line.
+system line says how many bytes went before the next kept line (if the output ends while dropping,
+its newest 64 KB still end the log). What Docker itself loses under a flood — its non-blocking
+buffer overflowing, its log rotating under its own follower — never reaches the collector and cannot
+be counted here: when the lines read lag the engine by over BEHIND_NS, the next marker says "at
+least" (``bench/log_flood.py`` measures the whole).
 
 ``settle(name)`` is called before a stopped container is removed: it waits (bounded) until its log
 has been read to the end.
@@ -37,6 +41,7 @@ STALL_S = 30.0  # a follower with nothing from Docker this long reconnects
 STREAMS = {1: "stdout", 2: "stderr"}
 TS = len("2026-12-01T07:40:00.123456789Z")  # Docker's timestamps: fixed width (RFC 3339, nanoseconds)
 NEWLINE = ord("\n")
+BEHIND_NS = 2 * 10**9  # lines older than this when read: the follower is behind the engine's log
 HOLD_BYTES = 64 * 1024  # the newest dropped output, kept aside to end the log if the output ends
 DROP_ALL_BELOW = 64 * 1024  # tokens left under which a whole read is dropped unread
 GONE = "… the container was removed before its output was read to the end"
@@ -78,6 +83,7 @@ class Follower:
         self.received_at = time.monotonic()
         self._held: collections.deque = collections.deque()
         self._held_bytes = 0
+        self._behind = False  # the collector fell behind Docker's log since the last marker
         rate = settings.WORKLOG_RATE_KB_S * 1024
         self._rate, self._burst = rate, max(rate, settings.WORKLOG_BURST_MB * 1024 * 1024)
         self._tokens, self._refilled = float(self._burst), time.monotonic()
@@ -150,6 +156,11 @@ class Follower:
                     position = end
                 if frames:
                     skip = self._take(buffer, frames, skip)
+                    last = buffer[frames[-1][1] : frames[-1][1] + TS].decode()
+                    if time.time_ns() - _ns_or_zero(last) > BEHIND_NS:
+                        self._behind = True  # Docker's own log, rotating under its follower, loses lines now
+                    elif not self.writer.state.dropping:
+                        self._behind = False
                 del buffer[:position]
         finally:
             response.close()
@@ -245,6 +256,10 @@ class Follower:
         self._held.clear()
         self._held_bytes = 0
         said = f"… {state.dropping} bytes dropped (output faster than {settings.WORKLOG_RATE_KB_S} KB/s)"
+        if self._behind:
+            said = f"… at least {state.dropping} bytes dropped (output faster than {settings.WORKLOG_RATE_KB_S} KB/s"
+            said += ", and than the engine's log is read)"
+            self._behind = False
         self.writer.append("system", t or worklogs.now_t(), said)
         state.dropping = 0
 
