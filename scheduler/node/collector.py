@@ -43,7 +43,7 @@ TS = len("2026-12-01T07:40:00.123456789Z")  # Docker's timestamps: fixed width (
 NEWLINE = ord("\n")
 BEHIND_NS = 2 * 10**9  # lines older than this when read: the follower is behind the engine's log
 HOLD_BYTES = 64 * 1024  # the newest dropped output, kept aside to end the log if the output ends
-DROP_ALL_BELOW = 64 * 1024  # tokens left under which a whole read is dropped unread
+RESUME_PART = 0.25  # dropping stops once the bucket holds this part of a burst again
 GONE = "… the container was removed before its output was read to the end"
 _active: Collector | None = None
 
@@ -86,7 +86,8 @@ class Follower:
         self._behind = False  # the collector fell behind Docker's log since the last marker
         rate = settings.WORKLOG_RATE_KB_S * 1024
         self._rate, self._burst = rate, max(rate, settings.WORKLOG_BURST_MB * 1024 * 1024)
-        self._tokens, self._refilled = float(self._burst), time.monotonic()
+        self._tokens, self._clock = float(self._burst), state.since_ns
+        self._resume, self._paused = self._burst * RESUME_PART, False
 
     def _run(self) -> None:
         exit_code, gone = None, False
@@ -169,15 +170,16 @@ class Follower:
         """Store (or drop, over the rate) the frames ``(stream, start, end)`` of ``buffer``; returns how many
         lines with the last timestamp are still to be skipped (they were taken before a reconnect)."""
         state, writer = self.writer.state, self.writer
-        now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
-        self._refilled = now
+        # The bucket fills on the output's own time (its lines' timestamps), not on when they are read:
+        # a backlog read late (an agent restart, a slow engine) is judged as it was printed.
+        printed = _ns_or_zero(buffer[frames[-1][1] : frames[-1][1] + TS].decode())
+        if printed > self._clock:
+            self._tokens = min(self._burst, self._tokens + (printed - self._clock) * self._rate / 10**9)
+            self._clock = printed
+        if self._paused and self._tokens >= self._resume:
+            self._paused = False
         with writer.lock:
-            if (
-                not skip
-                and self._tokens < DROP_ALL_BELOW
-                and buffer[frames[0][1] : frames[0][1] + TS] > state.last_ts.encode()
-            ):
+            if self._paused and not skip and buffer[frames[0][1] : frames[0][1] + TS] > state.last_ts.encode():
                 self._drop_all(buffer, frames)
                 return 0
             for stream, start, end in frames:
@@ -192,7 +194,8 @@ class Follower:
                 else:
                     state.last_ts, state.at_last, skip = ts, 1, 0
                 size = end - start - TS - 1
-                if size > self._tokens:
+                if self._paused or size > self._tokens:
+                    self._paused = True  # until the bucket holds RESUME_PART of a burst: few markers
                     state.dropping += size
                     state.dropped_bytes += size
                     self._hold(stream, buffer, start, end)
