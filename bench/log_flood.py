@@ -101,7 +101,7 @@ def count_in(container) -> int:
         return int(archive.extractfile(archive.getmembers()[0]).read().strip() or 0)
 
 
-def finished(workload_id: int, timeout: float = 60):
+def finished(workload_id: int, timeout: float = 300):
     from scheduler.node import worklogs
 
     deadline = time.monotonic() + timeout

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import calendar
 import collections
+import functools
 import logging
 import threading
 import time
@@ -58,11 +59,32 @@ def settle(name: str, timeout: float = SETTLE_S) -> None:
 def _ns(ts: str) -> int:
     """Nanoseconds since the epoch of a Docker time in UTC: "2026-12-01T07:40:00.123456789Z" (log lines:
     always nine digits) or "...00.1234Z" (inspect's times drop trailing zeros)."""
-    seconds = calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S"))
+    seconds = _second(ts[:19])
     fraction = ts[20:].rstrip("Z") if ts[19:20] == "." else ""
     if not fraction.isdigit() and fraction:
         raise ValueError(f"not a Docker UTC time: {ts!r}")
     return seconds * 10**9 + int(fraction[:9].ljust(9, "0") or 0)
+
+
+def _body(response):
+    """The bytes of a streamed answer as they come. Docker flushes each log line as its own HTTP chunk:
+    read through urllib3 that costs ~20 µs a line, here ~2 (the socket's own buffered reader)."""
+    reader = response.raw._fp.fp
+    if response.headers.get("Transfer-Encoding", "").lower() != "chunked":
+        while piece := reader.read1(256 * 1024):
+            yield piece
+        return
+    while line := reader.readline(80):
+        size = int(line.split(b";", 1)[0], 16)
+        if size == 0:
+            return
+        yield reader.read(size)
+        reader.read(2)  # the chunk's CRLF
+
+
+@functools.lru_cache(maxsize=4)
+def _second(text: str) -> int:
+    return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
 
 
 def _ns_or_zero(ts: str) -> int:
@@ -143,9 +165,9 @@ class Follower:
         api._raise_for_status(response)
         self._response = response
         skip = state.at_last  # lines with exactly the last timestamp that were taken already
-        buffer, raw = bytearray(), response.raw
+        buffer = bytearray()
         try:
-            while chunk := raw.read1(256 * 1024):
+            for chunk in _body(response):
                 self.received_at = time.monotonic()
                 buffer += chunk
                 frames, position, length = [], 0, len(buffer)

@@ -129,18 +129,26 @@ def state_write(workload_id: int, state: RunState) -> None:
     _write_json(_state_path(workload_id, state.run), asdict(state))
 
 
-def runs_here(workload_id: int) -> list[int]:
-    folder = workload_dir(workload_id)
-    if not folder.is_dir():
+def _entries(folder: Path) -> list[os.DirEntry]:
+    """A folder's entries; none if it is gone (a purge, a test's temporary folder)."""
+    try:
+        return list(os.scandir(folder))
+    except FileNotFoundError:
         return []
-    return sorted(int(p.name[4:10]) for p in folder.glob("run-??????.json"))
+
+
+def runs_here(workload_id: int) -> list[int]:
+    names = (entry.name for entry in _entries(workload_dir(workload_id)))
+    return sorted(
+        int(name[4:10]) for name in names if len(name) == 15 and name.startswith("run-") and name.endswith(".json")
+    )
 
 
 def segments(workload_id: int, run: int | None = None) -> list[tuple[int, int, Path]]:
     """(run, first seq, path) of the workload's segments here (of ``run`` only, if given), oldest first."""
     folder = workload_dir(workload_id)
     found = []
-    for entry in os.scandir(folder) if folder.is_dir() else ():
+    for entry in _entries(folder):
         match = _SEGMENT.fullmatch(entry.name)
         if match and (run is None or int(match[1]) == run):
             found.append((int(match[1]), int(match[2]), Path(entry.path)))
@@ -170,7 +178,7 @@ def open_runs() -> list[int]:
     """Workloads whose latest run here is not finished."""
     root = Path(settings.WORKLOG_DIR)
     found = []
-    for entry in os.scandir(root) if root.is_dir() else ():
+    for entry in _entries(root):
         if entry.name.isdigit() and (runs := runs_here(int(entry.name))):
             state = state_read(int(entry.name), runs[-1])
             if state is not None and not state.finished:
@@ -434,7 +442,7 @@ def purge(*, live_uids: set[str], now: float | None = None) -> list[int]:
     horizon = now - settings.LOG_RETENTION_DAYS * 86400
     root = Path(settings.WORKLOG_DIR)
     purged = []
-    for entry in os.scandir(root) if root.is_dir() else ():
+    for entry in _entries(root):
         if not entry.name.isdigit():
             continue
         workload_id = int(entry.name)
