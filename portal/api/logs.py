@@ -48,7 +48,8 @@ class LogsApi(APIView):
     renderer_classes = [NdjsonRenderer, TextRenderer]
 
     @extend_schema(parameters=PARAMETERS, responses={(200, "application/x-ndjson"): str, (200, "text/plain"): str})
-    def get(self, request, object_id: int):
+    def get(self, request, job_id: int | None = None, instance_id: int | None = None):
+        object_id = job_id if self.kind == "jobs" else instance_id
         workload = logs.log_workload(user=request.user, kind=self.kind, object_id=object_id)
         query = logs.query_parse(request.query_params)
         lines = logs.log_lines(workload, query=query)
