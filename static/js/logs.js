@@ -20,7 +20,7 @@
   const matches = (text) => !needle || text.toLowerCase().includes(needle);
   const recount = () => {
     const shown = box.querySelectorAll("span:not([hidden])").length;
-    count.textContent = needle ? interpolate(gettext("%s lines match"), [shown]) : "";
+    count.textContent = needle ? interpolate(ngettext("%s line matches", "%s lines match", shown), [shown]) : "";
   };
 
   function add(item) {
