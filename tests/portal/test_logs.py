@@ -326,3 +326,61 @@ def test_the_console_shows_a_logs_panel_to_the_owner_only(api, catalog, sim_node
     assert tab.status_code == 200 and f'data-socket="/ws/logs/instances/{instance.pk}/"' in tab.content.decode()
     assert f'href="/instances/{instance.pk}/logs/"' in mine.get(f"/instances/{instance.pk}/").content.decode()
     assert theirs.get(f"/instances/{instance.pk}/logs/").status_code == 404
+
+
+def test_pieces_on_two_hosts_are_read_in_order_each_from_its_own_hosts_relay(
+    api, catalog, sim_node, settings, tmp_path
+):
+    from django.db.models.functions import Now
+
+    from scheduler.models import WorkloadEvent
+    from scheduler.node.relay.server import RelayServer
+    from tests.conftest import make_node
+
+    settings.WORKLOG_DIR = tmp_path / "worklogs"
+    job = submit_job(api, catalog, command="train")
+    workload = job.workload
+    hosts, relays = [make_node(), make_node()], []
+    for host in hosts:
+        relay = RelayServer(host.name, api=docker_client().api, host="127.0.0.1", port=0)
+        host.relay_url = relay.start()
+        host.save(update_fields=["relay_url"])
+        relays.append(relay)
+    try:
+        for number, host in ((1, hosts[0]), (2, hosts[1])):
+            WorkloadRun.objects.create(workload=workload, number=number, node=host, node_name=host.name)
+            worklogs.run_begin(
+                workload_id=workload.pk, uid=workload.uid, owner_id=workload.owner_id, run=number, container="c"
+            )
+            writer = worklogs.RunWriter(workload.pk, worklogs.state_read(workload.pk, number))
+            with writer.lock:
+                for i in range(3):
+                    writer.append("stdout", worklogs.now_t(), f"run {number} step {i}")
+                writer.finish(143 if number == 1 else 0)
+            if number == 1:
+                WorkloadEvent.objects.create(
+                    workload=workload, from_status="stopping", to_status="queued",
+                    reason="preempted; queued to resume from its checkpoint",
+                )  # fmt: skip
+        Workload.objects.filter(pk=workload.pk).update(
+            status="succeeded", exit_code=0, status_reason="finished (exit code 0)", status_changed_at=Now()
+        )
+        *lines, end = read(api, job)
+        assert [line["line"] for line in lines] == [
+            "run 1 step 0", "run 1 step 1", "run 1 step 2",
+            "— preempted; queued to resume from its checkpoint —",
+            f"— resumed on host {hosts[1].name} —",
+            "run 2 step 0", "run 2 step 1", "run 2 step 2",
+            "— succeeded: finished (exit code 0) —",
+        ]  # fmt: skip
+        assert end["end"]["finished"] and end["end"]["cursor"] == lines[-1]["n"]
+
+        relays.pop(0).stop()  # the first host does not answer: the read says so instead of skipping its piece
+        assert api.get(f"/api/v1/jobs/{job.pk}/logs/").status_code == 409
+        type(hosts[0]).objects.filter(pk=hosts[0].pk).update(status=NodeStatus.LOST)
+        said = [line.get("line") for line in read(api, job)[:-1]]
+        assert said[0] == f"… the output of this run on host {hosts[0].name} is unavailable (the host is lost)"
+        assert said[3:6] == ["run 2 step 0", "run 2 step 1", "run 2 step 2"]
+    finally:
+        for relay in relays:
+            relay.stop()
