@@ -46,7 +46,8 @@ UNAVAILABLE_SEQ = END_SEQ - 1
 TAIL_MAX = 100_000
 ACTIVE = {S.QUEUED, S.STARTING, S.RUNNING, S.STOPPING}
 HOLDING = set(S.holding_resources())
-WAIT_S = 0.5  # between looks at the database while followed work waits for its next run or its end
+WAIT_S = 0.5  # between looks at the database while followed work waits for its next run or its end,
+WAIT_MAX_S = 5.0  # ... growing to this while nothing changes
 SETTLE_S = 30  # finished work whose last piece is still not complete after this is taken as complete
 FOLLOW_IDLE_S = 60  # the relay writes a keep-alive every 15 s while following
 _RELATIVE = re.compile(r"(\d+)([smhd])")
@@ -146,10 +147,11 @@ class _Reader:
     def lines(self) -> Iterator[bytes]:
         if self.query.tail:
             yield from self._tail()
+        wait = WAIT_S
         while True:
             self.workload.refresh_from_db()
             runs = list(self.workload.runs.select_related("node").order_by("number"))
-            active = self.workload.status in ACTIVE
+            active, seen = self.workload.status in ACTIVE, (self.last, self.workload.status, len(runs))
             for index, run in enumerate(runs):
                 if run.number < self.after[0]:
                     continue
@@ -158,7 +160,11 @@ class _Reader:
             self.workload.refresh_from_db()
             if self._finished(runs) or not self.query.follow or not self.alive():
                 break
-            time.sleep(WAIT_S)
+            # Waiting for the next run or the end (a queued job may wait long): look less often while
+            # nothing moves, at once again after something did.
+            moved = seen != (self.last, self.workload.status, self.workload.runs.count())
+            wait = WAIT_S if moved else min(wait * 2, WAIT_MAX_S)
+            time.sleep(wait)
         yield json.dumps({"end": self.end(runs)}).encode() + b"\n"
 
     def _may_wait(self) -> bool:
