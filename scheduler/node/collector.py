@@ -308,6 +308,7 @@ class Collector:
         self._followers: dict[str, Follower] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._events = None
 
     def start(self) -> Collector:
         global _active
@@ -325,13 +326,18 @@ class Collector:
     def stop(self) -> None:
         global _active
         self.stopping.set()
+        if self._events is not None:
+            try:
+                self._events.close()  # ends the watcher's wait for Docker's next event
+            except Exception:  # already closed
+                pass
         with self._lock:
             followers = list(self._followers.values())
         for follower in followers:
             follower.interrupt()
         for follower in followers:
             follower.thread.join(5)
-        for thread in self._threads[:2]:
+        for thread in self._threads:
             thread.join(5)
         if _active is self:
             _active = None
@@ -393,7 +399,11 @@ class Collector:
         filters = {"type": "container", "event": "start", "label": f"{launcher.LABEL}.node={self.node_name}"}
         while not self.stopping.is_set():
             try:
-                for event in self.api.events(decode=True, filters=filters):
+                self._events = self.api.events(decode=True, filters=filters)
+                if self.stopping.is_set():  # stop() came while this connected
+                    self._events.close()
+                    return
+                for event in self._events:
                     if self.stopping.is_set():
                         return
                     self.ensure(event["id"])

@@ -158,9 +158,13 @@ def segments(workload_id: int, run: int | None = None) -> list[tuple[int, int, P
 def run_begin(*, workload_id: int, uid: str, owner_id: int, run: int, container: str) -> None:
     """Before the container of run ``run`` starts here: its state, reading Docker's log from now on.
 
-    A run of this workload still open here is finished first (its container is being replaced).
+    A run of this workload still open here is finished first (its container is being replaced); files
+    of another workload that had the same id (another deployment, or a database made anew) go.
     """
     folder = workload_dir(workload_id)
+    known = meta_read(workload_id)
+    if known is not None and (known.get("uid") != uid or known.get("deployment") != settings.DEPLOYMENT_ID):
+        shutil.rmtree(folder, ignore_errors=True)  # another workload's under the same id (a database made anew)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"workload": workload_id, "uid": uid, "owner": owner_id, "container": container}
     _write_json(folder / "meta.json", meta | {"deployment": settings.DEPLOYMENT_ID})

@@ -12,6 +12,7 @@ from config.relay import Op, Ticket, ticket_sign
 from scheduler.node import worklogs
 from scheduler.node.launcher import docker_client
 from scheduler.node.relay.server import RelayServer
+from tests.conftest import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -133,3 +134,21 @@ def test_docker_times_are_read_with_and_without_trailing_zeros():
     assert _ns("2026-12-01T07:40:00.123456789Z") == 1796110800123456789
     assert _ns("2026-12-01T07:40:00.1234Z") == 1796110800123400000  # inspect's StartedAt drops zeros
     assert _ns("2026-12-01T07:40:00Z") == 1796110800000000000
+
+
+def test_a_new_workload_with_an_old_ones_id_starts_an_empty_log():
+    write(begin(workload_id=5), ["from an earlier database"])
+    worklogs.run_begin(workload_id=5, uid="another", owner_id=3, run=1, container="c")
+    assert lines_of(workload_id=5) == []
+
+
+def test_a_stopped_collector_leaves_no_thread_behind():
+    import threading
+
+    from scheduler.node.collector import Collector
+
+    before = set(threading.enumerate())
+    collector = Collector("node-y", docker_client().api).start()
+    wait_for(lambda: collector._events is not None, what="the watcher waiting on Docker's events")
+    collector.stop()
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
