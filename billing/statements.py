@@ -54,10 +54,10 @@ def statement(account: Account, month: str) -> list[StatementLine]:
             "segment__workload__gpu_model",
             "segment__workload__gpu_count",
             "segment__workload__gpu_milli",
-            "segment__workload__spot",
+            "segment__spot",
         )
         .annotate(seconds=Sum("seconds"), gpu_seconds=Sum("gpu_seconds"), amount=Sum("amount"), lines=Count("id"))
-        .order_by("segment__workload")
+        .order_by("segment__workload", "segment__spot")
     )
     busy = _busy_gpu_seconds([row["segment__workload"] for row in usage], start, end)
     lines = [
@@ -67,7 +67,7 @@ def statement(account: Account, month: str) -> list[StatementLine]:
             kind=row["segment__workload__kind"],
             gpu_model=row["segment__workload__gpu_model"],
             share=row["segment__workload__gpu_count"] * row["segment__workload__gpu_milli"] / 1000,
-            billing_mode="spot" if row["segment__workload__spot"] else "on-demand",
+            billing_mode="spot" if row["segment__spot"] else "on-demand",
             seconds=row["seconds"] or 0.0,
             gpu_seconds_billed=row["gpu_seconds"] or 0.0,
             gpu_seconds_busy=busy.get(row["segment__workload"]),

@@ -128,6 +128,8 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
     log_tail = serializers.CharField(source="workload.log_tail")
     image = serializers.CharField(source="image.name")
     gpu_type = serializers.CharField(source="gpu_type.name")
+    env = serializers.DictField(child=serializers.CharField(), source="workload.env")
+    spot = serializers.BooleanField(source="workload.spot", help_text="On spot capacity now (at the spot price).")
 
     class Meta:
         model = Job
@@ -142,6 +144,8 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
             "gpus",
             "cpu_cores",
             "memory_gb",
+            "env",
+            "spot",
             "priority",
             "max_runtime_s",
             "node",

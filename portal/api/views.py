@@ -324,6 +324,17 @@ class JobListApi(APIView):
             allow_null=True,
             default=None,
         )
+        env = serializers.DictField(
+            child=serializers.CharField(allow_blank=True, max_length=limits.ENV_VALUE_CHARS, trim_whitespace=False),
+            required=False,
+            default=dict,
+            help_text=f"Environment variables: NAME -> value (at most {limits.ENV_ENTRIES}).",
+        )
+        spot = serializers.BooleanField(
+            default=False,
+            help_text="Run on spot capacity at the spot price: on-demand work may evict it; it resumes "
+            "from its checkpoint.",
+        )
 
     @extend_schema(responses=page_of(JobOutput))
     def get(self, request):

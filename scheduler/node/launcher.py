@@ -45,12 +45,13 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
     """Arguments for ``containers.create`` for a placed workload."""
     uuids = [s.uuid for s in shares]
     environment = {
+        # The user's own first: the platform's names below (devices, MPS limits, paths) always win.
+        **{str(k): str(v) for k, v in (workload.env or {}).items()},
         # Started without cards: "none" keeps the driver's libraries but shows no device.
         "NVIDIA_VISIBLE_DEVICES": ",".join(uuids) or "none",
         "GPUCLOUD_WORKLOAD_ID": str(workload.pk),
         "GPUCLOUD_GPU_SHARE": f"{workload.gpu_share:g}",
         "GPUCLOUD_DATA_DIR": settings.INSTANCE_DATA_PATH,
-        **{str(k): str(v) for k, v in (workload.env or {}).items()},
     }
     environment["GPUCLOUD_GPU_SIMULATED"] = "1" if node.simulated else "0"
     volumes = {workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"}}

@@ -78,8 +78,10 @@ class Discipline:
     def may_preempt(self, waiter: Work, waiter_level: int, victim: Work, victim_level: int) -> bool:
         if not self.config.preemption or not victim.preemptible or victim.stopping:
             return False
-        if victim.spot and not waiter.preemptible:
-            return True  # on-demand work evicts spot capacity whatever the queues say
+        if victim.spot and not waiter.spot:
+            return True  # on-demand work (instances and jobs) evicts spot capacity whatever the queues say
+        if waiter.spot and not victim.spot:
+            return False  # spot capacity is what is left over: it never evicts on-demand work
         return victim_level > waiter_level
 
 

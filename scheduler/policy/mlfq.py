@@ -48,7 +48,7 @@ class Work:
     priority: int = NORMAL
     attained: float = 0.0  # weighted GPU-seconds
     preemptible: bool = False  # batch jobs and spot instances
-    spot: bool = False  # spot instances: any on-demand work may evict them
+    spot: bool = False  # spot instances and jobs: any on-demand work may evict them, they evict none of it
     team: str = ""
     level: int = 0  # the level it had at the previous tick
     # Running work only: where it is, and whether it is already being stopped.
