@@ -244,6 +244,8 @@ if CELERY_MESSAGE_SIGNING:
     CELERY_TASK_SERIALIZER = CELERY_EVENT_SERIALIZER = "auth"
     CELERY_ACCEPT_CONTENT = ["auth"]
 RECONCILE_S = env.int("RECONCILE_S", default=10)  # the control plane's reconciliation period
+# Job arrays: how often every running array's spend is checked against its budget (also at each task change).
+ARRAY_SUPERVISE_S = env.int("ARRAY_SUPERVISE_S", default=30)
 CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
         "task": ToScheduler.SCHEDULE_TICK,
@@ -273,6 +275,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env.int("BILLING_ENFORCE_S", default=60)),
     },
     "ledger-verify": {"task": ToScheduler.LEDGER_VERIFY, "schedule": timedelta(hours=6)},
+    "arrays-supervise": {"task": ToScheduler.ARRAYS_SUPERVISE, "schedule": timedelta(seconds=ARRAY_SUPERVISE_S)},
     "idle-stop": {"task": ToScheduler.IDLE_STOP, "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
     "housekeeping": {"task": ToScheduler.RELEASE_LONG_STOPPED, "schedule": timedelta(hours=1)},
 }

@@ -3,7 +3,7 @@
 from django.db.models import Q
 
 from billing.prices import spot_now
-from portal.models import GpuType, Image, Instance, Job
+from portal.models import GpuType, Image, Instance, Job, JobArray
 from scheduler.errors import NotFound
 from scheduler.models import WorkloadStatus
 from scheduler.selectors import gpu_models_summary
@@ -69,3 +69,16 @@ def job_get(*, user, job_id: int) -> Job:
     if job is None:
         raise NotFound("no such job")
     return job
+
+
+def array_list(*, user):
+    """Job arrays the user may see (their own; staff: all), newest first."""
+    arrays = JobArray.objects.all() if user.is_staff else JobArray.objects.filter(owner=user)
+    return arrays.order_by("-created_at", "-id")
+
+
+def array_get(*, user, array_id: int) -> JobArray:
+    array = array_list(user=user).filter(pk=array_id).first()
+    if array is None:
+        raise NotFound("no such array")
+    return array

@@ -47,7 +47,7 @@ def _catalog(*, owner, image_id: int, gpu_type_id: int):
     return image, gpu_type
 
 
-def _payable(workload_or_owner, team: str = "") -> None:
+def check_payable(workload_or_owner, team: str = "") -> None:
     """Refuse work on an account with no money left or its budget reached (402)."""
     owner_id = getattr(workload_or_owner, "owner_id", None) or workload_or_owner.pk
     team = getattr(workload_or_owner, "team", team)
@@ -58,7 +58,7 @@ def _payable(workload_or_owner, team: str = "") -> None:
 
 def _submit(**fields):
     """Queue the workload, naming refused fields the way users know them."""
-    _payable(fields["owner"], fields.get("team", ""))
+    check_payable(fields["owner"], fields.get("team", ""))
     try:
         return scheduler.workload_submit(**fields)
     except InvalidInput as exc:
@@ -167,7 +167,7 @@ def instance_act(*, instance: Instance, action: str) -> Instance:
     if action in ("start", "start-no-gpu", "release", "move") and images.image_busy(instance):
         raise Conflict(f"the instance is being saved as an image; {action} it when that is done")
     if action in ("start", "start-no-gpu"):
-        _payable(instance.workload)
+        check_payable(instance.workload)
     with transaction.atomic():
         ACTIONS[action](instance.workload)
     return instance
@@ -243,7 +243,7 @@ def job_create(
         team=team,
         env=env,
     )
-    _payable(owner, job.team)
+    check_payable(owner, job.team)
     with transaction.atomic():
         return job_submit(job, priority=priority, max_runtime_s=max_runtime_s, checkpoint_gb=checkpoint_gb, spot=spot)
 
@@ -269,6 +269,7 @@ def job_submit(
     spot: bool = False,
     name: str | None = None,
     env: dict | None = None,
+    group=None,
     **job_fields,
 ) -> Job:
     """Queue one prepared job (call inside a transaction; payability already checked).
@@ -287,6 +288,7 @@ def job_submit(
             max_runtime_s=max_runtime_s,
             command=["sh", "-c", job.command],
             env={**job.env, **(env or {})},
+            group=group,
         )
     except InvalidInput as exc:
         raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc

@@ -130,6 +130,7 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
     gpu_type = serializers.CharField(source="gpu_type.name")
     env = serializers.DictField(child=serializers.CharField(), source="workload.env")
     spot = serializers.BooleanField(source="workload.spot", help_text="On spot capacity now (at the spot price).")
+    array = serializers.IntegerField(source="array_id", allow_null=True, help_text="The job array it is a task of.")
 
     class Meta:
         model = Job
@@ -146,6 +147,9 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
             "memory_gb",
             "env",
             "spot",
+            "array",
+            "array_index",
+            "params",
             "priority",
             "max_runtime_s",
             "node",

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal.api import billing, views
+from portal.api import arrays, billing, views
 from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
@@ -21,6 +21,8 @@ urlpatterns = [
     path("nodes/", views.NodeListApi.as_view(), name="api-nodes"),
     path("jobs/", views.JobListApi.as_view(), name="api-jobs"),
     path("jobs/<int:job_id>/", views.JobDetailApi.as_view(), name="api-job"),
+    path("arrays/", arrays.ArrayListApi.as_view(), name="api-arrays"),
+    path("arrays/<int:array_id>/", arrays.ArrayDetailApi.as_view(), name="api-array"),
     path("billing/", billing.BillingApi.as_view(), name="api-billing"),
     path("billing/statement/", billing.StatementApi.as_view(), name="api-billing-statement"),
     path("billing/topups/", billing.TopUpApi.as_view(), name="api-billing-topups"),
@@ -36,4 +38,12 @@ urlpatterns = [
 urlpatterns += [
     path(f"jobs/<int:job_id>/{action}/", views.JobActionApi.as_view(action_name=action), name=f"api-job-{action}")
     for action in JOB_ACTIONS
+]
+urlpatterns += [
+    path(
+        f"arrays/<int:array_id>/{action}/",
+        arrays.ArrayActionApi.as_view(action_name=action),
+        name=f"api-array-{action}",
+    )
+    for action in arrays.ARRAY_ACTIONS
 ]

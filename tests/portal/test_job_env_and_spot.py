@@ -107,9 +107,7 @@ def test_a_segment_run_on_spot_pays_spot_even_after_its_work_fell_back_to_on_dem
 
     w = workload(user, kind="job", status="running", spot=False)  # fell back since
     MeterSegment.objects.create(workload=w, started_at=start, ended_at=start + timedelta(hours=1), spot=True)
-    MeterSegment.objects.create(
-        workload=w, started_at=start + timedelta(hours=2), ended_at=start + timedelta(hours=3)
-    )
+    MeterSegment.objects.create(workload=w, started_at=start + timedelta(hours=2), ended_at=start + timedelta(hours=3))
     settle()
     amounts = sorted(Posting.objects.filter(segment__workload=w).values_list("amount", flat=True))
     assert sum(amounts) == Decimal("3.00")  # an hour at the spot price (1.00), an hour on-demand (2.00)
