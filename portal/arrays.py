@@ -207,13 +207,17 @@ class Progress:
     task_costs: dict[int, Decimal]  # by workload id
 
 
-def array_progress(array: JobArray, tasks: list[Job] | None = None) -> Progress:
-    tasks = _tasks(array) if tasks is None else tasks
+def array_counts(tasks: list[Job]) -> dict[str, int]:
     counts = dict.fromkeys(STATES, 0)
     for job in tasks:
         counts[task_state(job)] += 1
+    return counts
+
+
+def array_progress(array: JobArray, tasks: list[Job] | None = None) -> Progress:
+    tasks = _tasks(array) if tasks is None else tasks
     costs = cost_so_far([job.workload_id for job in tasks])
-    return Progress(counts, sum(costs.values(), ZERO), costs)
+    return Progress(array_counts(tasks), sum(costs.values(), ZERO), costs)
 
 
 def _hourly(array: JobArray, job: Job) -> Decimal:
@@ -267,9 +271,7 @@ def array_supervise(array: JobArray) -> str:
             if _end(array, status=ArrayStatus.STOPPED, reason=reason):
                 log.info("array %s stopped: %s", array.pk, reason)
             return array.status
-    counts = dict.fromkeys(STATES, 0)
-    for job in tasks:
-        counts[task_state(job)] += 1
+    counts = array_counts(tasks)
     if counts["queued"] or counts["running"]:
         return array.status
     if counts["done"] == len(tasks):

@@ -113,6 +113,16 @@ class JobCreateForm(WorkForm):
         label=_("Run on spot capacity (cheaper; on-demand work may evict it, it resumes from its checkpoint)"),
         required=False,
     )
+    array = forms.CharField(
+        label=_("Array (optional)"),
+        required=False,
+        max_length=255,
+        widget=forms.TextInput(attrs={"placeholder": "0-31%4"}),
+        help_text=_(
+            "One task per index, as Slurm's --array: 0-31%4 runs tasks 0 to 31, at most 4 at once. "
+            "Each task gets GPUCLOUD_ARRAY_INDEX and SLURM_ARRAY_TASK_ID."
+        ),
+    )
 
     def clean_env(self) -> dict:
         env = {}
