@@ -4,9 +4,10 @@ The same policy code as live (``scheduler.policy.decide`` through ``scheduler.si
 one group of 32 one-card tasks, at most ``--max-running`` at once; background jobs are the Microsoft
 Philly trace (Jeon et al., ATC'19; jobs of at least 60 s, at most 8 GPUs, under 1,000 GPU-hours) of
 a window of ``--days`` days, on a cluster sized so the background offers ``--load`` of its capacity.
-The sweep is submitted ``--warmup-h`` hours into the window (the trace starts from an empty cluster;
-by hour 38 the cluster is full and work queues), once per ``--repeat`` at submit times ``--every-h`` apart; each run is simulated three times: tasks on spot,
-on spot with the on-demand fallback (more than ``--max-preemptions`` preemptions), and on-demand.
+The sweep is submitted ``--warmup-h`` hours into the window (the trace starts from an empty
+cluster; by hour 38 it is full and work queues), once per ``--repeat`` at submit times
+``--every-h`` apart; each run is simulated three times: tasks on spot, on spot with the
+on-demand fallback (more than ``--max-preemptions`` preemptions), and on-demand.
 
 Money comes from the product's own rating rules (``billing.rating``: per second, a minute's minimum
 per run, spot at the price in force): the demo rate card's RTX 3090 (1.58 CNY per card-hour
