@@ -7,7 +7,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal import arrays, selectors
+from portal import arrays, limits, selectors
 from portal.api.idempotency import idempotent
 from portal.api.pagination import Pages, page_of
 from portal.api.throttles import CreateRateThrottle
@@ -98,7 +98,9 @@ class ArrayListApi(APIView):
             required=False,
             help_text='A grid: {"lr": ["1e-3", "3e-4"], "bs": ["32", "64"]}, one task per combination.',
         )
-        max_running = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+        max_running = serializers.IntegerField(
+            min_value=1, max_value=limits.ARRAY_TASKS, required=False, allow_null=True, default=None
+        )
         spot = serializers.BooleanField(default=True, help_text="Tasks run on spot capacity (the default for arrays).")
         fallback = serializers.ChoiceField(
             choices=Fallback.values,
