@@ -246,3 +246,17 @@ def test_a_task_that_finished_marks_its_array_done_through_the_scheduler_queue(a
     wait_for(lambda: (array.refresh_from_db(), array.status)[1] == ArrayStatus.DONE, timeout=60, poke=poke)
     logs = [Job.objects.get(pk=t["job"]).workload.log_tail for t in data["tasks"]]
     assert "task 0 of 2" in logs[0] and "task 1 of 2" in logs[1]
+
+
+def test_a_task_that_comes_back_to_the_queue_after_its_array_ended_is_stopped_at_the_next_look(
+    api, catalog, sim_node
+):
+    data = create(api, catalog, array="0-1")
+    assert api.post(f"/api/v1/arrays/{data['id']}/cancel/").status_code == 202
+    # A task that was being preempted when the array was cancelled comes back queued, as preempted jobs do.
+    straggler = Job.objects.get(pk=data["tasks"][1]["job"]).workload
+    Workload.objects.filter(pk=straggler.pk).update(status=S.QUEUED)
+    assert arrays.arrays_supervise() == 1
+    straggler.refresh_from_db()
+    assert straggler.status == S.STOPPED and "cancelled by its owner" in straggler.status_reason
+    assert arrays.arrays_supervise() == 0  # nothing left to look at
