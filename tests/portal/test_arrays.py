@@ -248,9 +248,7 @@ def test_a_task_that_finished_marks_its_array_done_through_the_scheduler_queue(a
     assert "task 0 of 2" in logs[0] and "task 1 of 2" in logs[1]
 
 
-def test_a_task_that_comes_back_to_the_queue_after_its_array_ended_is_stopped_at_the_next_look(
-    api, catalog, sim_node
-):
+def test_a_task_that_comes_back_to_the_queue_after_its_array_ended_is_stopped_at_the_next_look(api, catalog, sim_node):
     data = create(api, catalog, array="0-1")
     assert api.post(f"/api/v1/arrays/{data['id']}/cancel/").status_code == 202
     # A task that was being preempted when the array was cancelled comes back queued, as preempted jobs do.
