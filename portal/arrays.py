@@ -220,15 +220,15 @@ def array_progress(array: JobArray, tasks: list[Job] | None = None) -> Progress:
     return Progress(array_counts(tasks), sum(costs.values(), ZERO), costs)
 
 
-def _hourly(array: JobArray, job: Job) -> Decimal:
-    """What one task costs per hour on its current capacity (spot or on-demand), now."""
-    w = job.workload
+def _hourly(tasks: list[Job]) -> dict[bool, Decimal]:
+    """What one task costs per hour now, on spot (True) and on-demand (False): the tasks share one shape."""
+    w = tasks[0].workload
     price = estimate(
         gpu_model=w.gpu_model, cards=w.gpu_count, milli=w.gpu_milli, cpu_cores=w.cpu_cores, memory_mb=w.memory_mb
     )
     if price is None:
-        return ZERO
-    return Decimal(price["spot_per_hour" if w.spot else "on_demand_per_hour"])
+        return {True: ZERO, False: ZERO}
+    return {True: Decimal(price["spot_per_hour"]), False: Decimal(price["on_demand_per_hour"])}
 
 
 def budget_headroom(array: JobArray, tasks: list[Job]) -> Decimal:
@@ -240,10 +240,13 @@ def budget_headroom(array: JobArray, tasks: list[Job]) -> Decimal:
     queued = [job for job in tasks if job.workload.status == S.QUEUED]
     room = len(queued) if array.max_running is None else max(array.max_running - len(running), 0)
     starting = queued[: min(room, len(queued))]
+    if not running and not starting:
+        return ZERO
+    hourly = _hourly(tasks)
     seconds = Decimal(window) / 3600
     first = Decimal(max(window, 60)) / 3600
-    return sum((_hourly(array, job) * seconds for job in running), ZERO) + sum(
-        (_hourly(array, job) * first for job in starting), ZERO
+    return sum((hourly[job.workload.spot] * seconds for job in running), ZERO) + sum(
+        (hourly[job.workload.spot] * first for job in starting), ZERO
     )
 
 
