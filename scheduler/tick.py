@@ -245,7 +245,8 @@ def _record_on_demand(work_ids: list, by_id: dict) -> None:
     for work_id in work_ids:
         w = by_id[work_id]
         why = (
-            f"runs on-demand from now on: preempted {w.preemptions} times"
+            f"runs on-demand from now on: preempted more often than its array allows "
+            f"({w.preemptions} > {w.group.spot_fallback_after})"
             if w.group.spot_fallback_after is not None and w.preemptions > w.group.spot_fallback_after
             else "runs on-demand from now on: its array is past its deadline"
         )

@@ -16,7 +16,7 @@ from portal.models import ArrayStatus, Job, JobArray
 from scheduler import tick
 from scheduler.models import Workload, WorkloadStatus
 from tests.conftest import wait_for
-from tests.portal.test_jobs_and_preemption import reconcile
+from tests.portal.test_jobs_and_preemption import TRAINER, reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = WorkloadStatus
@@ -258,3 +258,24 @@ def test_a_task_that_comes_back_to_the_queue_after_its_array_ended_is_stopped_at
     straggler.refresh_from_db()
     assert straggler.status == S.STOPPED and "cancelled by its owner" in straggler.status_reason
     assert arrays.arrays_supervise() == 0  # nothing left to look at
+
+
+def test_a_spot_task_evicted_more_than_allowed_resumes_on_demand_from_its_checkpoint(
+    api, catalog, node_worker, settings
+):
+    """Real containers: the task is evicted once (more than max_preemptions=0), comes back on-demand, resumes
+    from its checkpoint and finishes; its first run is metered on spot, its second on-demand."""
+    settings.PREEMPTION_GRACE_S = 5
+    data = create(api, catalog, array="0", gpus="2", command=TRAINER, fallback="on-demand", max_preemptions=0)
+    task = Job.objects.get(pk=data["tasks"][0]["job"]).workload
+    wait_for(lambda: (task.refresh_from_db(), task.status)[1] == S.RUNNING, timeout=30, what="the task running")
+    on_demand = api.post("/api/v1/jobs/", body(catalog, command="sleep 1", priority="low"), format="json").data
+    poke = reconcile(node_worker)
+    wait_for(lambda: (task.refresh_from_db(), task.status)[1] == S.SUCCEEDED, timeout=90, poke=poke, what="done")
+    assert task.preemptions == 1 and not task.spot
+    assert task.events.filter(reason__contains="preempted more often than its array allows (1 > 0)").exists()
+    assert "resume 1" in task.log_tail and "done at 25" in task.log_tail
+    assert [s.spot for s in MeterSegment.objects.filter(workload=task).order_by("started_at")] == [True, False]
+    assert Job.objects.get(pk=on_demand["id"]).workload.preemptions == 0
+    array = JobArray.objects.get()
+    wait_for(lambda: (array.refresh_from_db(), array.status)[1] == ArrayStatus.DONE, timeout=30, what="array done")

@@ -41,7 +41,9 @@ def test_a_queued_spot_member_preempted_too_often_runs_on_demand_from_the_next_t
     tick.schedule_tick()
     tired.refresh_from_db(), fresh.refresh_from_db()
     assert not tired.spot and fresh.spot
-    assert tired.events.filter(reason__contains="on-demand from now on: preempted 4 times").exists()
+    assert tired.events.filter(
+        reason__contains="on-demand from now on: preempted more often than its array allows (4 > 3)"
+    ).exists()
 
 
 def test_queued_spot_members_run_on_demand_once_the_groups_deadline_passed(user):
