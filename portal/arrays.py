@@ -25,8 +25,8 @@ from billing.statements import cost_so_far
 from portal import services
 from portal.array_spec import task_env, tasks_of
 from portal.models import ArrayStatus, Fallback, Job, JobArray
-from scheduler.errors import Conflict, InvalidInput
-from scheduler.models import WorkloadGroup, WorkloadStatus
+from scheduler.errors import Conflict, InvalidInput, TooMany
+from scheduler.models import Workload, WorkloadGroup, WorkloadStatus
 from scheduler.services import workloads as scheduler
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,13 @@ def array_create(
         env=env,
     )
     services.check_payable(owner, job.team)
+    waiting = Workload.objects.filter(owner=owner, status=S.QUEUED).count()
+    if waiting + len(tasks) > settings.MAX_QUEUED_PER_USER:
+        # Each task waits in the queue as a job of its own (the scheduler re-checks under its lock).
+        raise TooMany(
+            f"the array has {len(tasks)} tasks and {waiting} of your instances and jobs are waiting already: at "
+            f"most {settings.MAX_QUEUED_PER_USER} may wait at once; submit fewer tasks, or wait for some to start"
+        )
     card = rate_card_now(job.gpu_type.name)
     falls_back = fallback == Fallback.ON_DEMAND
     with transaction.atomic():

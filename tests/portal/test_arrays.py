@@ -279,3 +279,12 @@ def test_a_spot_task_evicted_more_than_allowed_resumes_on_demand_from_its_checkp
     assert Job.objects.get(pk=on_demand["id"]).workload.preemptions == 0
     array = JobArray.objects.get()
     wait_for(lambda: (array.refresh_from_db(), array.status)[1] == ArrayStatus.DONE, timeout=30, what="array done")
+
+
+def test_an_array_larger_than_the_queue_allows_is_refused_whole_saying_why(api, catalog, sim_node, settings):
+    settings.MAX_QUEUED_PER_USER = 10
+    api.post("/api/v1/jobs/", body(catalog), format="json")
+    response = api.post("/api/v1/arrays/", body(catalog, array="0-9"), format="json")
+    assert response.status_code == 429 and "the array has 10 tasks and 1 of your" in str(response.data)
+    assert not JobArray.objects.exists() and Job.objects.count() == 1
+    assert api.post("/api/v1/arrays/", body(catalog, array="0-8"), format="json").status_code == 201
