@@ -48,7 +48,9 @@ def docker_run(cluster: Cluster, name: str) -> float:
     has pulled it (the warm-up instance).
     """
     socket = f"unix:///run/gpucloud-{cluster.prefix}/h1.sock"
-    image = f"{cluster.info['REGISTRY']}/{IMAGE}"
+    image = next(
+        i["docker_ref"] for i in cluster.api("get", "images/").json()["results"] if i["docker_ref"].endswith(IMAGE)
+    )
     started = time.perf_counter()
     subprocess.run(
         ["docker", "-H", socket, "run", "-d", "--name", name, "--network", "gpucloud-tenants", image, "sh", "-c", IDLE],
