@@ -15,6 +15,7 @@ from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services import moves
 from scheduler.services import workloads as scheduler
+from scheduler.services.code import workload_code_attach
 
 # The scheduler names resources its own way; users see these field names.
 FIELD_NAMES = {"gpu_model": "gpu_type", "gpu_count": "gpus", "cpu_cores": "cpu_cores", "memory_mb": "memory_gb"}
@@ -185,8 +186,12 @@ def job_create(
     max_runtime_s: int | None = None,
     checkpoint_gb: int = 50,
     team: str = "",
+    code: bytes | None = None,
 ) -> Job:
-    """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume."""
+    """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume.
+
+    ``code`` (a .tar.gz) is stored with it; its node's agent extracts it into the job's data disk and runs
+    the command there (``scheduler.services.code``)."""
     check_gpus(gpus)
     if not command.strip():
         raise InvalidInput("a job needs a command", field="command")
@@ -201,6 +206,8 @@ def job_create(
             max_runtime_s=max_runtime_s,
             command=["sh", "-c", command],
         )
+        if code is not None:
+            workload_code_attach(workload=workload, archive=code)
         return Job.objects.create(
             owner=owner,
             name=name,

@@ -5,7 +5,9 @@ The web tier's consumer passes the browser's frames on unchanged: JSON text
 The shell's output goes back as binary frames, written as soon as it is read
 (keystroke echo is one socket read and one frame). When the shell exits, the
 container stops or the session reaches RELAY_TERMINAL_MAX_S, the socket closes
-with SHELL_ENDED and a reason; when the other side closes, the shell reads EOF.
+with SHELL_ENDED and a reason; when the shell exited, a last text frame
+``{"exit_code": N}`` comes just before that close (the CLI's ``exec`` exits with it).
+When the other side closes, the shell reads EOF.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from aiohttp import WSMsgType, web
 from django.conf import settings
@@ -24,6 +27,7 @@ from scheduler.node.relay.guard import Call, start
 log = logging.getLogger(__name__)
 SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"]
 READ_BYTES = 65536
+EXIT_POLLS, EXIT_POLL_S = 40, 0.05  # at most 2 s for Docker to note the shell's exit
 
 
 async def terminal(request: web.Request, call: Call) -> web.WebSocketResponse:
@@ -46,6 +50,9 @@ async def terminal(request: web.Request, call: Call) -> web.WebSocketResponse:
         sock.close()  # the shell reads EOF and exits
         stream.close()
     if not ws.closed:  # the shell ended, or its time is up (the web tier closes the socket otherwise)
+        exit_code = await call.run(_exit_code, call.api, exec_id) if output in done else None
+        if exit_code is not None:
+            await ws.send_str(json.dumps({"exit_code": exit_code}))
         reason = "the shell ended (exit, or the instance stopped)" if done else "the session's time is up"
         await ws.close(code=SHELL_ENDED, message=reason.encode())
     return ws
@@ -90,6 +97,16 @@ def _exec_shell(api, container: str):
     raw = stream._sock
     raw.setblocking(False)
     return exec_id, stream, raw
+
+
+def _exit_code(api, exec_id: str) -> int | None:
+    """The shell's exit status once Docker has it (it notes the end a moment after the output closes)."""
+    for _ in range(EXIT_POLLS):
+        state = api.exec_inspect(exec_id)
+        if not state.get("Running") and state.get("ExitCode") is not None:
+            return int(state["ExitCode"])
+        time.sleep(EXIT_POLL_S)
+    return None
 
 
 def _size(value) -> int | None:
