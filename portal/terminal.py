@@ -2,7 +2,8 @@
 
 Routes: ws/terminal/instances/<id>/ and ws/terminal/jobs/<id>/. Only the owner gets
 one (staff and others: 4404; not signed in: 4401; work that is not running, or
-whose host does not answer: 4409; a user who already holds RELAY_MAX_SESSIONS_PER_USER terminal and file sessions: 4429).
+whose host does not answer: 4409; a user who already holds
+RELAY_MAX_SESSIONS_PER_USER terminal and file sessions: 4429).
 Frames from the browser are JSON text: ``{"type": "input", "data": "..."}`` or
 ``{"type": "resize", "cols": 80, "rows": 24}``; the shell's output comes back as
 binary frames. When the shell exits or the container stops, the socket closes
