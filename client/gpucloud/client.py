@@ -318,21 +318,22 @@ class Client:
     ) -> Iterator[LogLine | LogEnd]:
         """Live lines (ws/logs/…) until the workload ends (a ``LogEnd`` last); a lost socket reconnects with
         ``after=<last cursor>``, so no line comes twice and none is lost."""
+        self._logs_probe(kind, object_id)
         failures = 0
         while True:
             query = _given(after=after) if after else _given(tail=tail, since=since)
             url = self.ws_url(f"ws/logs/{_plural(kind)}/{object_id}/", **query)
             try:
                 with ws_connect(url, additional_headers=self.ws_headers(), open_timeout=10) as ws:
-                    failures = 0
                     for frame in ws:
                         item = _log_item(json.loads(frame))
                         if isinstance(item, LogLine):
-                            after = item.n
+                            after, failures = item.n, 0
                         yield item
                         if isinstance(item, LogEnd):
                             return
                     _refused(ws.close_code, kind, object_id)
+                    raise ConnectionError(f"the log socket closed ({ws.close_code}) before the end")
             except InvalidStatus as exc:
                 if exc.response.status_code == 404:
                     raise LogsUnavailable(404, "this server has no logs socket") from exc
@@ -344,6 +345,17 @@ class Client:
                     raise ApiError(0, f"the log socket keeps failing: {exc}") from exc
                 time.sleep(RECONNECT_S[failures])
                 failures += 1
+
+    def _logs_probe(self, kind: str, object_id: int) -> None:
+        """LogsUnavailable when this server has no logs API (a version before it); NotFound when no such work."""
+        path = f"/api/v1/{_plural(kind)}/{object_id}/logs/"
+        try:
+            with self.http.stream("GET", path, params={"tail": 0}) as response:
+                if response.status_code == 404 and "json" not in response.headers.get("content-type", ""):
+                    raise LogsUnavailable(404, "this server has no logs endpoint")
+                self._check(response)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach {self.url}: {exc}") from exc
 
     # -- files ----------------------------------------------------------------------------------------
 
