@@ -184,6 +184,7 @@ class LogEnd:
 REQUESTS: dict[str, tuple[str, ...]] = {
     "JobCreateInput": (
         "name", "image", "gpu_type", "gpus", "cpu_cores", "memory_gb", "command", "priority", "max_runtime_s", "team",
+        "env", "spot",
     ),
     "JobCreateForm": ("code",),
     "InstanceCreateInput": (

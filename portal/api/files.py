@@ -35,10 +35,11 @@ NAME = OpenApiParameter("name", str, required=False, description="PUT: the new f
 CHUNK = 1024 * 1024
 
 
-def _workload(request, kind: str, object_id: int):
+def _workload(request, kind: str, ids: dict):
+    """The owner's running work named by the route (``instance_id`` or ``job_id``); NotFound for anyone else."""
     if kind == "job":
-        return selectors.job_get_owned(user=request.user, job_id=object_id).workload
-    return selectors.instance_get_owned(user=request.user, instance_id=object_id).workload
+        return selectors.job_get_owned(user=request.user, job_id=ids["job_id"]).workload
+    return selectors.instance_get_owned(user=request.user, instance_id=ids["instance_id"]).workload
 
 
 class _Spooled:
@@ -81,8 +82,8 @@ class FileListApi(APIView):
         truncated = serializers.BooleanField(help_text="The folder holds more entries than a listing returns.")
 
     @extend_schema(parameters=[PATH], responses=ListingOutput)
-    def get(self, request, object_id: int):
-        workload = _workload(request, self.kind, object_id)
+    def get(self, request, **ids):
+        workload = _workload(request, self.kind, ids)
         path = files.safe_path(request.query_params.get("path") or files.ROOTS[0])
         entries, truncated = files.listing(workload, path, user=request.user)
         return Response(self.ListingOutput({"path": path, "entries": entries, "truncated": truncated}).data)
@@ -92,8 +93,8 @@ class FileDownloadApi(APIView):
     kind = "instance"
 
     @extend_schema(parameters=[PATH], responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
-    def get(self, request, object_id: int):
-        workload = _workload(request, self.kind, object_id)
+    def get(self, request, **ids):
+        workload = _workload(request, self.kind, ids)
         name, size, chunks = files.download(workload, request.query_params.get("path", ""), user=request.user)
         response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
         response["Content-Length"] = str(size)
@@ -113,8 +114,8 @@ class FileUploadApi(APIView):
         request={"application/octet-stream": OpenApiTypes.BINARY},
         responses={201: UploadOutput},
     )
-    def put(self, request, object_id: int):
-        workload = _workload(request, self.kind, object_id)
+    def put(self, request, **ids):
+        workload = _workload(request, self.kind, ids)
         name = request.query_params.get("name", "")
         if not name:
             raise InvalidInput("name the new file (?name=...)", field="name")
@@ -134,8 +135,8 @@ class FileUploadApi(APIView):
         },
         responses={201: UploadOutput},
     )
-    def post(self, request, object_id: int):
-        workload = _workload(request, self.kind, object_id)
+    def post(self, request, **ids):
+        workload = _workload(request, self.kind, ids)
         upload = request.FILES.get("file")
         if upload is None:
             raise InvalidInput("send the file as the form field 'file'", field="file")

@@ -37,14 +37,14 @@ urlpatterns = [
 # Files of a running instance or job (the owner's): list, download, upload.
 for kind, plural in (("instance", "instances"), ("job", "jobs")):
     urlpatterns += [
-        path(f"{plural}/<int:object_id>/files/", files.FileListApi.as_view(kind=kind), name=f"api-{kind}-files"),
+        path(f"{plural}/<int:{kind}_id>/files/", files.FileListApi.as_view(kind=kind), name=f"api-{kind}-files"),
         path(
-            f"{plural}/<int:object_id>/files/download/",
+            f"{plural}/<int:{kind}_id>/files/download/",
             files.FileDownloadApi.as_view(kind=kind),
             name=f"api-{kind}-file-download",
         ),
         path(
-            f"{plural}/<int:object_id>/files/upload/",
+            f"{plural}/<int:{kind}_id>/files/upload/",
             files.FileUploadApi.as_view(kind=kind),
             name=f"api-{kind}-file-upload",
         ),
