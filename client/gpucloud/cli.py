@@ -117,7 +117,8 @@ def login(
         token = Client.token_for(url, username, password)
     token = token or typer.prompt("API token", hide_input=True)
     me = Client(url=url, token=token).me()
-    path = config.profile_save(config.Profile(name=name, url=url.rstrip("/"), token=token), make_default=True)
+    profile_ = config.Profile(name=name, url=url.rstrip("/"), token=token, ws_url=me.get("websocket_url") or "")
+    path = config.profile_save(profile_, make_default=True)
     err.print(f"Signed in to {url} as {me['username']} (profile {name}, saved in {path}).")
 
 
@@ -166,7 +167,10 @@ def usage(
 def offers(
     gpu_type: Annotated[str | None, typer.Option(help="Only this GPU type (e.g. RTX3090).")] = None,
     min_memory: Annotated[str | None, typer.Option(help="At least this much GPU memory (e.g. 24G).")] = None,
-    max_price: Annotated[float | None, typer.Option(help="At most this price per card-hour (on-demand).")] = None,
+    max_price: Annotated[
+        float | None, typer.Option(help="At most this price per card-hour (spot with --spot).")
+    ] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Compare spot prices (with --max-price).")] = False,
     available: Annotated[bool, typer.Option(help="Only types with a free card.")] = False,
     as_json: JsonFlag = False,
 ):
@@ -178,7 +182,7 @@ def offers(
         t for t in types
         if (not wanted or wanted in (t.name.lower(), t.display_name.replace(" ", "").lower()))
         and t.memory_gb >= least
-        and (max_price is None or Decimal(t.price_per_hour) <= Decimal(str(max_price)))
+        and (max_price is None or _price(t, spot) <= Decimal(str(max_price)))
         and (not available or t.free_cards > 0)
     ]  # fmt: skip
     if as_json:
@@ -187,9 +191,13 @@ def offers(
     for t in types:
         table.add_row(
             t.name, f"{t.memory_gb} GB", str(t.free_cards), str(t.capacity.get("cards", 0)),
-            f"{t.price_per_hour} {t.currency}", f"{t.spot_price_per_hour or '-'}",
+            f"{t.price_per_hour} {t.currency}", f"{t.spot_price or '-'}",
         )  # fmt: skip
     out.print(table)
+
+
+def _price(gpu_type, spot: bool) -> Decimal:
+    return Decimal((gpu_type.spot_price if spot else None) or gpu_type.price_per_hour)
 
 
 @app.command()

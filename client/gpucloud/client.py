@@ -39,12 +39,15 @@ class LogsUnavailable(ApiError):
 
 
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None, *, profile: str | None = None):
+    def __init__(
+        self, url: str | None = None, token: str | None = None, *, profile: str | None = None, ws_url: str | None = None
+    ):
         if url is None:
             saved = config.profile_load(profile)
-            url, token = saved.url, token or saved.token
+            url, token, ws_url = saved.url, token or saved.token, ws_url or saved.ws_url
         self.url = url.rstrip("/")
         self.token = token or ""
+        self._ws_base = ws_url.rstrip("/") if ws_url else None  # None: ask the server (GET /me/) when needed
         headers = {"Accept": "application/json", "User-Agent": "gpucloud-cli/0.1"}
         if self.token:
             headers["Authorization"] = f"Token {self.token}"
@@ -93,8 +96,18 @@ class Client:
                 return
             page += 1
 
+    @property
+    def ws_base(self) -> str:
+        """Where the server's WebSockets are: its ``websocket_url`` (a separate daphne, as in `make run`), else the
+        API's own address as ws:// or wss:// (a proxy sends /ws/ to daphne)."""
+        if self._ws_base is None:
+            self._ws_base = (self.me().get("websocket_url") or "").rstrip("/")
+        if self._ws_base:
+            return self._ws_base
+        return "wss" + self.url[5:] if self.url.startswith("https") else "ws" + self.url[4:]
+
     def ws_url(self, path: str, **query) -> str:
-        base = "wss" + self.url[5:] if self.url.startswith("https") else "ws" + self.url[4:]
+        base = self.ws_base
         query = {k: v for k, v in query.items() if v is not None}
         return f"{base}/{path.lstrip('/')}" + (f"?{urlencode(query)}" if query else "")
 

@@ -5,9 +5,10 @@
     [profiles.default]
     url = "https://gpu.example.com"
     token = "..."
+    ws_url = ""        # where its WebSockets are, when not at the same address (the server says at login)
 
 The file is written with mode 600 (it holds a token). GPUCLOUD_URL, GPUCLOUD_TOKEN and
-GPUCLOUD_PROFILE override it; ``--profile`` picks a profile.
+GPUCLOUD_PROFILE (and GPUCLOUD_WS_URL) override it; ``--profile`` picks a profile.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Profile:
     name: str
     url: str
     token: str
+    ws_url: str = ""
 
 
 def _read(path: Path) -> dict:
@@ -53,7 +55,8 @@ def profile_load(name: str | None = None) -> Profile:
     token = os.environ.get("GPUCLOUD_TOKEN") or saved.get("token") or ""
     if not url:
         raise ConfigError(f"no server URL for profile {name!r}: run `gpucloud login --url URL` or set GPUCLOUD_URL")
-    return Profile(name=name, url=url.rstrip("/"), token=token)
+    ws_url = os.environ.get("GPUCLOUD_WS_URL") or saved.get("ws_url") or ""
+    return Profile(name=name, url=url.rstrip("/"), token=token, ws_url=ws_url.rstrip("/"))
 
 
 def profile_save(profile: Profile, *, make_default: bool = False) -> Path:
@@ -61,7 +64,7 @@ def profile_save(profile: Profile, *, make_default: bool = False) -> Path:
     path = config_path()
     data = _read(path)
     profiles = dict(data.get("profiles") or {})
-    profiles[profile.name] = {"url": profile.url, "token": profile.token}
+    profiles[profile.name] = {"url": profile.url, "token": profile.token, "ws_url": profile.ws_url}
     default = profile.name if make_default or not data.get("default_profile") else data["default_profile"]
     lines = [f"default_profile = {json.dumps(default)}", ""]
     for name, fields in sorted(profiles.items()):

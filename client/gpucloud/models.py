@@ -36,12 +36,18 @@ class GpuType(Model):
     memory_gb: int = 0
     price_per_hour: str = "0"
     spot_price_per_hour: str | None = None
+    spot_price_now: str | None = None
     currency: str = ""
     capacity: dict = field(default_factory=dict)
 
     @property
     def free_cards(self) -> int:
         return int(self.capacity.get("free_cards", 0))
+
+    @property
+    def spot_price(self) -> str | None:
+        """The spot price now, or the rate card's when the platform has not computed one yet."""
+        return self.spot_price_now or self.spot_price_per_hour
 
 
 @dataclass

@@ -129,14 +129,17 @@ class MeApi(APIView):
         username = serializers.CharField()
         is_staff = serializers.BooleanField()
         shared_storage = SharedStorageOutput(allow_null=True, help_text="null while the platform has none.")
+        websocket_url = serializers.CharField(
+            allow_blank=True,
+            help_text="Where the WebSockets (logs, terminals) are served; empty: this same address (ws:// or wss://).",
+        )
 
     @extend_schema(responses=MeOutput)
     def get(self, request):
         user = request.user
         shared = storage.shared_storage_of(user)
-        return Response(
-            self.MeOutput({"username": user.username, "is_staff": user.is_staff, "shared_storage": shared}).data
-        )
+        me = {"username": user.username, "is_staff": user.is_staff, "shared_storage": shared}
+        return Response(self.MeOutput(me | {"websocket_url": settings.WEBSOCKET_URL}).data)
 
 
 class GpuTypeListApi(APIView):

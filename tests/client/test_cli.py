@@ -77,6 +77,8 @@ def test_exec_cp_ps_and_cancel_on_a_running_job(cli, catalog, node_worker, tmp_p
     assert cli("cp", str(tmp_path / "up.txt"), f"j{job.pk}:/root/checkpoints/").returncode == 0
     back = cli("exec", f"j{job.pk}", "--", "cat", "/root/checkpoints/up.txt")
     assert back.returncode == 0 and "sent up" in back.stdout
+    renamed = cli("cp", str(tmp_path / "up.txt"), f"j{job.pk}:/root/checkpoints/renamed.txt")  # lists the folder
+    assert renamed.returncode == 0 and "/root/checkpoints/renamed.txt" in renamed.stderr
 
     cancelled = cli("cancel", f"j{job.pk}")
     assert cancelled.returncode == 0, cancelled.stderr
