@@ -360,7 +360,8 @@ def logs(
         job = api.job(target.id) if target.kind == "job" else None
         err.print("this server keeps no logs; the last output the job left:" if job else "this server keeps no logs")
         if job:
-            sys.stdout.write(job.log_tail)
+            lines = job.log_tail.splitlines(keepends=True)
+            sys.stdout.write("".join(lines[-tail:] if tail else lines))
 
 
 def _follow(api: Client, kind: str, object_id: int, *, tail, since, as_json: bool = False) -> int:

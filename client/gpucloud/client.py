@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tarfile
 import time
 from collections.abc import Iterator
@@ -80,6 +81,8 @@ class Client:
         try:
             body = response.json()
         except ValueError:
+            if response.status_code == 404:  # not the API's own 404 (that is JSON): a route it does not have
+                raise NotFound(404, f"this server has no {response.request.url.path} (an older version?)") from None
             body = response.text[:200]
         raise error_for(response.status_code, body)
 
@@ -169,8 +172,8 @@ class Client:
             lambda i: wanted in i.name.lower() or wanted in i.docker_ref.lower(),
         ):
             found = [i for i in images if match(i)]
-            if found:
-                return max(found, key=lambda i: i.id).id
+            if found:  # the newest version of the framework
+                return max(found, key=lambda i: (_version(i.framework_version), i.id)).id
         raise ApiError(400, f"no image {name_or_id!r} (see `gpucloud images`)", field="image")
 
     # -- jobs ---------------------------------------------------------------------------------------
@@ -436,6 +439,10 @@ def _plural(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"kind is one of {KINDS}")
     return f"{kind}s"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
 
 
 def _squash(text: str) -> str:
