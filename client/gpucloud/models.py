@@ -197,6 +197,10 @@ REQUESTS: dict[str, tuple[str, ...]] = {
         "name", "image", "gpu_type", "gpus", "cpu_cores", "memory_gb", "disk_gb", "billing_mode", "team",
     ),
     "SaveImageInput": ("name",),
+    "ArrayCreateInput": (
+        "name", "image", "gpu_type", "gpus", "cpu_cores", "memory_gb", "command", "team", "env",
+        "array", "params", "max_running", "spot", "fallback", "budget",
+    ),
     "CredentialsInput": ("username", "password"),
 }  # fmt: skip
 RESPONSES: tuple[type[Model], ...] = (GpuType, Image, Job, Instance, FileEntry, Account, StatementLine)

@@ -8,6 +8,8 @@ from rest_framework.test import APIClient
 # Fields the SDK sends that another branch of issue 16 adds to the server (helper "sweeps": env and spot on
 # jobs). Once the schema has them this test fails until they are taken off this list.
 PENDING = {"JobCreateInput": {"env", "spot"}}
+# Components of routes another branch adds (sweeps: job arrays): checked once the schema has them.
+PENDING_COMPONENTS = {"ArrayCreateInput"}
 
 
 @pytest.fixture
@@ -32,6 +34,8 @@ def test_every_field_the_sdk_reads_is_in_the_servers_answer(schema, model):
 
 @pytest.mark.parametrize("component", sorted(models.REQUESTS))
 def test_every_field_the_sdk_sends_is_in_the_servers_input(schema, component):
+    if component in PENDING_COMPONENTS and component not in schema["components"]["schemas"]:
+        pytest.skip(f"{component} comes with another branch of issue 16")
     sent = set(models.REQUESTS[component])
     accepted = properties(schema, component)
     pending = PENDING.get(component, set())
