@@ -412,8 +412,7 @@ def _print_log(item: LogLine | LogEnd, as_json: bool) -> None:
         else:
             stream.write(item.line + "\n")
             stream.flush()
-    else:
-        err.print(f"[dim]── {item.status}: exit code {item.exit_code} {item.reason}[/]", highlight=False)
+    # The end says nothing new to a reader (the log's last "system" line gave the reason): the exit code is ours.
 
 
 @app.command(name="exec", context_settings={"allow_interspersed_args": False})

@@ -30,6 +30,7 @@ from gpucloud.errors import ApiError, ConfigError, NotFound, error_for
 from gpucloud.models import Account, ArrayJob, FileEntry, GpuType, Image, Instance, Job, LogEnd, LogLine, StatementLine
 
 KINDS = ("job", "instance")
+NDJSON = {"Accept": "application/x-ndjson, application/json;q=0.9"}  # the logs endpoint's formats
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 CHUNK = 1024 * 1024
 RECONNECT_S = (0.5, 1, 2, 5)  # waits between reconnects of a log follow that lost its socket
@@ -319,7 +320,8 @@ class Client:
         params = _given(tail=tail, since=since, after=after, format="ndjson")
         path = f"/api/v1/{_plural(kind)}/{object_id}/logs/"
         try:
-            with self.http.stream("GET", path, params=params, timeout=httpx.Timeout(None, connect=10)) as response:
+            timeout = httpx.Timeout(None, connect=10)
+            with self.http.stream("GET", path, params=params, headers=NDJSON, timeout=timeout) as response:
                 if response.status_code == 404 and "json" not in response.headers.get("content-type", ""):
                     raise LogsUnavailable(404, "this server has no logs endpoint")
                 self._check(response)
@@ -366,7 +368,7 @@ class Client:
         """LogsUnavailable when this server has no logs API (a version before it); NotFound when no such work."""
         path = f"/api/v1/{_plural(kind)}/{object_id}/logs/"
         try:
-            with self.http.stream("GET", path, params={"tail": 0}) as response:
+            with self.http.stream("GET", path, params={"tail": 1}, headers=NDJSON) as response:
                 if response.status_code == 404 and "json" not in response.headers.get("content-type", ""):
                     raise LogsUnavailable(404, "this server has no logs endpoint")
                 self._check(response)

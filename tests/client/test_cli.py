@@ -37,13 +37,13 @@ def test_a_wrong_password_a_missing_object_and_a_usage_mistake_have_their_own_ex
 
 
 def test_submit_with_upload_runs_the_command_in_the_code_and_follows_it_to_its_exit_code(
-    cli, catalog, node_worker, tmp_path
+    cli, catalog, agent, tmp_path
 ):
     code = tmp_path / "project"
     (code / "data").mkdir(parents=True)
     (code / "data" / "numbers.txt").write_text("6 7\n")
     (code / "train.sh").write_text('set -- $(cat data/numbers.txt); echo "answer=$(($1 * $2)) in $PWD"; exit 7\n')
-    with exit_watcher(node_worker):
+    with exit_watcher(agent):
         done = cli(
             "submit", "--gpu-type", "RTX3090", "--gpus", "0.5", "--memory", "1G", "--cpus", "1",
             "--image", TEST_IMAGE, "--upload", str(code), "--", "sh", "train.sh",
@@ -54,7 +54,7 @@ def test_submit_with_upload_runs_the_command_in_the_code_and_follows_it_to_its_e
     assert job.workload.exit_code == 7 and job.workload.code.size_bytes > 0
 
 
-def test_exec_cp_ps_and_cancel_on_a_running_job(cli, catalog, node_worker, tmp_path):
+def test_exec_cp_ps_and_cancel_on_a_running_job(cli, catalog, agent, tmp_path):
     started = cli(
         "submit", "-d", "--gpu-type", "RTX3090", "--gpus", "0.5", "--memory", "1G", "--cpus", "1",
         "--image", TEST_IMAGE, "--name", "sleeper", "--", "sleep", "600",
