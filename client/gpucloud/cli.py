@@ -338,7 +338,17 @@ def show(ref: Annotated[str, typer.Argument(help="j12, i7 or a3")], as_json: Jso
     if as_json:
         return emit_json(item.raw)
     for key, value in item.raw.items():
-        out.print(f"[bold]{key}[/]: {value}", highlight=False)
+        if key != "tasks":
+            out.print(f"{key}: {value}", highlight=False, markup=False)
+    if target.kind == "array":
+        table = Table("task", "job", "params", "status", "spot", "preempted", "cost", "exit")
+        for task in item.tasks:
+            table.add_row(
+                str(task["index"]), f"j{task['job']}", " ".join(f"{k}={v}" for k, v in task["params"].items()),
+                task["status"], "yes" if task["spot"] else "no", str(task["preemptions"]), str(task["cost"]),
+                "" if task["exit_code"] is None else str(task["exit_code"]),
+            )  # fmt: skip
+        out.print(table)
 
 
 @app.command()
@@ -408,7 +418,7 @@ def _print_log(item: LogLine | LogEnd, as_json: bool) -> None:
     elif isinstance(item, LogLine):
         stream = sys.stderr if item.stream == "stderr" else sys.stdout
         if item.stream == "system":
-            err.print(f"[dim]── {item.line}[/]", highlight=False)
+            err.print(item.line, style="dim", markup=False, highlight=False)  # the platform's marker
         else:
             stream.write(item.line + "\n")
             stream.flush()
