@@ -36,9 +36,7 @@ def test_a_wrong_password_a_missing_object_and_a_usage_mistake_have_their_own_ex
     assert [o["name"] for o in offers] == ["RTX3090"] and "free_cards" in offers[0]["capacity"]
 
 
-def test_submit_with_upload_runs_the_command_in_the_code_and_follows_it_to_its_exit_code(
-    cli, catalog, agent, tmp_path
-):
+def test_submit_with_upload_runs_the_command_in_the_code_and_follows_it_to_its_exit_code(cli, catalog, agent, tmp_path):
     code = tmp_path / "project"
     (code / "data").mkdir(parents=True)
     (code / "data" / "numbers.txt").write_text("6 7\n")
