@@ -24,6 +24,13 @@ def test_login_with_a_password_saves_a_private_profile_that_later_commands_use(c
     assert cli("whoami", signed_in=False, GPUCLOUD_TOKEN="wrong").returncode == 4, "the environment overrides the file"
     assert cli("whoami", "--json", signed_in=False, GPUCLOUD_TOKEN="wrong").returncode == 4
 
+    assert cli("-p", "work", "whoami", signed_in=False).returncode == 4, "no such profile yet"
+    other = cli("login", "--profile", "work", "--url", cli.url, "--token", cli.token, signed_in=False)
+    assert other.returncode == 0, other.stderr
+    assert cli("-p", "work", "whoami", signed_in=False).stdout.strip() == "alice"
+    assert cli("whoami", signed_in=False, GPUCLOUD_PROFILE="default").stdout.strip() == "alice"
+    assert 'default_profile = "work"' in saved.read_text(), "the last login is the default"
+
 
 def test_a_wrong_password_a_missing_object_and_a_usage_mistake_have_their_own_exit_codes(cli, catalog):
     wrong = cli("login", "--url", cli.url, "--username", "alice", "--password", "nope", signed_in=False)
