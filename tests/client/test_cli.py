@@ -60,9 +60,11 @@ def test_submit_with_upload_runs_the_command_in_the_code_and_follows_it_to_its_e
 
 
 def test_exec_cp_ps_and_cancel_on_a_running_job(cli, catalog, agent, tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "hello.txt").write_text("hello\n")
     started = cli(
         "submit", "-d", "--gpu-type", "RTX3090", "--gpus", "0.5", "--memory", "1G", "--cpus", "1",
-        "--image", TEST_IMAGE, "--name", "sleeper", "--", "sleep", "600",
+        "--image", TEST_IMAGE, "--name", "sleeper", "--upload", str(tmp_path / "code"), "--", "sleep", "600",
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     job = Job.objects.get(pk=int(started.stdout))
@@ -75,6 +77,8 @@ def test_exec_cp_ps_and_cancel_on_a_running_job(cli, catalog, agent, tmp_path):
     assert shell.returncode == 3, shell.stderr
     command = cli("exec", str(job.pk), "--", "sh", "-c", "test -s /root/checkpoints/out.txt && exit 5")
     assert command.returncode == 5, command.stderr
+    where = cli("exec", str(job.pk), "--", "sh", "-c", 'echo "in $PWD: $(cat hello.txt)"')
+    assert "in /root/checkpoints/code: hello" in where.stdout, "the shell starts where the job's command runs"
 
     assert cli("cp", f"j{job.pk}:/root/checkpoints/out.txt", str(tmp_path)).returncode == 0
     assert (tmp_path / "out.txt").read_text() == "in-42\n"

@@ -20,8 +20,10 @@ import time
 from aiohttp import WSMsgType, web
 from django.conf import settings
 
-from config.relay import SHELL_ENDED
+from config.relay import HOME, SHELL_ENDED
 from scheduler.errors import Conflict
+from scheduler.models import WorkloadKind
+from scheduler.node.launcher import LABEL
 from scheduler.node.relay.guard import Call, start
 
 log = logging.getLogger(__name__)
@@ -91,12 +93,20 @@ async def _socket_to_shell(sock, ws: web.WebSocketResponse, call: Call, exec_id:
 
 def _exec_shell(api, container: str):
     exec_id = api.exec_create(
-        container, SHELL, stdin=True, tty=True, environment={"TERM": "xterm-256color"}, workdir="/root"
+        container, SHELL, stdin=True, tty=True, environment={"TERM": "xterm-256color"}, workdir=_workdir(api, container)
     )["Id"]
     stream = api.exec_start(exec_id, tty=True, socket=True)  # kept: it owns the connection
     raw = stream._sock
     raw.setblocking(False)
     return exec_id, stream, raw
+
+
+def _workdir(api, container: str) -> str:
+    """Where the shell starts: /root, or for a job where its command runs (its code, when it came with some)."""
+    config = api.inspect_container(container)["Config"]
+    if (config.get("Labels") or {}).get(f"{LABEL}.kind") == WorkloadKind.JOB and config.get("WorkingDir"):
+        return config["WorkingDir"]
+    return HOME
 
 
 def _exit_code(api, exec_id: str) -> int | None:
