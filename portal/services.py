@@ -17,6 +17,7 @@ from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services import moves
 from scheduler.services import workloads as scheduler
+from scheduler.services.code import workload_code_attach
 
 # The scheduler names resources its own way; users see these field names.
 FIELD_NAMES = {"gpu_model": "gpu_type", "gpu_count": "gpus", "cpu_cores": "cpu_cores", "memory_mb": "memory_gb"}
@@ -225,11 +226,14 @@ def job_create(
     team: str = "",
     env: dict | None = None,
     spot: bool = False,
+    code: bytes | None = None,
 ) -> Job:
     """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume.
 
     ``spot``: it runs on spot capacity, at the spot price; any on-demand work may evict it (it
-    resumes from its checkpoint), and it never evicts on-demand work.
+    resumes from its checkpoint), and it never evicts on-demand work. ``code`` (a .tar.gz) is stored
+    with it; its node's agent extracts it into the job's data disk and runs the command there
+    (``scheduler.services.code``).
     """
     job = job_prepare(
         owner=owner,
@@ -245,7 +249,12 @@ def job_create(
     )
     check_payable(owner, job.team)
     with transaction.atomic():
-        return job_submit(job, priority=priority, max_runtime_s=max_runtime_s, checkpoint_gb=checkpoint_gb, spot=spot)
+        created = job_submit(
+            job, priority=priority, max_runtime_s=max_runtime_s, checkpoint_gb=checkpoint_gb, spot=spot
+        )
+        if code is not None:
+            workload_code_attach(workload=created.workload, archive=code)
+        return created
 
 
 def job_prepare(

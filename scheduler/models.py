@@ -320,6 +320,20 @@ class WorkloadEvent(models.Model):
         return f"{self.workload_id}: {self.from_status} -> {self.to_status}"
 
 
+class WorkloadCode(models.Model):
+    """A job's code as its owner sent it (a .tar.gz), extracted into its data disk by its node's agent each time
+    the container is created, before the command runs there (``scheduler/node/launcher.py``)."""
+
+    workload = models.OneToOneField(Workload, on_delete=models.CASCADE, primary_key=True, related_name="code")
+    archive = models.BinaryField()
+    size_bytes = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self):
+        return f"code of {self.workload_id} ({self.size_bytes} bytes)"
+
+
 class MoveStatus(models.TextChoices):
     COPYING = "copying", _("Copying")
     DONE = "done", _("Done")

@@ -9,6 +9,15 @@ from portal.models import GpuType, Image, Instance, Job
 
 class GpuTypeOutput(serializers.ModelSerializer):
     capacity = serializers.DictField(read_only=True)
+    spot_price_now = serializers.DecimalField(
+        source="spot_now",
+        max_digits=12,
+        decimal_places=4,
+        allow_null=True,
+        read_only=True,
+        default=None,
+        help_text="Spot price per card-hour now (it moves with the cluster's load); null until first computed.",
+    )
 
     class Meta:
         model = GpuType
@@ -19,6 +28,7 @@ class GpuTypeOutput(serializers.ModelSerializer):
             "memory_gb",
             "price_per_hour",
             "spot_price_per_hour",
+            "spot_price_now",
             "currency",
             "capacity",
         ]

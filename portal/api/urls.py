@@ -2,11 +2,12 @@
 
 from django.urls import path
 
-from portal.api import arrays, billing, views
+from portal.api import arrays, auth, billing, files, views
 from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
     path("me/", views.MeApi.as_view(), name="api-me"),
+    path("auth/token/", auth.TokenApi.as_view(), name="api-auth-token"),
     path("gpu-types/", views.GpuTypeListApi.as_view(), name="api-gpu-types"),
     path("gpu-types/recommend/", views.GpuTypeRecommendApi.as_view(), name="api-gpu-types-recommend"),
     path("images/", views.ImageListApi.as_view(), name="api-images"),
@@ -35,6 +36,21 @@ urlpatterns = [
     )
     for action in ACTIONS
 ]
+# Files of a running instance or job (the owner's): list, download, upload.
+for kind, plural in (("instance", "instances"), ("job", "jobs")):
+    urlpatterns += [
+        path(f"{plural}/<int:{kind}_id>/files/", files.FileListApi.as_view(kind=kind), name=f"api-{kind}-files"),
+        path(
+            f"{plural}/<int:{kind}_id>/files/download/",
+            files.FileDownloadApi.as_view(kind=kind),
+            name=f"api-{kind}-file-download",
+        ),
+        path(
+            f"{plural}/<int:{kind}_id>/files/upload/",
+            files.FileUploadApi.as_view(kind=kind),
+            name=f"api-{kind}-file-upload",
+        ),
+    ]
 urlpatterns += [
     path(f"jobs/<int:job_id>/{action}/", views.JobActionApi.as_view(action_name=action), name=f"api-job-{action}")
     for action in JOB_ACTIONS

@@ -21,6 +21,7 @@ from scheduler.node import disks, launcher, network
 from scheduler.node.gpus import discover
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
+from scheduler.services.code import workload_code_archive
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
 
@@ -60,8 +61,11 @@ def _launch(workload_id: int) -> None:
             network.fence_check()
         if sharedfs.enabled():
             user_dir_ready(workload.owner_id)  # the owner's files, under its quota on this host too
-        spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
-        container_id = launcher.container_launch(workload, spec)
+        code = workload_code_archive(workload.pk) if workload.kind == WorkloadKind.JOB else None
+        spec = launcher.container_spec(
+            workload, node=workload.node, shares=_shares(workload), with_code=code is not None
+        )
+        container_id = launcher.container_launch(workload, spec, code=code)
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)

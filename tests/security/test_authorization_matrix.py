@@ -72,6 +72,15 @@ MATRIX = {
     "login": ("get", {}, "", OPEN),
     "logout": ("post", {}, "", SIGNS_OUT),
     "api-me": ("get", {}, "", MINE),
+    # Credentials in the body: anyone may try (the empty body: 400); throttled per address and username.
+    "api-auth-token": ("post", {}, "", OPEN),
+    # Files of a running instance or job: the owner only (the matrix's work is queued: 409, still allowed).
+    "api-instance-files": ("get", {}, "?path=/root/autodl-tmp", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-instance-file-download": ("get", {}, "?path=/root/autodl-tmp/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-instance-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-job-files": ("get", {}, "?path=/root/checkpoints", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-job-file-download": ("get", {}, "?path=/root/checkpoints/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-job-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-gpu-types": ("get", {}, "", MINE),
     "api-gpu-types-recommend": ("get", {}, "?model_params_b=7", MINE),
     "api-images": ("get", {}, "", MINE),
@@ -114,6 +123,7 @@ WEBSOCKET_MATRIX = {
     "ws/monitor/cluster/": STAFF_ONLY,
     # The owner only (a shell in their container); the matrix's instance is queued: 4409 "not running".
     "ws/terminal/instances/<int:instance_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),
+    "ws/terminal/jobs/<int:job_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),  # the same, in a running job
 }
 CLOSE_CODES = {4401: DENIED, 4403: DENIED, 4404: HIDDEN, 4409: ALLOWED}  # 4409: allowed, but not running
 # Django's admin: every page is for staff, but for these.
