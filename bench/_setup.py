@@ -43,4 +43,5 @@ def fresh_database(database_url: str, **environ: str) -> None:
     django.setup()
     from django.core.management import call_command
 
+    call_command("make_signing_keys", verbosity=0)  # the processes it starts sign their Celery messages
     call_command("migrate", "--no-input", verbosity=0)

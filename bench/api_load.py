@@ -54,6 +54,7 @@ def server_env(port: int) -> dict:
         "THROTTLE_CREATE": "100000000/min",
         "THROTTLE_ANON": "100000000/min",
         "MAX_QUEUED_PER_USER": "100000",
+        "SIGNUP_CREDIT": "1000000",  # the account pays for its instances (an empty wallet cannot create)
     }
 
 
@@ -138,7 +139,7 @@ async def closed_loop(port: int, headers: str, path: str, clients: int, seconds:
     return done / (time.monotonic() - started)
 
 
-async def open_loop(port: int, headers: str, data: dict, rate: float, seconds: float) -> list[float]:
+async def open_loop(port: int, headers: str, data: dict, rate: float, seconds: float) -> tuple[list[float], list]:
     """Poisson arrivals at ``rate``/s of a list / detail / create / release mix; latency from the scheduled time."""
     idle: list[Connection] = []
     latencies: list[float] = []
@@ -177,7 +178,7 @@ async def open_loop(port: int, headers: str, data: dict, rate: float, seconds: f
     await asyncio.gather(*tasks)
     if errors:
         print(f"warning: {len(errors)} error answers, e.g. {errors[:3]}", file=sys.stderr)
-    return latencies
+    return latencies, errors
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -216,7 +217,7 @@ def main():
                 capacity[path, clients] = rps
                 print(f"closed loop {path} x{clients} clients: {rps:.0f} requests/s", file=sys.stderr)
         list_rps = capacity["/api/v1/instances/", 50]
-        latencies = asyncio.run(open_loop(port, auth, data, list_rps / 2, args.seconds))
+        latencies, errors = asyncio.run(open_loop(port, auth, data, list_rps / 2, args.seconds))
     finally:
         server.terminate()
         server.wait(20)
@@ -231,6 +232,8 @@ def main():
         "requests": len(latencies),
         "p50_ms": round(1000 * percentile(latencies, 0.50), 1),
         "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
+        "errors": len(errors),
+        "commit": _setup.commit(),
     }
     print(json.dumps(result))
 

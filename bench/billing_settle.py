@@ -80,6 +80,7 @@ def populate(n: int, max_hours: float) -> None:
                 ended_at=start + timedelta(seconds=rng.randrange(1, int(max_hours * 3600))),
                 account=accounts[w.owner_id],
                 rate_card=first_rate[w.gpu_model],
+                spot=w.spot,
             )
         )
     MeterSegment.objects.bulk_create(segments, batch_size=5000)

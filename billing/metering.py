@@ -26,8 +26,14 @@ def meter_open(*, workload_id: int, at=None) -> None:
         with transaction.atomic():
             # Started without cards: the whole run is at the no-GPU price (its cards come back only
             # with a new start, which opens a new segment).
-            no_gpu = Workload.objects.filter(pk=workload_id).values_list("no_gpu", flat=True).first() or False
-            MeterSegment.objects.create(workload_id=workload_id, started_at=at or timezone.now(), no_gpu=no_gpu)
+            # Spot or on-demand as it starts: a spot job that falls back to on-demand does so between runs.
+            no_gpu, spot = Workload.objects.filter(pk=workload_id).values_list("no_gpu", "spot").first() or (
+                False,
+                False,
+            )
+            MeterSegment.objects.create(
+                workload_id=workload_id, started_at=at or timezone.now(), no_gpu=no_gpu, spot=spot
+            )
     except IntegrityError:
         pass  # already open (or already recorded): the unique constraints make this a no-op
 
@@ -66,6 +72,7 @@ def meter_reconcile(*, since: datetime) -> int:
 def _reconcile_workload(workload_id: int) -> int:
     events = WorkloadEvent.objects.filter(workload_id=workload_id).order_by("created_at", "id")
     segments = list(MeterSegment.objects.filter(workload_id=workload_id))
+    spot = Workload.objects.filter(pk=workload_id).values_list("spot", flat=True).first() or False
     fixed = 0
     for start, end, reason in running_intervals(events):
         segment = next((s for s in segments if abs(s.started_at - start) <= MATCH_WITHIN), None)
@@ -73,7 +80,7 @@ def _reconcile_workload(workload_id: int) -> int:
             try:
                 with transaction.atomic():
                     MeterSegment.objects.create(
-                        workload_id=workload_id, started_at=start, ended_at=end, end_reason=reason
+                        workload_id=workload_id, started_at=start, ended_at=end, end_reason=reason, spot=spot
                     )
                 fixed += 1
             except IntegrityError:

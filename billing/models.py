@@ -170,6 +170,9 @@ class MeterSegment(models.Model):
     )
     settled_until = models.DateTimeField(null=True, blank=True, help_text="Charged up to here.")
     no_gpu = models.BooleanField(default=False, help_text="A run without its cards: the no-GPU price.")
+    spot = models.BooleanField(
+        default=False, help_text="Ran on spot capacity: the spot price (its work may have fallen back since)."
+    )
 
     class Meta:
         ordering = ["started_at"]

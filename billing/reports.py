@@ -114,7 +114,7 @@ def by_account(f: Filters) -> list[dict]:
 
 
 def by_billing_mode(f: Filters) -> list[dict]:
-    rows = _usage(f).values(spot=F("segment__workload__spot")).annotate(revenue=Sum("amount"), s=Sum("gpu_seconds"))
+    rows = _usage(f).values(spot=F("segment__spot")).annotate(revenue=Sum("amount"), s=Sum("gpu_seconds"))
     total = sum((row["revenue"] for row in rows), ZERO)
     return [
         {

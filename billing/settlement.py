@@ -72,7 +72,7 @@ def timeline_for(lines: dict[str, Timeline], gpu_model: str) -> Timeline | None:
 
 
 def shape_of(segment) -> Shape:
-    """What a segment's work holds (``segment.workload`` loaded); no_gpu is the segment's own."""
+    """What a segment's work holds (``segment.workload`` loaded); no_gpu and spot are the segment's own."""
     workload = segment.workload
     return Shape(
         gpu_model=workload.gpu_model,
@@ -80,7 +80,7 @@ def shape_of(segment) -> Shape:
         milli=workload.gpu_milli,
         cpu_cores=workload.cpu_cores,
         memory_mb=workload.memory_mb,
-        spot=workload.spot,
+        spot=segment.spot,
         no_gpu=segment.no_gpu,
     )
 
@@ -146,7 +146,7 @@ SEGMENT_COLUMNS = (
     "workload__gpu_milli",
     "workload__cpu_cores",
     "workload__memory_mb",
-    "workload__spot",
+    "spot",
     "workload__owner_id",
     "workload__team",
     "no_gpu",
@@ -221,7 +221,7 @@ def _settle_batch(ids: list[int], now, lines: dict[str, Timeline], revenue: Acco
 
 SEGMENT_SQL = (
     "SELECT s.id, s.started_at, s.ended_at, s.settled_until, s.account_id, s.rate_card_id, w.status, w.gpu_model, "
-    "w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, w.spot, w.owner_id, w.team, s.no_gpu "
+    "w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, s.spot, w.owner_id, w.team, s.no_gpu "
     "FROM billing_metersegment s JOIN scheduler_workload w ON w.id = s.workload_id WHERE s.id = ANY(%s)"
 )
 

@@ -4,6 +4,9 @@
 busy" the same cards' measured utilization over the month (from the monitoring
 rollups: each minute's average utilization of the share x 60 s x the share),
 so a user sees what an idle card cost them.
+
+Work submitted together (a job array: a scheduler ``WorkloadGroup``) is billed as a group:
+its lines come together, and ``statement_groups`` gives each group its total.
 """
 
 from __future__ import annotations
@@ -33,6 +36,36 @@ class StatementLine:
     gpu_seconds_billed: float
     gpu_seconds_busy: float | None
     amount: Decimal
+    group_id: int | None = None
+    group: str = ""  # the group's name ("array 12: sweep"), empty when the work was submitted alone
+
+
+@dataclass
+class StatementGroup:
+    """Lines of work submitted together, and their total; a line of its own is a group of one (no name)."""
+
+    group_id: int | None
+    name: str
+    lines: list[StatementLine]
+
+    @property
+    def total(self) -> Decimal:
+        return sum((line.amount for line in self.lines), ZERO)
+
+
+def statement_groups(lines: list[StatementLine]) -> list[StatementGroup]:
+    """The statement's lines with each group's lines together (in order of their first line)."""
+    groups: list[StatementGroup] = []
+    by_id: dict[int, StatementGroup] = {}
+    for line in lines:
+        if line.group_id is None:
+            groups.append(StatementGroup(None, "", [line]))
+        elif line.group_id in by_id:
+            by_id[line.group_id].lines.append(line)
+        else:
+            by_id[line.group_id] = StatementGroup(line.group_id, line.group, [line])
+            groups.append(by_id[line.group_id])
+    return groups
 
 
 def month_bounds(month: str) -> tuple[datetime, datetime]:
@@ -54,10 +87,12 @@ def statement(account: Account, month: str) -> list[StatementLine]:
             "segment__workload__gpu_model",
             "segment__workload__gpu_count",
             "segment__workload__gpu_milli",
-            "segment__workload__spot",
+            "segment__spot",
+            "segment__workload__group",
+            "segment__workload__group__name",
         )
         .annotate(seconds=Sum("seconds"), gpu_seconds=Sum("gpu_seconds"), amount=Sum("amount"), lines=Count("id"))
-        .order_by("segment__workload")
+        .order_by("segment__workload", "segment__spot")
     )
     busy = _busy_gpu_seconds([row["segment__workload"] for row in usage], start, end)
     lines = [
@@ -67,14 +102,17 @@ def statement(account: Account, month: str) -> list[StatementLine]:
             kind=row["segment__workload__kind"],
             gpu_model=row["segment__workload__gpu_model"],
             share=row["segment__workload__gpu_count"] * row["segment__workload__gpu_milli"] / 1000,
-            billing_mode="spot" if row["segment__workload__spot"] else "on-demand",
+            billing_mode="spot" if row["segment__spot"] else "on-demand",
             seconds=row["seconds"] or 0.0,
             gpu_seconds_billed=row["gpu_seconds"] or 0.0,
             gpu_seconds_busy=busy.get(row["segment__workload"]),
             amount=row["amount"] or ZERO,
+            group_id=row["segment__workload__group"],
+            group=row["segment__workload__group__name"] or "",
         )
         for row in usage
     ]
+    lines = [line for group in statement_groups(lines) for line in group.lines]
     storage = charges.filter(kind=PostingKind.STORAGE).aggregate(amount=Sum("amount"), days=Count("id"))
     if storage["days"]:
         lines.append(
@@ -110,6 +148,7 @@ COLUMNS = [
     "gpu_seconds_billed",
     "gpu_seconds_busy",
     "amount",
+    "group",
 ]
 
 
@@ -129,10 +168,11 @@ def statement_csv(lines: list[StatementLine], currency: str) -> str:
                 round(line.gpu_seconds_billed, 1),
                 "" if line.gpu_seconds_busy is None else round(line.gpu_seconds_busy, 1),
                 line.amount,
+                line.group,
                 currency,
             ]
         )
-    writer.writerow(["total", "", "", "", "", "", "", "", sum((ln.amount for ln in lines), ZERO), currency])
+    writer.writerow(["total", "", "", "", "", "", "", "", sum((ln.amount for ln in lines), ZERO), "", currency])
     return out.getvalue()
 
 

@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSocket through Channels (session-authenticated)."""
+"""ASGI entry point: HTTP through Django, WebSocket through Channels (session cookie, or an API token:
+portal/ws_auth.py)."""
 
 import gc
 import os
@@ -13,11 +14,14 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from portal.routing import websocket_urlpatterns  # noqa: E402
+from portal.ws_auth import TokenAuthMiddleware  # noqa: E402
+
+sockets = URLRouter(websocket_urlpatterns)
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": TokenAuthMiddleware(AllowedHostsOriginValidator(AuthMiddlewareStack(sockets)), sockets),
     }
 )
 

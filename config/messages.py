@@ -52,6 +52,9 @@ class ToScheduler(StrEnum):
     BILLING_ENFORCE = "billing.tasks.billing_enforce"
     LEDGER_VERIFY = "billing.tasks.ledger_verify"
     IDLE_STOP = "portal.tasks.idle_stop"
+    # Job arrays: one array's budget, fallback and status after its tasks changed; all of them periodically.
+    ARRAY_SUPERVISE = "portal.tasks.array_supervise"
+    ARRAYS_SUPERVISE = "portal.tasks.arrays_supervise"
     RELEASE_LONG_STOPPED = "portal.tasks.release_long_stopped"
     # A saved image's deletion from the registry (sent once the web request's transaction commits).
     IMAGE_DELETE = "portal.tasks.image_delete"

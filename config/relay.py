@@ -51,7 +51,9 @@ TICKET_S = 60
 # one; a symbolic link that leads out of it is not followed.
 HOME = "/root"
 FILE_ROOTS = (settings.INSTANCE_DATA_PATH, settings.SHARED_FS_PATH, HOME)
-# Close code of the relay's terminal socket when the shell ends (the browser sees the same).
+# Close code of the relay's terminal socket when the shell ends (the browser sees the same). When the
+# shell exited (rather than the container stopping or the session's time running out), the last frame
+# before that close is the text frame {"exit_code": N}: the CLI's ``exec`` exits with N.
 SHELL_ENDED = 4000
 
 

@@ -244,6 +244,8 @@ if CELERY_MESSAGE_SIGNING:
     CELERY_TASK_SERIALIZER = CELERY_EVENT_SERIALIZER = "auth"
     CELERY_ACCEPT_CONTENT = ["auth"]
 RECONCILE_S = env.int("RECONCILE_S", default=10)  # the control plane's reconciliation period
+# Job arrays: how often every running array's spend is checked against its budget (also at each task change).
+ARRAY_SUPERVISE_S = env.int("ARRAY_SUPERVISE_S", default=30)
 CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
         "task": ToScheduler.SCHEDULE_TICK,
@@ -273,6 +275,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env.int("BILLING_ENFORCE_S", default=60)),
     },
     "ledger-verify": {"task": ToScheduler.LEDGER_VERIFY, "schedule": timedelta(hours=6)},
+    "arrays-supervise": {"task": ToScheduler.ARRAYS_SUPERVISE, "schedule": timedelta(seconds=ARRAY_SUPERVISE_S)},
     "idle-stop": {"task": ToScheduler.IDLE_STOP, "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
     "housekeeping": {"task": ToScheduler.RELEASE_LONG_STOPPED, "schedule": timedelta(hours=1)},
 }
@@ -466,6 +469,10 @@ if min(WORKLOG_MAX_MB, WORKLOG_RATE_KB_S, WORKLOG_BURST_MB, WORKLOG_DOCKER_MAX_M
     raise environ.ImproperlyConfigured("WORKLOG_* sizes and rates must be at least 1")
 if LOG_RETENTION_DAYS < 0:
     raise environ.ImproperlyConfigured(f"LOG_RETENTION_DAYS must be 0 or more, not {LOG_RETENTION_DAYS}")
+# Code sent with a job (`gpucloud submit --upload DIR`: a .tar.gz) is extracted into its data disk, in
+# this folder, which is the command's working directory. Kept in PostgreSQL until the job is deleted.
+JOB_CODE_MAX_MB = env.int("JOB_CODE_MAX_MB", default=100)
+JOB_CODE_PATH = env.str("JOB_CODE_PATH", default=f"{JOB_CHECKPOINT_PATH.rstrip('/')}/code")
 # What an interactive instance runs when its image has no service of its own:
 # a shell that exits cleanly on SIGTERM so a stop is quick and graceful.
 INSTANCE_IDLE_COMMAND = env.list(

@@ -56,6 +56,7 @@ def billing_page(request):
             "standing": enforcement.standing(account),
             "month": month,
             "lines": lines,
+            "groups": statements.statement_groups(lines),
             "total": sum((line.amount for line in lines), Decimal(0)),
             "payments": payments,
             "shared_storage": storage.shared_storage_of(request.user),

@@ -103,3 +103,34 @@ class JobCreateForm(WorkForm):
         max_value=limits.MAX_RUNTIME_S.max,
         required=False,
     )
+    env = forms.CharField(
+        label=_("Environment"),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "LR=3e-4\nEPOCHS=10"}),
+        help_text=_("One NAME=value per line."),
+    )
+    spot = forms.BooleanField(
+        label=_("Run on spot capacity (cheaper; on-demand work may evict it, it resumes from its checkpoint)"),
+        required=False,
+    )
+    array = forms.CharField(
+        label=_("Array (optional)"),
+        required=False,
+        max_length=255,
+        widget=forms.TextInput(attrs={"placeholder": "0-31%4"}),
+        help_text=_(
+            "One task per index, as Slurm's --array: 0-31%4 runs tasks 0 to 31, at most 4 at once. "
+            "Each task gets GPUCLOUD_ARRAY_INDEX and SLURM_ARRAY_TASK_ID."
+        ),
+    )
+
+    def clean_env(self) -> dict:
+        env = {}
+        for number, line in enumerate(self.cleaned_data["env"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                raise forms.ValidationError(_("Line %(n)s: write NAME=value.") % {"n": number})
+            env[name.strip()] = value
+        return env

@@ -25,3 +25,9 @@ DISK_GB = Range(1, 10240)
 MAX_RUNTIME_S = Range(60, 30 * 24 * 3600)
 NAME_CHARS = 64
 COMMAND_CHARS = 10_000
+# A job's environment (``env``): at most this many names, each a shell variable name.
+ENV_ENTRIES = 64
+ENV_VALUE_CHARS = 4096
+ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+# A job array: at most this many tasks (each also counts against MAX_QUEUED_PER_USER while queued).
+ARRAY_TASKS = 1000

@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from scheduler.models import Node, Workload
+from scheduler.models import Node, Workload, WorkloadGroup
 from scheduler.registry import image_name
 
 
@@ -142,6 +142,61 @@ class Instance(models.Model):
         return self.workload.status
 
 
+class ArrayStatus(models.TextChoices):
+    RUNNING = "running", _("Running")  # some task is queued, starting, running or stopping
+    DONE = "done", _("Done")  # every task succeeded
+    FAILED = "failed", _("Failed")  # every task ended, some failed
+    CANCELLED = "cancelled", _("Cancelled")  # by its owner
+    STOPPED = "stopped", _("Stopped")  # by the platform: its budget was reached
+
+    @classmethod
+    def ended(cls):
+        return [cls.DONE, cls.FAILED, cls.CANCELLED, cls.STOPPED]
+
+
+class Fallback(models.TextChoices):
+    NONE = "none", _("None: stay on spot")
+    ON_DEMAND = "on-demand", _("On-demand")
+
+
+class JobArray(models.Model):
+    """Many jobs submitted as one (a sweep): Slurm-style indices or a parameter grid, one task (a Job) each.
+
+    At most ``max_running`` tasks run at once (the scheduler's group cap); tasks run on spot
+    by default and may fall back to on-demand; the array is stopped when its ``budget`` is reached.
+    """
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="job_arrays")
+    name = models.CharField(max_length=64)
+    spec = models.CharField(max_length=255, blank=True, help_text='Slurm indices as given ("0-31%4"); empty: a grid.')
+    grid = models.JSONField(default=dict, blank=True, help_text="Parameter grid as given: name -> values.")
+    total = models.PositiveIntegerField()
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    spot = models.BooleanField(default=True)
+    fallback = models.CharField(max_length=16, choices=Fallback.choices, default=Fallback.NONE)
+    max_preemptions = models.PositiveIntegerField(default=3)
+    deadline = models.DateTimeField(null=True, blank=True)
+    budget = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    currency = models.CharField(max_length=3, default="CNY")
+    status = models.CharField(max_length=16, choices=ArrayStatus.choices, default=ArrayStatus.RUNNING)
+    status_reason = models.CharField(max_length=255, blank=True)
+    group = models.OneToOneField(WorkloadGroup, on_delete=models.PROTECT, related_name="array")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(budget__isnull=True) | Q(budget__gt=0), name="array_budget_positive"),
+            models.CheckConstraint(
+                condition=Q(max_running__isnull=True) | Q(max_running__gte=1), name="array_cap_at_least_one"
+            ),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
 class Job(models.Model):
     """A batch job: image + command + resources; runs to completion, may be preempted and resumed."""
 
@@ -155,9 +210,21 @@ class Job(models.Model):
     memory_gb = models.PositiveIntegerField()
     workload = models.OneToOneField(Workload, on_delete=models.PROTECT, related_name="job")
     created_at = models.DateTimeField(auto_now_add=True)
+    # A task of a job array: its index (Slurm's SLURM_ARRAY_TASK_ID) and its parameters.
+    array = models.ForeignKey(JobArray, null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    params = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["array", "array_index"], name="one_task_per_array_index"),
+            models.CheckConstraint(
+                condition=Q(array__isnull=True, array_index__isnull=True)
+                | Q(array__isnull=False, array_index__isnull=False),
+                name="array_task_has_index",
+            ),
+        ]
 
     def __str__(self):
         return self.name

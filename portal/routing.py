@@ -12,4 +12,5 @@ websocket_urlpatterns = [
     path("ws/terminal/instances/<int:instance_id>/", terminal.TerminalConsumer.as_asgi()),
     path("ws/logs/jobs/<int:object_id>/", log_follow.JobLogConsumer.as_asgi()),
     path("ws/logs/instances/<int:object_id>/", log_follow.InstanceLogConsumer.as_asgi()),
+    path("ws/terminal/jobs/<int:job_id>/", terminal.JobTerminalConsumer.as_asgi()),
 ]

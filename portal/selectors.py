@@ -3,7 +3,7 @@
 from django.db.models import Q
 
 from billing.prices import spot_now
-from portal.models import GpuType, Image, Instance, Job
+from portal.models import GpuType, Image, Instance, Job, JobArray
 from scheduler.errors import NotFound
 from scheduler.models import WorkloadStatus
 from scheduler.selectors import gpu_models_summary
@@ -64,8 +64,29 @@ def job_list(*, user, include_released: bool = False):
     return _visible(Job.objects.all(), user=user, include_released=include_released)
 
 
+def job_get_owned(*, user, job_id: int) -> Job:
+    """The user's own job, for what only its owner may do (a shell, its files); NotFound otherwise, staff too."""
+    job = Job.objects.filter(pk=job_id, owner=user).select_related("workload__node").first()
+    if job is None:
+        raise NotFound("no such job")
+    return job
+
+
 def job_get(*, user, job_id: int) -> Job:
     job = job_list(user=user, include_released=True).filter(pk=job_id).first()
     if job is None:
         raise NotFound("no such job")
     return job
+
+
+def array_list(*, user):
+    """Job arrays the user may see (their own; staff: all), newest first."""
+    arrays = JobArray.objects.all() if user.is_staff else JobArray.objects.filter(owner=user)
+    return arrays.order_by("-created_at", "-id")
+
+
+def array_get(*, user, array_id: int) -> JobArray:
+    array = array_list(user=user).filter(pk=array_id).first()
+    if array is None:
+        raise NotFound("no such array")
+    return array

@@ -1,5 +1,7 @@
 """Writes for instances: create (validated, queued in one transaction) and the actions."""
 
+import re
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import transaction
@@ -15,6 +17,7 @@ from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services import moves
 from scheduler.services import workloads as scheduler
+from scheduler.services.code import workload_code_attach
 
 # The scheduler names resources its own way; users see these field names.
 FIELD_NAMES = {"gpu_model": "gpu_type", "gpu_count": "gpus", "cpu_cores": "cpu_cores", "memory_mb": "memory_gb"}
@@ -45,7 +48,7 @@ def _catalog(*, owner, image_id: int, gpu_type_id: int):
     return image, gpu_type
 
 
-def _payable(workload_or_owner, team: str = "") -> None:
+def check_payable(workload_or_owner, team: str = "") -> None:
     """Refuse work on an account with no money left or its budget reached (402)."""
     owner_id = getattr(workload_or_owner, "owner_id", None) or workload_or_owner.pk
     team = getattr(workload_or_owner, "team", team)
@@ -56,7 +59,7 @@ def _payable(workload_or_owner, team: str = "") -> None:
 
 def _submit(**fields):
     """Queue the workload, naming refused fields the way users know them."""
-    _payable(fields["owner"], fields.get("team", ""))
+    check_payable(fields["owner"], fields.get("team", ""))
     try:
         return scheduler.workload_submit(**fields)
     except InvalidInput as exc:
@@ -165,10 +168,46 @@ def instance_act(*, instance: Instance, action: str) -> Instance:
     if action in ("start", "start-no-gpu", "release", "move") and images.image_busy(instance):
         raise Conflict(f"the instance is being saved as an image; {action} it when that is done")
     if action in ("start", "start-no-gpu"):
-        _payable(instance.workload)
+        check_payable(instance.workload)
     with transaction.atomic():
         ACTIONS[action](instance.workload)
     return instance
+
+
+ENV_NAME = re.compile(limits.ENV_NAME_PATTERN)
+
+
+def check_env(env: dict | None) -> dict:
+    """A job's environment: string -> string, shell variable names, at most ENV_ENTRIES of them."""
+    env = env or {}
+    if not isinstance(env, dict):
+        raise InvalidInput("must be an object of NAME: value strings", field="env")
+    if len(env) > limits.ENV_ENTRIES:
+        raise InvalidInput(f"at most {limits.ENV_ENTRIES} variables", field="env")
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            raise InvalidInput(f"{name!r} is not a variable name (letters, digits, _; not a digit first)", field="env")
+        if not isinstance(value, str):
+            raise InvalidInput(f"the value of {name} must be a string", field="env")
+        if len(value) > limits.ENV_VALUE_CHARS:
+            raise InvalidInput(f"the value of {name} is longer than {limits.ENV_VALUE_CHARS} characters", field="env")
+    return dict(env)
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A checked job request: the scheduler's fields and the catalog rows, ready to submit (maybe many times)."""
+
+    work: dict
+    image: object
+    gpu_type: object
+    gpus: Decimal
+    command: str
+    env: dict
+
+    @property
+    def team(self) -> str:
+        return self.work["team"]
 
 
 def job_create(
@@ -185,33 +224,95 @@ def job_create(
     max_runtime_s: int | None = None,
     checkpoint_gb: int = 50,
     team: str = "",
+    env: dict | None = None,
+    spot: bool = False,
+    code: bytes | None = None,
 ) -> Job:
-    """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume."""
+    """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume.
+
+    ``spot``: it runs on spot capacity, at the spot price; any on-demand work may evict it (it
+    resumes from its checkpoint), and it never evicts on-demand work. ``code`` (a .tar.gz) is stored
+    with it; its node's agent extracts it into the job's data disk and runs the command there
+    (``scheduler.services.code``).
+    """
+    job = job_prepare(
+        owner=owner,
+        name=name,
+        image_id=image_id,
+        gpu_type_id=gpu_type_id,
+        gpus=gpus,
+        command=command,
+        cpu_cores=cpu_cores,
+        memory_gb=memory_gb,
+        team=team,
+        env=env,
+    )
+    check_payable(owner, job.team)
+    with transaction.atomic():
+        created = job_submit(
+            job, priority=priority, max_runtime_s=max_runtime_s, checkpoint_gb=checkpoint_gb, spot=spot
+        )
+        if code is not None:
+            workload_code_attach(workload=created.workload, archive=code)
+        return created
+
+
+def job_prepare(
+    *, owner, name, image_id, gpu_type_id, gpus, command, cpu_cores, memory_gb, team="", env=None
+) -> PreparedJob:
+    """Check what a user asks a job (or each task of an array) to be; nothing is written."""
     check_gpus(gpus)
     if not command.strip():
         raise InvalidInput("a job needs a command", field="command")
+    env = check_env(env)
     image, gpu_type, work = _work(owner, name, image_id, gpu_type_id, gpus, cpu_cores, memory_gb, team)
-    with transaction.atomic():
-        workload = _submit(
+    return PreparedJob(work=work, image=image, gpu_type=gpu_type, gpus=gpus, command=command, env=env)
+
+
+def job_submit(
+    job: PreparedJob,
+    *,
+    priority: int = 1,
+    max_runtime_s: int | None = None,
+    checkpoint_gb: int = 50,
+    spot: bool = False,
+    name: str | None = None,
+    env: dict | None = None,
+    group=None,
+    **job_fields,
+) -> Job:
+    """Queue one prepared job (call inside a transaction; payability already checked).
+
+    ``env`` is added to the job's own; ``job_fields`` go on the Job row (array, array_index, params).
+    """
+    work = dict(job.work, name=name or job.work["name"])
+    try:
+        workload = scheduler.workload_submit(
             **work,
             kind=WorkloadKind.JOB,
             disk_gb=checkpoint_gb,
             preemptible=True,
+            spot=spot,
             priority=priority,
             max_runtime_s=max_runtime_s,
-            command=["sh", "-c", command],
+            command=["sh", "-c", job.command],
+            env={**job.env, **(env or {})},
+            group=group,
         )
-        return Job.objects.create(
-            owner=owner,
-            name=name,
-            image=image,
-            gpu_type=gpu_type,
-            gpus=gpus,
-            command=command,
-            cpu_cores=cpu_cores,
-            memory_gb=memory_gb,
-            workload=workload,
-        )
+    except InvalidInput as exc:
+        raise InvalidInput(exc.message, field=FIELD_NAMES.get(exc.field, exc.field)) from exc
+    return Job.objects.create(
+        owner=work["owner"],
+        name=work["name"],
+        image=job.image,
+        gpu_type=job.gpu_type,
+        gpus=job.gpus,
+        command=job.command,
+        cpu_cores=work["cpu_cores"],
+        memory_gb=work["memory_mb"] // 1024,
+        workload=workload,
+        **job_fields,
+    )
 
 
 JOB_ACTIONS = {"cancel": scheduler.workload_stop, "release": scheduler.workload_release}

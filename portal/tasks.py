@@ -1,9 +1,21 @@
-"""Portal's Celery tasks (scheduler queue): idle auto-stop, housekeeping, node agents' replies about images."""
+"""Portal's Celery tasks (scheduler queue): idle auto-stop, housekeeping, job arrays' supervision, node
+agents' replies about images."""
 
 from celery import shared_task
 
 from config.messages import ToScheduler
-from portal import housekeeping, images, services
+from portal import arrays, housekeeping, images, services
+
+
+@shared_task(name=ToScheduler.ARRAY_SUPERVISE, ignore_result=True, time_limit=120, soft_time_limit=90)
+def array_supervise(group_id: int):
+    """A task of an array changed: its budget, its end, its ended array's stragglers."""
+    arrays.array_supervise_group(group_id)
+
+
+@shared_task(name=ToScheduler.ARRAYS_SUPERVISE, ignore_result=True, time_limit=600, soft_time_limit=540)
+def arrays_supervise():
+    arrays.arrays_supervise()
 
 
 @shared_task(name=ToScheduler.IDLE_STOP, ignore_result=True)

@@ -1,12 +1,14 @@
-"""Web terminal: a shell in an instance's running container over a WebSocket, through its host's relay.
+"""Web terminal: a shell in an instance's (or a running job's) container over a WebSocket, through its host's relay.
 
-Only the instance's owner gets one (staff and others: 4404; not signed in: 4401;
-an instance that is not running, or whose host does not answer: 4409; a user
-who already holds RELAY_MAX_SESSIONS_PER_USER terminal and file sessions: 4429).
+Routes: ws/terminal/instances/<id>/ and ws/terminal/jobs/<id>/. Only the owner gets
+one (staff and others: 4404; not signed in: 4401; work that is not running, or
+whose host does not answer: 4409; a user who already holds
+RELAY_MAX_SESSIONS_PER_USER terminal and file sessions: 4429).
 Frames from the browser are JSON text: ``{"type": "input", "data": "..."}`` or
 ``{"type": "resize", "cols": 80, "rows": 24}``; the shell's output comes back as
 binary frames. When the shell exits or the container stops, the socket closes
-with 4000 and a reason.
+with 4000 and a reason; a shell that exited sends the text frame
+``{"exit_code": N}`` just before (config/relay.py), for the CLI's ``exec``.
 
 This process never talks to Docker: it opens a WebSocket to the relay of the
 node holding the container (``scheduler/node/relay/terminal.py``) with a signed
@@ -75,8 +77,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def _pump(self):
         """The relay's frames to the browser; the relay's close (the shell ended) closes the browser's socket."""
-        while (frame := await self.relay.receive()).type == aiohttp.WSMsgType.BINARY:
-            await self.send(bytes_data=frame.data)
+        while (frame := await self.relay.receive()).type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+            if frame.type == aiohttp.WSMsgType.TEXT:  # {"exit_code": N}: the shell's last word
+                await self.send(text_data=frame.data)
+            else:
+                await self.send(bytes_data=frame.data)
         said = frame.extra if frame.type == aiohttp.WSMsgType.CLOSE and isinstance(frame.extra, str) else ""
         await self.close(code=ENDED, reason=said or "the connection to the instance's host ended")
 
@@ -107,3 +112,12 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         if self.slot is not None:
             await asyncio.to_thread(self.slot.release)
             self.slot = None
+
+
+class JobTerminalConsumer(TerminalConsumer):
+    """A shell in the owner's running batch job (beside its command, in the same container)."""
+
+    def _target(self, user):
+        job_id = self.scope["url_route"]["kwargs"]["job_id"]
+        workload = selectors.job_get_owned(user=user, job_id=job_id).workload
+        return relay_target(workload=workload, user=user, op=Op.TERMINAL)

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal import account_views, billing_views, file_views, image_views, monitor_views, team_views, views
+from portal import account_views, array_views, billing_views, file_views, image_views, monitor_views, team_views, views
 
 urlpatterns = [
     path("", views.instance_list, name="console-instances"),
@@ -44,4 +44,6 @@ urlpatterns = [
     path("jobs/new/", views.job_create, name="console-job-create"),
     path("jobs/<int:job_id>/", views.job_detail, name="console-job"),
     path("jobs/<int:job_id>/<str:action>/", views.job_action, name="console-job-action"),
+    path("arrays/<int:array_id>/", array_views.array_detail, name="console-array"),
+    path("arrays/<int:array_id>/<str:action>/", array_views.array_action, name="console-array-action"),
 ]

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 from billing.prices import rate_card_now
 from billing.statements import cost_so_far
 from billing.teams import teams_of
-from portal import selectors, services
+from portal import arrays, selectors, services
 from portal.api.throttles import LoginRateThrottle
 from portal.forms import InstanceCreateForm, JobCreateForm
 from portal.housekeeping import release_due_at
@@ -150,14 +150,23 @@ def instance_action(request, instance_id: int, action: str):
 
 @login_required
 def job_list(request):
-    return _list(
-        request, "portal/job_list.html", "portal/_job_rows.html", {"jobs": selectors.job_list(user=request.user)}
-    )
+    """Jobs submitted alone, and each job array as one row (its tasks are on the array's page)."""
+    entries = [{"job": job, "at": job.created_at} for job in selectors.job_list(user=request.user).filter(array=None)]
+    for array in selectors.array_list(user=request.user).prefetch_related("tasks__workload"):
+        counts = arrays.array_counts(list(array.tasks.all()))
+        entries.append({"array": array, "counts": counts, "at": array.created_at})
+    entries.sort(key=lambda entry: entry["at"], reverse=True)
+    return _list(request, "portal/job_list.html", "portal/_job_rows.html", {"entries": entries})
 
 
 @login_required
 def job_create(request):
     def create(data):
+        spec = data.pop("array")
+        if spec:  # one task per index: a job array, on the page of its own
+            array = arrays.array_create(owner=request.user, array=spec, **data)
+            messages.success(request, _("Array %(name)s queued.") % {"name": array.name})
+            return redirect("console-array", array_id=array.pk)
         job = services.job_create(owner=request.user, **data)
         messages.success(request, _("Job %(name)s queued.") % {"name": job.name})
         return redirect("console-job", job_id=job.pk)

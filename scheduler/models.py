@@ -154,6 +154,35 @@ class WorkloadKind(models.TextChoices):
     JOB = "job", _("Batch job")
 
 
+class WorkloadGroup(models.Model):
+    """Work submitted together (a job array): at most ``max_running`` of its members run at once.
+
+    The cap is the scheduler's (the policy honours it, live and in the simulator); what the
+    group means to users — tasks, parameters, budget — belongs to whoever made it.
+    """
+
+    name = models.CharField(max_length=128, help_text="Shown on bills, e.g. 'array 12: sweep'.")
+    max_running = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most members running (or starting, or stopping) at once; empty: no cap."
+    )
+    # Spot members waiting in the queue run on-demand from then on (the policy's ``falls_back``):
+    spot_fallback_after = models.PositiveIntegerField(
+        null=True, blank=True, help_text="... once preempted more than this many times; empty: never."
+    )
+    spot_fallback_at = models.DateTimeField(null=True, blank=True, help_text="... from this time on; empty: never.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_running__isnull=True) | Q(max_running__gte=1), name="group_cap_at_least_one"
+            )
+        ]
+
+    def __str__(self):
+        return self.name
+
+
 class Workload(models.Model):
     """A unit of work the scheduler queues, places and runs as one container."""
 
@@ -173,6 +202,7 @@ class Workload(models.Model):
     preemptible = models.BooleanField(default=False, help_text="Batch jobs and spot instances.")
     spot = models.BooleanField(default=False, help_text="Spot capacity: any on-demand work may evict it.")
     team = models.CharField(max_length=64, blank=True)
+    group = models.ForeignKey(WorkloadGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="workloads")
     priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     # Scheduler state: MLFQ service and queue, shown to the user while waiting.
@@ -312,6 +342,20 @@ class WorkloadRun(models.Model):
 
     def __str__(self):
         return f"{self.workload_id} run {self.number} on {self.node_name}"
+
+
+class WorkloadCode(models.Model):
+    """A job's code as its owner sent it (a .tar.gz), extracted into its data disk by its node's agent each time
+    the container is created, before the command runs there (``scheduler/node/launcher.py``)."""
+
+    workload = models.OneToOneField(Workload, on_delete=models.CASCADE, primary_key=True, related_name="code")
+    archive = models.BinaryField()
+    size_bytes = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self):
+        return f"code of {self.workload_id} ({self.size_bytes} bytes)"
 
 
 class MoveStatus(models.TextChoices):

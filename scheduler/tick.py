@@ -18,7 +18,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from scheduler import policy
-from scheduler.models import Allocation, Quota, Workload, WorkloadStatus
+from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.selectors import cluster_capacity
 from scheduler.services.allocation import Placement, Share, allocations_create
 from scheduler.services.lifecycle import HOLDING
@@ -129,6 +129,13 @@ def _as_work(w: Workload, epoch) -> policy.Work:
         attained=w.attained_service,
         preemptible=w.preemptible,
         spot=w.spot,
+        group=w.group_id,
+        group_cap=w.group.max_running if w.group_id else None,
+        preemptions=w.preemptions,
+        fallback_after=w.group.spot_fallback_after if w.group_id else None,
+        fallback_at=(w.group.spot_fallback_at - epoch).total_seconds()
+        if w.group_id and w.group.spot_fallback_at
+        else None,
         level=w.queue_level,
         stopping=w.status == S.STOPPING,
         started=((w.started_at or w.created_at) - epoch).total_seconds(),
@@ -191,12 +198,12 @@ def _tick() -> TickResult:
     now = timezone.now()
     config = mlfq_config()
     holding = list(
-        Workload.objects.filter(status__in=HOLDING).prefetch_related(
-            Prefetch("allocations", Allocation.objects.order_by("gpu_id"))
-        )
+        Workload.objects.filter(status__in=HOLDING)
+        .select_related("group")
+        .prefetch_related(Prefetch("allocations", Allocation.objects.order_by("gpu_id")))
     )
     _accrue(holding, now, config)
-    queued = list(Workload.objects.filter(status=S.QUEUED))
+    queued = list(Workload.objects.filter(status=S.QUEUED).select_related("group"))
     if not queued:
         return result
     epoch = min(w.created_at for w in [*queued, *holding])
@@ -212,6 +219,7 @@ def _tick() -> TickResult:
         mix=_mix(),
         quotas=_quotas(),
     )
+    _record_on_demand(decisions.on_demand, by_id)
     placements = [_placement(place, by_id[place.work_id], cluster, decisions.levels) for place in decisions.place]
     for start in range(0, len(placements), PLACEMENTS_PER_TRANSACTION):
         with transaction.atomic():
@@ -229,6 +237,23 @@ def _tick() -> TickResult:
     if result.placed or result.preempted:
         log.info("tick placed %s, preempted %s, %d waiting", result.placed, result.preempted, result.waiting)
     return result
+
+
+def _record_on_demand(work_ids: list, by_id: dict) -> None:
+    """Spot work the policy moved to on-demand, written before any placement of it commits (its meter
+    segment takes the price from the row when it starts). Only while it is still queued and spot."""
+    for work_id in work_ids:
+        w = by_id[work_id]
+        why = (
+            f"runs on-demand from now on: preempted more often than its array allows "
+            f"({w.preemptions} > {w.group.spot_fallback_after})"
+            if w.group.spot_fallback_after is not None and w.preemptions > w.group.spot_fallback_after
+            else "runs on-demand from now on: its array is past its deadline"
+        )
+        with transaction.atomic():
+            if Workload.objects.filter(pk=work_id, status=S.QUEUED, spot=True).update(spot=False):
+                WorkloadEvent.objects.create(workload_id=work_id, from_status=S.QUEUED, to_status=S.QUEUED, reason=why)
+        w.spot = False
 
 
 def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:

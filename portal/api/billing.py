@@ -77,6 +77,7 @@ class StatementApi(APIView):
         gpu_seconds_billed = serializers.FloatField()
         gpu_seconds_busy = serializers.FloatField(allow_null=True)
         amount = serializers.DecimalField(**MONEY)
+        group = serializers.CharField(help_text="The job array it belongs to ('array 12: sweep'); empty: none.")
 
     @extend_schema(responses=StatementLineOutput(many=True))
     def get(self, request):

@@ -9,6 +9,15 @@ from portal.models import GpuType, Image, Instance, Job
 
 class GpuTypeOutput(serializers.ModelSerializer):
     capacity = serializers.DictField(read_only=True)
+    spot_price_now = serializers.DecimalField(
+        source="spot_now",
+        max_digits=12,
+        decimal_places=4,
+        allow_null=True,
+        read_only=True,
+        default=None,
+        help_text="Spot price per card-hour now (it moves with the cluster's load); null until first computed.",
+    )
 
     class Meta:
         model = GpuType
@@ -19,6 +28,7 @@ class GpuTypeOutput(serializers.ModelSerializer):
             "memory_gb",
             "price_per_hour",
             "spot_price_per_hour",
+            "spot_price_now",
             "currency",
             "capacity",
         ]
@@ -128,6 +138,9 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
     log_tail = serializers.CharField(source="workload.log_tail")
     image = serializers.CharField(source="image.name")
     gpu_type = serializers.CharField(source="gpu_type.name")
+    env = serializers.DictField(child=serializers.CharField(), source="workload.env")
+    spot = serializers.BooleanField(source="workload.spot", help_text="On spot capacity now (at the spot price).")
+    array = serializers.IntegerField(source="array_id", allow_null=True, help_text="The job array it is a task of.")
 
     class Meta:
         model = Job
@@ -142,6 +155,11 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
             "gpus",
             "cpu_cores",
             "memory_gb",
+            "env",
+            "spot",
+            "array",
+            "array_index",
+            "params",
             "priority",
             "max_runtime_s",
             "node",

@@ -2,11 +2,12 @@
 
 from django.urls import path
 
-from portal.api import billing, logs, views
+from portal.api import arrays, auth, billing, files, logs, views
 from portal.services import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
     path("me/", views.MeApi.as_view(), name="api-me"),
+    path("auth/token/", auth.TokenApi.as_view(), name="api-auth-token"),
     path("gpu-types/", views.GpuTypeListApi.as_view(), name="api-gpu-types"),
     path("gpu-types/recommend/", views.GpuTypeRecommendApi.as_view(), name="api-gpu-types-recommend"),
     path("images/", views.ImageListApi.as_view(), name="api-images"),
@@ -23,6 +24,8 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.JobDetailApi.as_view(), name="api-job"),
     path("jobs/<int:job_id>/logs/", logs.LogsApi.as_view(kind="jobs"), name="api-job-logs"),
     path("instances/<int:instance_id>/logs/", logs.LogsApi.as_view(kind="instances"), name="api-instance-logs"),
+    path("arrays/", arrays.ArrayListApi.as_view(), name="api-arrays"),
+    path("arrays/<int:array_id>/", arrays.ArrayDetailApi.as_view(), name="api-array"),
     path("billing/", billing.BillingApi.as_view(), name="api-billing"),
     path("billing/statement/", billing.StatementApi.as_view(), name="api-billing-statement"),
     path("billing/topups/", billing.TopUpApi.as_view(), name="api-billing-topups"),
@@ -35,7 +38,30 @@ urlpatterns = [
     )
     for action in ACTIONS
 ]
+# Files of a running instance or job (the owner's): list, download, upload.
+for kind, plural in (("instance", "instances"), ("job", "jobs")):
+    urlpatterns += [
+        path(f"{plural}/<int:{kind}_id>/files/", files.FileListApi.as_view(kind=kind), name=f"api-{kind}-files"),
+        path(
+            f"{plural}/<int:{kind}_id>/files/download/",
+            files.FileDownloadApi.as_view(kind=kind),
+            name=f"api-{kind}-file-download",
+        ),
+        path(
+            f"{plural}/<int:{kind}_id>/files/upload/",
+            files.FileUploadApi.as_view(kind=kind),
+            name=f"api-{kind}-file-upload",
+        ),
+    ]
 urlpatterns += [
     path(f"jobs/<int:job_id>/{action}/", views.JobActionApi.as_view(action_name=action), name=f"api-job-{action}")
     for action in JOB_ACTIONS
+]
+urlpatterns += [
+    path(
+        f"arrays/<int:array_id>/{action}/",
+        arrays.ArrayActionApi.as_view(action_name=action),
+        name=f"api-array-{action}",
+    )
+    for action in arrays.ARRAY_ACTIONS
 ]

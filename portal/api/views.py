@@ -1,7 +1,9 @@
 """REST API: one view per operation, nested input serializers, services do the work."""
 
+import json
 from decimal import Decimal
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser
@@ -127,14 +129,17 @@ class MeApi(APIView):
         username = serializers.CharField()
         is_staff = serializers.BooleanField()
         shared_storage = SharedStorageOutput(allow_null=True, help_text="null while the platform has none.")
+        websocket_url = serializers.CharField(
+            allow_blank=True,
+            help_text="Where the WebSockets (logs, terminals) are served; empty: this same address (ws:// or wss://).",
+        )
 
     @extend_schema(responses=MeOutput)
     def get(self, request):
         user = request.user
         shared = storage.shared_storage_of(user)
-        return Response(
-            self.MeOutput({"username": user.username, "is_staff": user.is_staff, "shared_storage": shared}).data
-        )
+        me = {"username": user.username, "is_staff": user.is_staff, "shared_storage": shared}
+        return Response(self.MeOutput(me | {"websocket_url": settings.WEBSOCKET_URL}).data)
 
 
 class GpuTypeListApi(APIView):
@@ -310,6 +315,21 @@ class NodeListApi(APIView):
         return paginated(self, cluster.node_list(), self.NodeOutput)
 
 
+def form_fields(data) -> dict:
+    """A multipart form's fields as the JSON body would give them (objects sent as JSON strings), without files."""
+    fields = {}
+    for key, value in data.items():
+        if not isinstance(value, str):
+            continue  # a file
+        if key in ("env", "params") and value.strip().startswith("{"):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise InvalidInput("must be a JSON object", field=key) from None
+        fields[key] = value
+    return fields
+
+
 class JobListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
@@ -324,20 +344,48 @@ class JobListApi(APIView):
             allow_null=True,
             default=None,
         )
+        env = serializers.DictField(
+            child=serializers.CharField(allow_blank=True, max_length=limits.ENV_VALUE_CHARS, trim_whitespace=False),
+            required=False,
+            default=dict,
+            help_text=f"Environment variables: NAME -> value (at most {limits.ENV_ENTRIES}).",
+        )
+        spot = serializers.BooleanField(
+            default=False,
+            help_text="Run on spot capacity at the spot price: on-demand work may evict it; it resumes "
+            "from its checkpoint.",
+        )
 
     @extend_schema(responses=page_of(JobOutput))
     def get(self, request):
         return paginated(self, selectors.job_list(user=request.user), JobOutput)
 
-    @extend_schema(request=JobCreateInput, responses={201: JobOutput}, parameters=[IDEMPOTENCY_KEY])
+    class JobCreateForm(JobCreateInput):
+        """The same fields as a form, with the code: multipart/form-data (``env`` as a JSON string)."""
+
+        code = serializers.FileField(
+            required=False,
+            help_text="A .tar.gz of your folder (at most JOB_CODE_MAX_MB): extracted into the job's data disk, "
+            "where the command then runs (GPUCLOUD_CODE_DIR).",
+        )
+
+    @extend_schema(
+        request={"application/json": JobCreateInput, "multipart/form-data": JobCreateForm},
+        responses={201: JobOutput},
+        parameters=[IDEMPOTENCY_KEY],
+    )
     def post(self, request):
-        data = self.JobCreateInput(data=request.data)
+        code = request.FILES.get("code")
+        data = self.JobCreateInput(data=form_fields(request.data) if code is not None else request.data)
         data.is_valid(raise_exception=True)
+        if code is not None and code.size > settings.JOB_CODE_MAX_MB * 1024 * 1024:
+            raise InvalidInput(f"the code archive may be at most {settings.JOB_CODE_MAX_MB} MB", field="code")
 
         def create():
             fields = data.work_fields()
             fields["priority"] = Priority[fields["priority"].upper()].value
-            job = services.job_create(owner=request.user, **fields)
+            archive = code.read() if code is not None else None
+            job = services.job_create(owner=request.user, code=archive, **fields)
             return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="job-create", create=create)

@@ -23,6 +23,7 @@ from scheduler.node import collector, disks, launcher, network, worklogs
 from scheduler.node.gpus import discover
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
+from scheduler.services.code import workload_code_archive
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
 
@@ -63,10 +64,13 @@ def _launch(workload_id: int) -> None:
             network.fence_check()
         if sharedfs.enabled():
             user_dir_ready(workload.owner_id)  # the owner's files, under its quota on this host too
-        spec = launcher.container_spec(workload, node=workload.node, shares=_shares(workload))
+        code = workload_code_archive(workload.pk) if workload.kind == WorkloadKind.JOB else None
+        spec = launcher.container_spec(
+            workload, node=workload.node, shares=_shares(workload), with_code=code is not None
+        )
         collector.settle(workload.container_name)  # the last run's output is stored before this run begins
         run = _run_begin(workload)
-        container_id = launcher.container_launch(workload, spec)
+        container_id = launcher.container_launch(workload, spec, code=code)
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)

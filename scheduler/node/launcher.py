@@ -9,7 +9,9 @@ first and call these after.
 from __future__ import annotations
 
 import functools
+import io
 import os
+import tarfile
 from dataclasses import dataclass
 
 import docker
@@ -41,16 +43,18 @@ def docker_client() -> docker.DockerClient:
     return docker.DockerClient(base_url=settings.DOCKER_BASE_URL, timeout=120)
 
 
-def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
-    """Arguments for ``containers.create`` for a placed workload."""
+def container_spec(workload, *, node, shares: list[CardShare], with_code: bool = False) -> dict:
+    """Arguments for ``containers.create`` for a placed workload (``with_code``: a job that came with its code,
+    which runs in JOB_CODE_PATH)."""
     uuids = [s.uuid for s in shares]
     environment = {
+        # The user's own first: the platform's names below (devices, MPS limits, paths) always win.
+        **{str(k): str(v) for k, v in (workload.env or {}).items()},
         # Started without cards: "none" keeps the driver's libraries but shows no device.
         "NVIDIA_VISIBLE_DEVICES": ",".join(uuids) or "none",
         "GPUCLOUD_WORKLOAD_ID": str(workload.pk),
         "GPUCLOUD_GPU_SHARE": f"{workload.gpu_share:g}",
         "GPUCLOUD_DATA_DIR": settings.INSTANCE_DATA_PATH,
-        **{str(k): str(v) for k, v in (workload.env or {}).items()},
     }
     environment["GPUCLOUD_GPU_SIMULATED"] = "1" if node.simulated else "0"
     volumes = {workload.volume_name: {"bind": settings.INSTANCE_DATA_PATH, "mode": "rw"}}
@@ -74,6 +78,8 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
                 "NPROC_PER_NODE": str(workload.gpu_count),
             }
         )
+    if with_code:
+        environment["GPUCLOUD_CODE_DIR"] = settings.JOB_CODE_PATH
     # A fraction: MPS caps the compute share and pins the memory of the one visible card. Whole cards
     # say 100 % and their full memory: set every time, because a committed disk (a saved image, or a
     # snapshot when the cards change) keeps the environment of the container it came from.
@@ -113,6 +119,8 @@ def container_spec(workload, *, node, shares: list[CardShare]) -> dict:
         volumes=volumes,
         log_config=log_config(),
     )
+    if with_code:
+        spec["working_dir"] = settings.JOB_CODE_PATH
     if settings.INSTANCE_NETWORK_MODE == "fenced":
         spec["network"] = settings.INSTANCE_NETWORK
     else:
@@ -177,8 +185,11 @@ def data_volume_ensure(workload, *, node_name: str) -> None:
     _ensure_volume(workload.volume_name, labels, size_gb=workload.disk_gb)
 
 
-def container_launch(workload, spec: dict) -> str:
+def container_launch(workload, spec: dict, *, code: bytes | None = None) -> str:
     """Start the workload's container, reusing its disk if it has run before; returns its id.
+
+    ``code`` (a job's .tar.gz) is extracted into JOB_CODE_PATH on its data disk after the
+    container is created and before it starts, so the command finds it there.
 
     A stopped container keeps its disk. If it now gets other cards than last
     time, or other mounts (one made before the shared storage moved to
@@ -205,8 +216,24 @@ def container_launch(workload, spec: dict) -> str:
     data_volume_ensure(workload, node_name=spec["labels"][f"{LABEL}.node"])
     _ensure_image(spec["image"])
     container = client.containers.create(**spec)
+    if code is not None:
+        _code_extract(container, code)
     container.start()
     return container.id
+
+
+def _code_extract(container, archive: bytes) -> None:
+    """Extract the .tar.gz ``archive`` into JOB_CODE_PATH of the created (not yet started) container.
+
+    Docker extracts it inside the container's filesystem (the data volume is mounted for
+    the copy), so a member cannot land on the host whatever its name."""
+    folder = io.BytesIO()
+    with tarfile.open(fileobj=folder, mode="w") as tar:
+        entry = tarfile.TarInfo(settings.JOB_CODE_PATH.strip("/"))
+        entry.type, entry.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(entry)
+    if not (container.put_archive("/", folder.getvalue()) and container.put_archive(settings.JOB_CODE_PATH, archive)):
+        raise RuntimeError("Docker did not take the job's code")
 
 
 def _same_setup(container, spec: dict) -> bool:

@@ -19,9 +19,14 @@ def agent_launch(workload_id: int):
 
 @shared_task(name=ToNode.LAUNCH_MANY, ignore_result=True)
 def agent_launch_many(workload_ids: list[int], node_name: str):
-    """The tick's launches for this node, one message: each becomes its own launch task here."""
-    for workload_id in workload_ids:
+    """The tick's launches for this node, one message: the first is launched here and now, each of the
+    others becomes its own launch task (so they run side by side on the agent's threads). A launch lost
+    with this task is sent again by the control plane's reconciliation (LAUNCH_RESEND_S)."""
+    first, *others = workload_ids or [None]
+    for workload_id in others:
         send(ToNode.LAUNCH, workload_id, node=node_name)
+    if first is not None:
+        agent.agent_launch(first)
 
 
 @shared_task(name=ToNode.STOP, **NODE_TASK)

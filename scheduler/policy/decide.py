@@ -48,6 +48,8 @@ class Decisions:
     levels: dict[object, int] = field(default_factory=dict)
     promoted: list[object] = field(default_factory=list)
     demoted: list[object] = field(default_factory=list)
+    # Waiting spot work that runs on-demand from now on (preempted too often, or past its deadline).
+    on_demand: list[object] = field(default_factory=list)
 
 
 @dataclass
@@ -78,8 +80,10 @@ class Discipline:
     def may_preempt(self, waiter: Work, waiter_level: int, victim: Work, victim_level: int) -> bool:
         if not self.config.preemption or not victim.preemptible or victim.stopping:
             return False
-        if victim.spot and not waiter.preemptible:
-            return True  # on-demand work evicts spot capacity whatever the queues say
+        if victim.spot and not waiter.spot:
+            return True  # on-demand work (instances and jobs) evicts spot capacity whatever the queues say
+        if waiter.spot and not victim.spot:
+            return False  # spot capacity is what is left over: it never evicts on-demand work
         return victim_level > waiter_level
 
 
@@ -156,6 +160,10 @@ def decide(
     """Decide one tick. ``cluster`` is the free capacity and is updated for the placements made."""
     discipline = discipline or Discipline()
     out = Decisions()
+    for work in waiting:
+        if work.spot and falls_back(work, now):
+            work.spot = False
+            out.on_demand.append(work.id)
     run_levels = {}
     for work in running:
         run_levels[work.id] = discipline.level(work, now, waiting=False)
@@ -170,7 +178,11 @@ def decide(
 
     held: dict[str, float] = defaultdict(float)
     team_held: dict[str, float] = defaultdict(float)
+    # Members of a group running now, stopping ones too: their containers still run until they stop.
+    group_running: dict[object, int] = defaultdict(int)
     for work in running:
+        if work.group is not None:
+            group_running[work.group] += 1
         if not work.stopping:
             held[work.user] += work.request.gpus
             team_held[work.team] += work.request.gpus
@@ -191,7 +203,9 @@ def decide(
         )
         projected[work.user] += work.request.gpus
         team_projected[work.team] += work.request.gpus
-        keyed.append((discipline.key(work, wait_levels[work.id], over, arrival[work.id]), work))
+        # Spot work takes what on-demand work leaves: it goes after all of it, whatever its queue (else a
+        # spot job that was just evicted for on-demand work would take the freed cards straight back).
+        keyed.append(((work.spot, *discipline.key(work, wait_levels[work.id], over, arrival[work.id])), work))
     keyed.sort(key=lambda pair: pair[0])
 
     positions: dict[int, int] = defaultdict(int)
@@ -215,6 +229,9 @@ def decide(
         if head_blocked:
             wait(work, level, "behind earlier work")
             continue
+        if work.group is not None and work.group_cap is not None and group_running[work.group] >= work.group_cap:
+            wait(work, level, f"at most {work.group_cap} of its array run at once")
+            continue
         quota_reason = _over_quota(work, held, team_held, quotas)
         if quota_reason:
             wait(work, level, quota_reason)
@@ -225,6 +242,8 @@ def decide(
         if choice is not None:
             memory = cluster.take(choice.node, choice.cards, r.gpu_milli, r.cpu, r.memory_mb)
             out.place.append(Place(work.id, choice.node, choice.cards, memory))
+            if work.group is not None:
+                group_running[work.group] += 1
             held[work.user] += r.gpus
             team_held[work.team] += r.gpus
             continue
@@ -254,6 +273,14 @@ def decide(
         if discipline.head_of_line_blocking:
             head_blocked = True
     return out
+
+
+def falls_back(work: Work, now: float) -> bool:
+    """Whether spot work should run on-demand from now on: preempted more often than its group
+    allows, or its group's deadline has passed (only where the group allows a fallback at all)."""
+    if work.fallback_after is not None and work.preemptions > work.fallback_after:
+        return True
+    return work.fallback_at is not None and now >= work.fallback_at
 
 
 def _arrivals_by_own_priority(waiting: list[Work], levels: dict) -> dict:

@@ -48,8 +48,16 @@ class Work:
     priority: int = NORMAL
     attained: float = 0.0  # weighted GPU-seconds
     preemptible: bool = False  # batch jobs and spot instances
-    spot: bool = False  # spot instances: any on-demand work may evict them
+    spot: bool = False  # spot instances and jobs: any on-demand work may evict them, they evict none of it
     team: str = ""
+    # Work of one group (a job array) runs at most ``group_cap`` at a time; the rest waits, queued.
+    group: object = None
+    group_cap: int | None = None
+    # Spot work that may fall back to on-demand (its group allows it): once preempted more than
+    # ``fallback_after`` times, or from ``fallback_at`` (the group's deadline) on. None: never.
+    preemptions: int = 0
+    fallback_after: int | None = None
+    fallback_at: float | None = None
     level: int = 0  # the level it had at the previous tick
     # Running work only: where it is, and whether it is already being stopped.
     node: int | None = None

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from config.messages import ToNode, ToScheduler, send, send_after_commit
 from scheduler.errors import Conflict, InvalidInput, TooMany
-from scheduler.models import Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
+from scheduler.models import Node, NodeStatus, Workload, WorkloadEvent, WorkloadGroup, WorkloadKind, WorkloadStatus
 from scheduler.selectors import fit_problem
 from scheduler.services.allocation import Placement, allocations_create
 from scheduler.services.lifecycle import workload_transition
@@ -44,10 +44,12 @@ def workload_submit(
     command: list | None = None,
     env: dict | None = None,
     pinned_node=None,
+    group: WorkloadGroup | None = None,
 ) -> Workload:
     """Queue new work. Refuses work that no registered node could ever run.
 
     ``pinned_node``: the only node it may run on (its image exists only there).
+    ``group``: work submitted together; at most its ``max_running`` members run at once.
     """
     problem = fit_problem(gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb)
     if problem:
@@ -80,6 +82,7 @@ def workload_submit(
             command=command or [],
             env=env or {},
             pinned_node=pinned_node,
+            group=group,
             status=S.QUEUED,
             queued_at=timezone.now(),  # a control-plane time, compared by the control plane only
         )

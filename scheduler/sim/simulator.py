@@ -7,6 +7,10 @@ stopped. Decisions happen at every arrival, completion and eviction, and every
 ``quantum`` seconds while work waits (so demotions can preempt). ``launch_overhead``
 models what a live start costs: a placed job holds its cards that long before its own
 time starts (bench/cluster_live.py sets it to what the live cluster measured).
+
+Spot jobs, groups with a running cap and the spot fallback come from the trace jobs' fields
+and are honoured by ``decide`` itself; each job's runs (start, end, on spot) are kept so a
+benchmark can price them (bench/sweep_cost.py).
 """
 
 from __future__ import annotations
@@ -38,9 +42,14 @@ class SimResult:
     makespan: float
     preemptions: int
     timeline: list[tuple[float, int, float]] = field(default_factory=list, repr=False)
+    # Per job: each run as (placed at, stopped at, on spot), when it finished, how often it was preempted.
+    runs: dict[int, list[tuple[float, float, bool]]] = field(default_factory=dict, repr=False)
+    done: dict[int, float] = field(default_factory=dict, repr=False)
+    preempted: dict[int, int] = field(default_factory=dict, repr=False)
 
     def summary(self) -> dict:
-        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "timeline"}
+        hidden = {"timeline", "runs", "done", "preempted"}
+        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k not in hidden}
 
 
 def uniform_nodes(gpus: int, per_node: int = 8, model: str = "GPU") -> list[NodeSpec]:
@@ -87,6 +96,8 @@ def simulate(
     evictions: list[tuple[float, int]] = []
     version: dict[int, int] = {}
     preemptions = 0
+    runs: dict[int, list[tuple[float, float, bool]]] = {}
+    run_start: dict[int, tuple[float, bool]] = {}
     allocated_area = 0.0
     timeline = []
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
@@ -126,12 +137,15 @@ def simulate(
             work = running.pop(job_id)
             cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
             done[job_id] = now
+            runs.setdefault(job_id, []).append((*run_start.pop(job_id), now))
         while evictions and evictions[0][0] <= now:
             _, job_id = heapq.heappop(evictions)
             work = running.pop(job_id, None)
             if work is None:
                 continue  # finished during its grace period
             cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            runs.setdefault(job_id, []).append((*run_start.pop(job_id), now))
+            work.preemptions += 1
             executed[job_id] = max(executed[job_id], executed_before_launch[job_id])  # evicted while launching
             version[job_id] = version.get(job_id, 0) + 1
             work.node, work.cards, work.stopping = None, [], False
@@ -142,7 +156,19 @@ def simulate(
             next_arrival += 1
             milli = WHOLE_CARD if whole_cards_only else job.gpu_milli
             request = Request(job.id, job.gpu_model, job.gpu_count, milli, job.cpu, job.memory_mb)
-            work = Work(job.id, job.user, request, submitted=job.submit, waiting_since=job.submit, preemptible=True)
+            work = Work(
+                job.id,
+                job.user,
+                request,
+                submitted=job.submit,
+                waiting_since=job.submit,
+                preemptible=True,
+                spot=job.spot,
+                group=job.group,
+                group_cap=job.group_cap,
+                fallback_after=job.fallback_after,
+                fallback_at=job.fallback_at,
+            )
             works[job.id] = work
             executed[job.id] = 0.0
             waiting[job.id] = work
@@ -170,6 +196,7 @@ def simulate(
             work = waiting.pop(place.work_id)
             work.node, work.cards, work.started = place.node, place.cards, now
             running[work.id] = work
+            run_start[work.id] = (now, work.spot)
             first_start.setdefault(work.id, now)
             version[work.id] = version.get(work.id, 0) + 1
             # Its cards are held through the launch before its own time runs (credited back as it passes).
@@ -197,4 +224,7 @@ def simulate(
         makespan=makespan,
         preemptions=preemptions,
         timeline=timeline,
+        runs={job_id: [(start, end, spot) for (start, spot, end) in r] for job_id, r in runs.items()},
+        done=done,
+        preempted={j.id: works[j.id].preemptions for j in jobs if j.id in works},
     )

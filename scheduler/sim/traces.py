@@ -24,6 +24,12 @@ class TraceJob:
     cpu: int = 0
     memory_mb: int = 0
     gpu_model: str | None = None  # None: any model
+    # Spot work and groups (job arrays), as the live Workload and WorkloadGroup carry them.
+    spot: bool = False
+    group: object = None
+    group_cap: int | None = None
+    fallback_after: int | None = None  # preemptions after which spot work runs on-demand
+    fallback_at: float | None = None  # trace time from which it does
 
 
 def detect(path: str | Path) -> str:

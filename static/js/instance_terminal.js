@@ -16,7 +16,8 @@
   const send = (message) => socket.readyState === WebSocket.OPEN && socket.send(JSON.stringify(message));
   const resize = () => { fit.fit(); send({ type: "resize", cols: term.cols, rows: term.rows }); };
   socket.onopen = () => { conn.dataset.state = "live"; conn.textContent = gettext("connected"); resize(); term.focus(); };
-  socket.onmessage = (event) => term.write(new Uint8Array(event.data));
+  // Text frames are the platform's ({"exit_code": N} before the close); the shell's output is binary.
+  socket.onmessage = (event) => typeof event.data === "string" || term.write(new Uint8Array(event.data));
   socket.onclose = (event) => {
     const why = { 4401: gettext("sign in again"), 4404: gettext("no such instance of yours"), 4409: gettext("the instance is not running"),
       4429: gettext("too many terminal and file sessions open: close one") }[event.code];

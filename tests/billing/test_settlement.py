@@ -29,7 +29,7 @@ def rates(db):
 def segment(owner, *, start=START, seconds=None, milli=1000, status=WorkloadStatus.STOPPED, spot=False):
     w = workload(owner, gpu_milli=milli, status=status, spot=spot)
     end = None if seconds is None else start + timedelta(seconds=seconds)
-    return MeterSegment.objects.create(workload=w, started_at=start, ended_at=end)
+    return MeterSegment.objects.create(workload=w, started_at=start, ended_at=end, spot=spot)
 
 
 def usage(account) -> Decimal:

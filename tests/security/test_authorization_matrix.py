@@ -15,7 +15,7 @@ from django.urls import URLResolver, get_resolver, reverse
 
 from billing import teams
 from config.asgi import application
-from portal import services
+from portal import arrays, services
 from portal.models import Image
 from portal.routing import websocket_urlpatterns
 from scheduler.models import Node
@@ -65,11 +65,22 @@ MATRIX = {
     "console-job-create": ("get", {}, "", MINE),
     "console-job": ("get", {}, "", OWNED),
     "console-job-action": ("post", {"action": "cancel"}, "", OWNED),
+    "console-array": ("get", {}, "", OWNED),
+    "console-array-action": ("post", {"action": "cancel"}, "", OWNED),
     "healthz": ("get", {}, "", OPEN),
     "metrics": ("get", {}, "", STAFF_ONLY),  # or a bearer token: tests/monitoring/test_metrics.py
     "login": ("get", {}, "", OPEN),
     "logout": ("post", {}, "", SIGNS_OUT),
     "api-me": ("get", {}, "", MINE),
+    # Credentials in the body: anyone may try (the empty body: 400); throttled per address and username.
+    "api-auth-token": ("post", {}, "", OPEN),
+    # Files of a running instance or job: the owner only (the matrix's work is queued: 409, still allowed).
+    "api-instance-files": ("get", {}, "?path=/root/autodl-tmp", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-instance-file-download": ("get", {}, "?path=/root/autodl-tmp/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-instance-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-job-files": ("get", {}, "?path=/root/checkpoints", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-job-file-download": ("get", {}, "?path=/root/checkpoints/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-job-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-gpu-types": ("get", {}, "", MINE),
     "api-gpu-types-recommend": ("get", {}, "?model_params_b=7", MINE),
     "api-images": ("get", {}, "", MINE),
@@ -90,6 +101,10 @@ MATRIX = {
     "api-job": ("get", {}, "", OWNED),
     "api-job-cancel": ("post", {}, "", OWNED),
     "api-job-release": ("post", {}, "", OWNED),
+    "api-arrays": ("get", {}, "", MINE),
+    "api-array": ("get", {}, "", OWNED),
+    "api-array-cancel": ("post", {}, "", OWNED),
+    "api-array-retry": ("post", {}, "", OWNED),  # nothing failed yet: 409, still "allowed"
     "api-billing": ("get", {}, "", MINE),
     "api-billing-statement": ("get", {}, "", MINE),
     "api-billing-topups": ("post", {}, "", STAFF_ONLY),  # staff: 400 for the empty body
@@ -108,6 +123,7 @@ WEBSOCKET_MATRIX = {
     "ws/monitor/cluster/": STAFF_ONLY,
     # The owner only (a shell in their container); the matrix's instance is queued: 4409 "not running".
     "ws/terminal/instances/<int:instance_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),
+    "ws/terminal/jobs/<int:job_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),  # the same, in a running job
 }
 CLOSE_CODES = {4401: DENIED, 4403: DENIED, 4404: HIDDEN, 4409: ALLOWED}  # 4409: allowed, but not running
 # Django's admin: every page is for staff, but for these.
@@ -174,6 +190,7 @@ def owned_objects(owner, catalog) -> dict:
     common |= dict(gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1)
     instance = services.instance_create(**common, disk_gb=10)
     job = services.job_create(**common, command="true")
+    array = arrays.array_create(**common, command="true", array="0-1")
     image = Image.objects.create(
         name="saved", framework="x", framework_version="1", cuda_version="12", docker_ref="gpucloud-saved:x",
         visibility="private", owner=owner, node=Node.objects.first(),
@@ -186,6 +203,7 @@ def owned_objects(owner, catalog) -> dict:
         "portal_image": image.pk,
         "instance_id": instance.pk,
         "job_id": job.pk,
+        "array_id": array.pk,
         "portal_instance": instance.pk,
         "portal_job": job.pk,
         "scheduler_workload": instance.workload_id,

@@ -162,3 +162,15 @@ def test_hosts_are_added_and_dropped_without_touching_the_others(roles):
         conn.execute("SELECT count(*) FROM scheduler_workload")
     with psycopg.connect(url_as(roles.web, "web-pw")) as conn:
         conn.execute("SELECT count(*) FROM auth_user")
+
+
+def test_a_node_reads_the_code_of_its_own_jobs_only_and_writes_none(two_hosts):
+    from scheduler.models import WorkloadCode
+
+    conn, _, _, work = two_hosts
+    for workload in work.values():
+        WorkloadCode.objects.create(workload=workload, archive=b"tgz", size_bytes=3, sha256="0" * 64)
+    readable = conn.execute("SELECT workload_id FROM scheduler_workloadcode").fetchall()
+    assert readable == [(work["mine"].pk,)], "another host's tenants' code is out of its sight"
+    with pytest.raises(DENIED):
+        conn.execute("UPDATE scheduler_workloadcode SET archive = 'x'")

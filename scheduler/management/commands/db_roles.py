@@ -34,7 +34,17 @@ from psycopg import sql
 
 from billing.models import MeterSegment
 from portal.models import Instance
-from scheduler.models import Allocation, Gpu, GpuMinute, Move, Node, Workload, WorkloadEvent, WorkloadGpuMinute
+from scheduler.models import (
+    Allocation,
+    Gpu,
+    GpuMinute,
+    Move,
+    Node,
+    Workload,
+    WorkloadCode,
+    WorkloadEvent,
+    WorkloadGpuMinute,
+)
 from scheduler.telemetry.rollups import FIELDS as ROLLUP_FIELDS
 
 # The id of the node the session's role belongs to: {own} in the row rules below.
@@ -54,6 +64,7 @@ class NodeAccess:
     update: tuple[str, ...] = ()
     rows: str = ""
     check: str = ""
+    read_own: bool = False  # it reads only ``rows`` too (tenants' data it needs for its own work alone)
 
 
 # What a node agent's process does to each table (scheduler/node/*, scheduler/services/nodes.py and
@@ -115,6 +126,8 @@ NODE_ACCESS = {
     MeterSegment: NodeAccess("SELECT, INSERT", update=("ended_at", "end_reason"), rows="workload_id IN " + OWN_WORK),
     Instance: NodeAccess("SELECT"),
     Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
+    # A job's code, extracted into its container at launch: the host of that job's only.
+    WorkloadCode: NodeAccess("SELECT", rows="workload_id IN " + OWN_WORK, read_own=True),
     # Minute rollups, upserted (an agent restarted mid-minute).
     GpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
     WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
@@ -245,7 +258,9 @@ class Command(BaseCommand):
             writes = [p.strip() for p in access.privileges.split(",") if p.strip() != "SELECT"]
             writes += ["UPDATE"] if access.update else []
             policies = {
-                f"{group}_read": sql.SQL("FOR SELECT TO {} USING (true)").format(role),
+                f"{group}_read": sql.SQL("FOR SELECT TO {} USING ({})").format(
+                    role, rows if access.read_own else sql.SQL("true")
+                ),
                 f"{web}_all": sql.SQL("FOR ALL TO {} USING (true) WITH CHECK (true)").format(sql.Identifier(web)),
             }
             for command in writes:

@@ -234,6 +234,7 @@ def test_formatting_again_changes_nothing_and_another_volume_is_never_overwritte
 def test_a_host_without_fuse_says_so_and_launches_there_fail_with_why(user, nodes, base_image, settings, monkeypatch):
     monkeypatch.setattr(host_fs, "FUSE_DEVICE", "/nonexistent/fuse")
     settings.SHARED_FS_MOUNT = tempfile.mkdtemp(prefix="gs-nofuse-")
+    settings.RELAY_PORT = 0  # any free port: the agent must get as far as the shared storage
     with pytest.raises(SharedFsError, match="no FUSE"):
         host_fs.mount_ensure()
     with pytest.raises(Exception, match="no FUSE"):

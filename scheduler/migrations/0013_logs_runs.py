@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0010_moves'),
+        ('scheduler', '0012_cli_workload_code'),
     ]
 
     operations = [

@@ -1,0 +1,64 @@
+"""WebSocket sockets for scripts: ``Authorization: Token <key>`` on the handshake (portal/ws_auth.py)."""
+
+import asyncio
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from rest_framework.authtoken.models import Token
+
+from config.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def handshake(headers: list[tuple[bytes, bytes]], path: str = "/ws/instances/"):
+    """(connected, the close code if the server closed at once, else None)."""
+
+    async def run():
+        communicator = WebsocketCommunicator(application, path, headers=[(b"host", b"127.0.0.1"), *headers])
+        connected, _ = await communicator.connect(timeout=10)
+        if not connected:
+            return False, None
+        if await communicator.receive_nothing(timeout=0.5):
+            await communicator.disconnect()
+            return True, None
+        first = await communicator.receive_output(timeout=5)
+        return True, first.get("code")
+
+    return asyncio.run(run())
+
+
+def test_a_script_with_its_token_gets_a_socket_without_a_browser_origin(user):
+    token = Token.objects.create(user=user)
+    assert handshake([(b"authorization", f"Token {token.key}".encode())]) == (True, None)
+
+
+def test_a_wrong_token_is_refused_as_the_signed_out_are_even_with_a_session_cookie(user, client):
+    client.force_login(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    refused = handshake([(b"authorization", b"Token wrong"), (b"cookie", cookie), (b"origin", b"http://127.0.0.1")])
+    assert refused == (True, 4401)
+
+
+def test_without_a_token_the_origin_check_still_guards_cookie_sockets(user, client):
+    client.force_login(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    assert handshake([(b"cookie", cookie)])[0] is False, "no Origin: refused"
+    assert handshake([(b"cookie", cookie), (b"origin", b"http://evil.example")])[0] is False
+    assert handshake([(b"cookie", cookie), (b"origin", b"http://127.0.0.1")]) == (True, None)
+
+
+def test_another_users_token_does_not_open_my_terminal(user, outsider, catalog, sim_node):
+    from decimal import Decimal
+
+    from portal import services
+
+    job = services.job_create(
+        owner=user, name="x", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk,
+        gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1, command="sleep 60",
+    )  # fmt: skip
+    theirs = Token.objects.create(user=outsider)
+    mine = Token.objects.create(user=user)
+    path = f"/ws/terminal/jobs/{job.pk}/"
+    assert handshake([(b"authorization", f"Token {theirs.key}".encode())], path) == (True, 4404)
+    assert handshake([(b"authorization", f"Token {mine.key}".encode())], path) == (True, 4409), "queued: not running"
