@@ -174,3 +174,19 @@ def test_a_node_reads_the_code_of_its_own_jobs_only_and_writes_none(two_hosts):
     assert readable == [(work["mine"].pk,)], "another host's tenants' code is out of its sight"
     with pytest.raises(DENIED):
         conn.execute("UPDATE scheduler_workloadcode SET archive = 'x'")
+
+
+def test_a_node_records_runs_of_its_own_work_on_itself_only(two_hosts):
+    from scheduler.models import WorkloadRun
+
+    conn, mine, theirs, work = two_hosts
+    insert = (
+        "INSERT INTO scheduler_workloadrun (workload_id, number, node_id, node_name, started_at) "
+        "VALUES (%s, %s, %s, %s, now())"
+    )
+    conn.execute("SELECT id FROM scheduler_workload WHERE id = %s FOR UPDATE", [work["mine"].pk])  # as the launch does
+    conn.execute(insert, [work["mine"].pk, 1, mine.pk, mine.name])
+    for workload, node in ((work["theirs"], theirs), (work["mine"], theirs), (work["theirs"], mine)):
+        with pytest.raises(DENIED, match="row-level security"):
+            conn.execute(insert, [workload.pk, 2, node.pk, node.name])
+    assert list(WorkloadRun.objects.values_list("workload_id", "node_id")) == [(work["mine"].pk, mine.pk)]

@@ -10,7 +10,7 @@
   * the columns its agent owns (column-level UPDATE grants: a workload's status, container, exit
     code … never its owner, image, command, size, node or price), and
   * the rows of its own node (row-level security): its node row, its cards, the work placed on it
-    (or pinned to it while stopped), that work's events and meter segments, its cards' allocations
+    (or pinned to it while stopped), that work's events, runs and meter segments, its cards' allocations
     and minute rollups.
 
   Which node a session is comes from the role it logged in as (``current_user``), which the
@@ -44,6 +44,7 @@ from scheduler.models import (
     WorkloadCode,
     WorkloadEvent,
     WorkloadGpuMinute,
+    WorkloadRun,
 )
 from scheduler.telemetry.rollups import FIELDS as ROLLUP_FIELDS
 
@@ -123,6 +124,10 @@ NODE_ACCESS = {
     ),
     Allocation: NodeAccess("SELECT, DELETE", rows="gpu_id IN " + OWN_CARDS),  # freed when work leaves a holding state
     WorkloadEvent: NodeAccess("SELECT, INSERT", rows="workload_id IN " + OWN_WORK),
+    # Each start of its work's containers (where that piece of the work's log lives): on this node only.
+    WorkloadRun: NodeAccess(
+        "SELECT, INSERT", rows="workload_id IN " + OWN_WORK, check="workload_id IN " + OWN_WORK + " AND node_id = {own}"
+    ),
     MeterSegment: NodeAccess("SELECT, INSERT", update=("ended_at", "end_reason"), rows="workload_id IN " + OWN_WORK),
     Instance: NodeAccess("SELECT"),
     Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
