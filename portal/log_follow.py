@@ -43,7 +43,7 @@ class LogFollowConsumer(AsyncWebsocketConsumer):
             await refuse(self, NOT_SIGNED_IN)
             return
         params = {k: v[0] for k, v in parse_qs(self.scope.get("query_string", b"").decode()).items()}
-        object_id = self.scope["url_route"]["kwargs"]["object_id"]
+        object_id = self.scope["url_route"]["kwargs"]["job_id" if self.kind == "jobs" else "instance_id"]
         try:
             workload = await database_sync_to_async(logs.log_workload)(user=user, kind=self.kind, object_id=object_id)
             query = logs.query_parse(params, follow=True)

@@ -10,7 +10,7 @@ websocket_urlpatterns = [
     path("ws/monitor/nodes/<slug:node>/", consumers.NodeMonitorConsumer.as_asgi()),
     path("ws/monitor/cluster/", consumers.ClusterMonitorConsumer.as_asgi()),
     path("ws/terminal/instances/<int:instance_id>/", terminal.TerminalConsumer.as_asgi()),
-    path("ws/logs/jobs/<int:object_id>/", log_follow.JobLogConsumer.as_asgi()),
-    path("ws/logs/instances/<int:object_id>/", log_follow.InstanceLogConsumer.as_asgi()),
+    path("ws/logs/jobs/<int:job_id>/", log_follow.JobLogConsumer.as_asgi()),
+    path("ws/logs/instances/<int:instance_id>/", log_follow.InstanceLogConsumer.as_asgi()),
     path("ws/terminal/jobs/<int:job_id>/", terminal.JobTerminalConsumer.as_asgi()),
 ]

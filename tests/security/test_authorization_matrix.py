@@ -41,6 +41,7 @@ MATRIX = {
     "console-instance-files": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-instance-file-download": ("get", {}, "?path=/root/autodl-tmp/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-instance-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "console-instance-logs": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # a log: its owner's only
     "console-instance-save-image": ("post", {}, "", OWNED),  # the queued instance: refused with a message
     "console-images": ("get", {}, "", MINE),
     "console-instance-disk": ("post", {}, "", OWNED),  # an empty size: refused with a message
@@ -79,6 +80,8 @@ MATRIX = {
     "api-instance-file-download": ("get", {}, "?path=/root/autodl-tmp/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-instance-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-job-files": ("get", {}, "?path=/root/checkpoints", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
+    "api-job-logs": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),  # the queued job's (empty) log
+    "api-instance-logs": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-job-file-download": ("get", {}, "?path=/root/checkpoints/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-job-file-upload": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-gpu-types": ("get", {}, "", MINE),
@@ -124,6 +127,8 @@ WEBSOCKET_MATRIX = {
     # The owner only (a shell in their container); the matrix's instance is queued: 4409 "not running".
     "ws/terminal/instances/<int:instance_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),
     "ws/terminal/jobs/<int:job_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),  # the same, in a running job
+    "ws/logs/jobs/<int:job_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),  # followed: open while the job waits
+    "ws/logs/instances/<int:instance_id>/": (ALLOWED, HIDDEN, DENIED, HIDDEN),
 }
 CLOSE_CODES = {4401: DENIED, 4403: DENIED, 4404: HIDDEN, 4409: ALLOWED}  # 4409: allowed, but not running
 # Django's admin: every page is for staff, but for these.
