@@ -60,7 +60,7 @@ bench: $(VENV)/.installed
 messages: $(VENV)/.installed
 	@command -v msgfmt >/dev/null || { echo "ERROR: gettext is missing: apt-get install gettext"; exit 1; }
 	SECRET_KEY=messages-only-0123456789abcdef0123456789 $(PY) manage.py makemessages -l zh_Hans \
-		--ignore=.venv --ignore=bench --ignore=tests --ignore=static/vendor
+		--ignore=.venv --ignore=bench --ignore=tests --ignore=static/vendor --ignore=client
 	SECRET_KEY=messages-only-0123456789abcdef0123456789 $(PY) manage.py makemessages -d djangojs -l zh_Hans \
-		--ignore=.venv --ignore=bench --ignore=tests --ignore=static/vendor
+		--ignore=.venv --ignore=bench --ignore=tests --ignore=static/vendor --ignore=client
 	SECRET_KEY=messages-only-0123456789abcdef0123456789 $(PY) manage.py compilemessages --ignore=.venv
