@@ -67,8 +67,10 @@ fi
 need_pkg docker-registry docker-registry
 need_pkg htpasswd apache2-utils
 
-# Chromium for the browser tests (Debian's; no browser download is possible).
+# Chromium for the browser tests (Debian's; no browser download is possible); faketime for the fault
+# tests' node agent whose clock is off (tests/faults).
 if [ -n "${WITH_BROWSER:-}" ]; then
+  need_pkg faketime faketime
   need_pkg chromium chromium
   # A Chinese font, so the zh-hans pages render (and their screenshots show) text, not boxes.
   [ -e /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || {

@@ -11,14 +11,14 @@ import json
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.renderers import BaseRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.views import APIView
 
 from portal import logs
 
 
 class _JsonBody(BaseRenderer):
-    """Errors (dicts) as JSON in whichever of the two formats was asked for; logs bypass rendering."""
+    """The two formats a log is asked for in (``format=``); logs bypass rendering, errors go out as JSON."""
 
     charset = "utf-8"
 
@@ -46,6 +46,12 @@ PARAMETERS = [
 class LogsApi(APIView):
     kind = ""  # "jobs" or "instances"
     renderer_classes = [NdjsonRenderer, TextRenderer]
+
+    def handle_exception(self, exc):
+        """An error is the API's usual JSON (application/json) whichever format the log was asked in."""
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer, self.request.accepted_media_type = JSONRenderer(), "application/json"
+        return response
 
     @extend_schema(parameters=PARAMETERS, responses={(200, "application/x-ndjson"): str, (200, "text/plain"): str})
     def get(self, request, job_id: int | None = None, instance_id: int | None = None):

@@ -415,7 +415,8 @@ def _state(c) -> ContainerState:
 def containers_on_node(node_name: str) -> dict[str, ContainerState]:
     """Every container of this deployment that Docker has for this node, by workload uid."""
     labels = [f"{LABEL}.node={node_name}", f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"]
-    containers = docker_client().containers.list(all=True, filters={"label": labels})
+    # One removed between Docker's list and its inspect of it is left out, not an error.
+    containers = docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True)
     return {state.uid: state for state in map(_state, containers)}
 
 

@@ -7,6 +7,7 @@ queued work is lost.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -172,6 +173,7 @@ def test_a_silent_node_agent_is_lost_and_when_it_speaks_again_keeps_its_instance
 def test_a_node_agent_whose_clock_is_40_seconds_off_is_not_lost_and_meters_on_the_databases_clock(
     cluster, catalog, offset
 ):
+    assert shutil.which("faketime"), "faketime is missing: apt-get install faketime (make test installs it)"
     cluster.kill("agent", signal.SIGTERM)
     # Its wall clock is off; its monotonic clock runs true, as on a real host (and thread waits need it).
     cluster.wrap["agent"] = ["env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", offset]

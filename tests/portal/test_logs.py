@@ -106,9 +106,10 @@ def test_tail_since_and_after_select_the_lines_with_no_docker_in_the_web_tier(ap
     assert texts(read(api, job, since="1h")) == texts(everything)
     assert read(api, job, since="2999-01-01T00:00:00Z")[:-1] == []
 
-    for bad in ({"tail": "-1"}, {"after": "12"}, {"since": "yesterday"}):
+    for bad in ({"tail": "-1"}, {"after": "12"}, {"since": "yesterday"}, {"tail": "0", "format": "text"}):
         response = api.get(f"/api/v1/jobs/{job.pk}/logs/", bad)
         assert response.status_code == 400 and list(bad)[0] in json.loads(response.content)
+        assert response["Content-Type"] == "application/json"  # the API's usual error, in either format
 
 
 def test_an_outsider_and_strangers_get_404(api, outsider_api, catalog, logs_node, client):
