@@ -25,7 +25,9 @@ def billed(user):
     RateCard.objects.create(gpu_model="RTX3090", effective_from=start - timedelta(days=1), card_hour=Decimal("1.58"))
     for name, milli, spot, minutes in (("train", 500, False, 120), ("sweep", 1000, True, 30)):
         w = workload(user, name=name, gpu_milli=milli, spot=spot, status="stopped")
-        MeterSegment.objects.create(workload=w, started_at=start, ended_at=start + timedelta(minutes=minutes))
+        MeterSegment.objects.create(
+            workload=w, spot=spot, started_at=start, ended_at=start + timedelta(minutes=minutes)
+        )  # a segment records whether it ran on spot, as the metering writes it
     settle(now=now)
 
 
