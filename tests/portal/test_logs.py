@@ -14,10 +14,9 @@ from scheduler.models import NodeStatus, Workload, WorkloadRun
 from scheduler.node import collector as log_collector
 from scheduler.node import worklogs
 from scheduler.node.launcher import docker_client
-from scheduler.node.reconcile import agent_reconcile
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import create
-from tests.portal.test_jobs_and_preemption import TRAINER, submit_job
+from tests.portal.test_jobs_and_preemption import TRAINER, reconcile, submit_job
 from tests.portal.test_live_updates import session_cookie
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -30,16 +29,6 @@ def logs_node(node_worker, settings, tmp_path):
     collector = log_collector.Collector(node_worker.name, docker_client().api).start()
     yield node_worker
     collector.stop()
-
-
-def reconcile(node):
-    def poke():
-        try:
-            agent_reconcile(node.name)
-        finally:
-            connection.close()
-
-    return poke
 
 
 def read(api, job, **query) -> list[dict]:
