@@ -9,7 +9,7 @@ from django.utils import timezone
 from billing.models import RateCard
 from config import messages
 from portal.models import GpuType, Instance
-from scheduler.models import Workload, WorkloadKind
+from scheduler.models import WorkloadKind
 from scheduler.signals import workload_changed
 
 RATE_CARD_CARRIED = [
@@ -39,15 +39,12 @@ def push_instance_status(sender, workload_id, owner_id, kind, to_status, reason,
 
 
 @receiver(workload_changed)
-def array_follows_its_tasks(sender, workload_id, kind, **kwargs):
+def array_follows_its_tasks(sender, workload_id, kind, group_id, **kwargs):
     """A task of an array changed: the control plane looks at the array (its budget, whether it ended).
 
-    This may run in a node agent (which may not read the portal's tables): only the workload's
-    group is read here, and the look itself is a task on the scheduler queue."""
-    if kind != WorkloadKind.JOB:
-        return
-    group_id = Workload.objects.filter(pk=workload_id).values_list("group_id", flat=True).first()
-    if group_id is not None:
+    This may run in a node agent (which may not read the portal's tables): the look itself is a
+    task on the scheduler queue; the signal carries the group, so no transition costs a query here."""
+    if kind == WorkloadKind.JOB and group_id is not None:
         messages.send(messages.ToScheduler.ARRAY_SUPERVISE, group_id)
 
 

@@ -1,8 +1,8 @@
 """Lifecycle facts the scheduler announces; portal and billing subscribe.
 
 ``workload_changed`` is sent after the transaction that made the change has
-committed, with keyword arguments ``workload_id``, ``owner_id``, ``kind``,
-``from_status``, ``to_status``, ``reason`` and ``at`` (the time of the event row that
+committed, with keyword arguments ``workload_id``, ``owner_id``, ``kind``, ``group_id``
+(its array's group, or None), ``from_status``, ``to_status``, ``reason`` and ``at`` (the time of the event row that
 records the change). Receivers are called with ``send_robust``: each runs whatever
 the others do, so one must not rely on another.
 """

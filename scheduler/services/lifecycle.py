@@ -63,6 +63,7 @@ def transitions_recorded(workloads: list[Workload], *, from_status: str, at: dat
             workload_id=w.pk,
             owner_id=w.owner_id,
             kind=w.kind,
+            group_id=w.group_id,
             from_status=from_status,
             to_status=w.status,
             reason=w.status_reason,
