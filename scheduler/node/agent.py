@@ -157,10 +157,36 @@ def agent_stop(workload_id: int) -> None:
 
 
 def agent_restart(workload_id: int) -> None:
+    """Restart the container of work its restart claimed (``workload_restart``), then end the claim.
+
+    The claim keeps the exit watcher from taking the restart's stop for the work's end. If the
+    claim was lost meanwhile (the work was stopped, released, or its claim expired and the work
+    was settled as ended), the container this restart started again is stopped: it may not run
+    on cards the work no longer holds.
+    """
     workload = Workload.objects.filter(pk=workload_id).first()
-    if workload is None or workload.status != S.RUNNING:
+    if workload is None or workload.status != S.RUNNING or not workload.restarting:
         return
-    launcher.container_restart(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+    reason = "container restarted"
+    try:
+        if not launcher.container_restart(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S):
+            reason = "restart failed: its container is gone"
+    except Exception as exc:  # Docker or HTTP errors: the claim ends; reconciliation reads what runs
+        log.warning("restart of workload %s failed: %s", workload_id, exc)
+        reason = f"restart failed: {_short(exc)}"
+    ended = workload_transition(
+        workload,
+        to=S.RUNNING,
+        allowed_from=[S.RUNNING],
+        where={"restarting": True, "restarts": workload.restarts},
+        reason=reason,
+        restarting=False,
+    )
+    if not ended:
+        workload.refresh_from_db(fields=["status"])
+        if workload.status != S.RUNNING:
+            log.info("workload %s left running while it restarted; stopping its container", workload_id)
+            launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
 
 
 def agent_release(workload_id: int) -> None:
