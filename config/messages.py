@@ -62,6 +62,8 @@ class ToScheduler(StrEnum):
     IMAGE_SAVED = "portal.tasks.image_saved"
     IMAGE_REMOVED = "portal.tasks.image_removed"
     DISK_GROWN = "portal.tasks.disk_grown"
+    # Saves, deletions of images and disk growths that got no answer by their deadline (beat).
+    OPERATIONS_OVERDUE = "portal.tasks.operations_overdue"
     # Moving a stopped instance to another host: the agents' reports (move id, fields).
     MOVE_REPORT = "scheduler.tasks.move_report"
 

@@ -230,6 +230,13 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 # Work in starting / stopping / releasing longer than this had its task die (no task outlives
 # the time limit): reconciliation settles it from what Docker reports.
 TRANSITION_DEADLINE_S = env.int("TRANSITION_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
+# Saving an instance as an image (commit, then push) may take this long on its node, and no longer.
+IMAGE_SAVE_TIME_LIMIT_S = env.int("IMAGE_SAVE_TIME_LIMIT_S", default=3600)
+# Slow operations the control plane waits on a node's answer for: past these, one that got no answer
+# has failed, saying so (portal.tasks.operations_overdue). Each is longer than its task may run.
+IMAGE_SAVE_DEADLINE_S = env.int("IMAGE_SAVE_DEADLINE_S", default=IMAGE_SAVE_TIME_LIMIT_S + 60)
+IMAGE_DELETE_DEADLINE_S = env.int("IMAGE_DELETE_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
+DISK_GROW_DEADLINE_S = env.int("DISK_GROW_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Signed messages (Celery's "auth" serializer): a task a tenant or anyone else writes into Redis
@@ -278,6 +285,7 @@ CELERY_BEAT_SCHEDULE = {
     "arrays-supervise": {"task": ToScheduler.ARRAYS_SUPERVISE, "schedule": timedelta(seconds=ARRAY_SUPERVISE_S)},
     "idle-stop": {"task": ToScheduler.IDLE_STOP, "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
     "housekeeping": {"task": ToScheduler.RELEASE_LONG_STOPPED, "schedule": timedelta(hours=1)},
+    "operations-overdue": {"task": ToScheduler.OPERATIONS_OVERDUE, "schedule": timedelta(seconds=RECONCILE_S)},
 }
 # Files through the portal (portal/files.py): the largest upload or download, per file.
 FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
