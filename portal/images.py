@@ -22,6 +22,7 @@ from django.utils import timezone
 from config.messages import ToNode, ToScheduler, send, send_after_commit
 from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
+from portal.slow import slow_operation_admit, slow_operations_lock
 from scheduler import registry
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput, TooMany
@@ -47,6 +48,7 @@ def image_save(*, instance: Instance, name: str) -> Image:
     if not name or len(name) > limits.NAME_CHARS:
         raise InvalidInput(f"give the image a name of 1 to {limits.NAME_CHARS} characters", field="name")
     with transaction.atomic():
+        slow_operation_admit(instance.owner)
         workload = instance.workload.__class__.objects.select_for_update().get(pk=instance.workload_id)
         if workload.status != WorkloadStatus.STOPPED:
             raise Conflict(f"stop the instance before saving it as an image; it is {workload.status}")
@@ -96,6 +98,7 @@ def image_saved(image_id: int, size_bytes: int, error: str) -> None:
 def image_delete(*, image: Image) -> Image:
     """Remove a saved image from the registry or its node (refused while instances that are not released use it)."""
     with transaction.atomic():
+        slow_operations_lock(image.owner)
         image = Image.objects.select_for_update().get(pk=image.pk)
         if image.status in (ImageStatus.SAVING, ImageStatus.DELETING):
             raise Conflict(f"the image is {image.status}; wait until that is done")
@@ -108,6 +111,8 @@ def image_delete(*, image: Image) -> Image:
         # Nothing on a node to wait for (it is gone, or the commit failed): deleted now. A failed commit may
         # still have left a tag behind, so its node is told too; the reply finds nothing "deleting" to change.
         gone_already = not from_registry and (image.node is None or image.status == ImageStatus.FAILED)
+        if not gone_already:
+            slow_operation_admit(image.owner)
         image.status = ImageStatus.DELETED if gone_already else ImageStatus.DELETING
         image.status_changed_at = Now()
         image.save(update_fields=["status", "status_changed_at"])

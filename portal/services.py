@@ -16,6 +16,7 @@ from config.messages import ToNode, ToScheduler, send_after_commit
 from portal import images, limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
+from portal.slow import slow_operation_admit, slow_operations_lock
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
@@ -174,6 +175,8 @@ def instance_act(*, instance: Instance, action: str) -> Instance:
     if action in ("start", "start-no-gpu"):
         check_payable(instance.workload)
     with transaction.atomic():
+        if action == "move":
+            slow_operation_admit(instance.owner)
         ACTIONS[action](instance.workload)
     return instance
 
@@ -334,6 +337,7 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
     The node grows the filesystem online, so a running instance keeps running.
     """
     with transaction.atomic():
+        slow_operations_lock(instance.owner)
         instance = Instance.objects.select_for_update().select_related("workload").get(pk=instance.pk)
         workload = instance.workload
         if workload.status in (WorkloadStatus.RELEASING, WorkloadStatus.RELEASED):
@@ -348,6 +352,7 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
         if node is None:  # never ran: its disk is made at the new size when it starts
             _disk_recorded(instance, disk_gb)
             return instance
+        slow_operation_admit(instance.owner)
         instance.disk_growing_to, instance.disk_growing_since = disk_gb, Now()
         instance.save(update_fields=["disk_growing_to", "disk_growing_since"])
         send_after_commit(ToNode.DISK_GROW, workload.pk, disk_gb, ToScheduler.DISK_GROWN, instance.pk, node=node.name)

@@ -74,6 +74,10 @@ class Node(models.Model):
     def queue(self) -> str:
         return node_queue(self.name)
 
+    @property
+    def slow_queue(self) -> str:
+        return node_queue(self.name, slow=True)
+
 
 class ClusterWatch(models.Model):
     """When the control plane last looked at the nodes' heartbeats, and since when without a gap.

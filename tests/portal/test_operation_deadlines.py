@@ -19,11 +19,9 @@ from tests.scheduler.factories import workload
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def stopped(user, catalog):
+def stopped_instance(user, catalog, node=None) -> Instance:
     """A stopped instance whose disk is on a node (no Docker: only the node's answers matter here)."""
-    node = make_node("sim:1xRTX3090")
-    w = workload(user, status=WorkloadStatus.STOPPED, node=node)
+    w = workload(user, status=WorkloadStatus.STOPPED, node=node or make_node("sim:1xRTX3090"))
     return Instance.objects.create(
         owner=user,
         name="i",
@@ -35,6 +33,11 @@ def stopped(user, catalog):
         disk_gb=10,
         workload=w,
     )
+
+
+@pytest.fixture
+def stopped(user, catalog):
+    return stopped_instance(user, catalog)
 
 
 def aged(model, pk, field: str, seconds: int) -> None:
