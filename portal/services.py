@@ -175,7 +175,7 @@ def instance_act(*, instance: Instance, action: str) -> Instance:
     if action in ("start", "start-no-gpu"):
         check_payable(instance.workload)
     with transaction.atomic():
-        if action == "move":
+        if action in ("move", "restart"):
             slow_operation_admit(instance.owner)
         ACTIONS[action](instance.workload)
     return instance

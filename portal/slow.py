@@ -1,25 +1,26 @@
 """Slow operations a user starts on their instances and images: how many may be under way at once.
 
 Saving an image, deleting one, growing a disk and moving an instance take minutes to hours on a
-node's slow queue, whose worker processes every tenant shares. A user may have at most
-``MAX_SLOW_OPERATIONS_PER_USER`` of them under way at once; one more is refused (429) saying so.
+node's slow queue, whose worker processes every tenant shares; a restart holds one of the node
+agent's threads for up to its stop grace. A user may have at most ``MAX_SLOW_OPERATIONS_PER_USER``
+of them under way at once; one more is refused (429) saying so.
 """
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Q
 
 from portal.models import Image, ImageStatus, Instance
 from scheduler.errors import TooMany
-from scheduler.models import Move, MoveStatus
+from scheduler.models import Move, MoveStatus, Workload, WorkloadStatus
 
 
 def slow_operations_under_way(user) -> int:
-    """The user's images being saved or deleted, disks growing and instances moving."""
+    """The user's images being saved or deleted, disks growing, instances moving or restarting."""
     images = Image.objects.filter(owner=user, status__in=[ImageStatus.SAVING, ImageStatus.DELETING]).count()
     disks = Instance.objects.filter(owner=user, disk_growing_to__isnull=False).count()
-    moves = Move.objects.filter(Q(workload__owner=user), status=MoveStatus.COPYING).count()
-    return images + disks + moves
+    moves = Move.objects.filter(workload__owner=user, status=MoveStatus.COPYING).count()
+    restarts = Workload.objects.filter(owner=user, status=WorkloadStatus.RUNNING, restarting=True).count()
+    return images + disks + moves + restarts
 
 
 def slow_operations_lock(user) -> None:
@@ -36,5 +37,6 @@ def slow_operation_admit(user) -> None:
     if under_way >= limit:
         raise TooMany(
             f"you already have {under_way} slow operations under way (saving or deleting images, growing "
-            f"disks, moving instances; the limit is {limit}): wait until one of them is done, then try again"
+            f"disks, moving or restarting instances; the limit is {limit}): wait until one of them is done, "
+            "then try again"
         )
