@@ -1,7 +1,9 @@
 """The node's slow queue: what takes minutes or hours runs on worker processes of its own, which end
 every task at its time limit, and a launch's image pull goes there too."""
 
+import contextlib
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -24,14 +26,11 @@ from tests.scheduler.factories import workload
 S = WorkloadStatus
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_slow_operation_that_hangs_is_ended_at_its_time_limit_and_answers_so(user, catalog, tmp_path, monkeypatch):
-    # A message carries its task's time limits as the sender defines the task (here, 4 s and 3 s).
-    task = node_tasks.agent_disk_grow
-    monkeypatch.setattr(task, "time_limit", 4)
-    monkeypatch.setattr(task, "soft_time_limit", 3)
-    instance = stopped_instance(user, catalog)
-    # Its data disk is grown offline here, by an e2fsck that never returns.
+@contextlib.contextmanager
+def hanging_growth(instance, tmp_path):
+    """A real slow worker for the instance's node, on which growing its data disk hangs in an e2fsck
+    that never returns (the disk is grown offline here); yields the worker and the file that will
+    hold e2fsck's process id."""
     volumes, tools, pid_file = tmp_path / "volumes", tmp_path / "bin", tmp_path / "e2fsck.pid"
     volumes.mkdir()
     tools.mkdir()
@@ -56,20 +55,36 @@ def test_a_slow_operation_that_hangs_is_ended_at_its_time_limit_and_answers_so(u
         thread.start()
         try:
             with worker_for():  # the scheduler queue, where the node's answer goes
-                services.instance_grow_disk(instance=instance, disk_gb=20)
-                wait_for(
-                    lambda: Instance.objects.get(pk=instance.pk).disk_growing_to is None,
-                    timeout=90,
-                    what="the slow worker's answer",
-                )
+                yield slow, pid_file
         finally:
             stop.set()
             slow.stop()
             thread.join(30)
+            if pid_file.exists() and Path(f"/proc/{pid_file.read_text().strip()}").exists():
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def with_limits(monkeypatch, *, hard: int, soft: int) -> None:
+    """A message carries its task's time limits as the sender defines the task."""
+    monkeypatch.setattr(node_tasks.agent_disk_grow, "time_limit", hard)
+    monkeypatch.setattr(node_tasks.agent_disk_grow, "soft_time_limit", soft)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_operation_that_hangs_is_ended_at_its_time_limit_and_answers_so(user, catalog, tmp_path, monkeypatch):
+    with_limits(monkeypatch, hard=4, soft=3)
+    instance = stopped_instance(user, catalog)
+    with hanging_growth(instance, tmp_path) as (slow, pid_file):
+        services.instance_grow_disk(instance=instance, disk_gb=20)
+        wait_for(
+            lambda: Instance.objects.get(pk=instance.pk).disk_growing_to is None,
+            timeout=90,
+            what="the slow worker's answer",
+        )
+        pid = int(pid_file.read_text())
 
     reason = WorkloadEvent.objects.filter(workload=instance.workload).latest("id").reason
     assert reason == "growing the data disk to 20 GB failed: it did not finish within its time limit"
-    pid = int(pid_file.read_text())
     assert not Path(f"/proc/{pid}").exists()  # what the task started did not outlive it either
     assert slow.process.poll() is not None  # and the worker stopped with the agent
 
