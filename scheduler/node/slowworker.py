@@ -62,7 +62,10 @@ def worker_command(node_name: str, concurrency: int) -> list[str]:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends it SIGQUIT (a cold shutdown) when the agent dies."""
+    """In the child, before exec: the kernel sends it SIGQUIT (a cold shutdown) when the agent dies.
+
+    Linux sends it when the *thread* that started the child ends: ``run_forever``'s, which lives as
+    long as the agent."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGQUIT)
 
 
