@@ -230,6 +230,15 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 # Work in starting / stopping / releasing longer than this had its task die (no task outlives
 # the time limit): reconciliation settles it from what Docker reports.
 TRANSITION_DEADLINE_S = env.int("TRANSITION_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
+# Saving an instance as an image (commit, then push), and growing a data disk, may take this long on
+# its node's slow queue, and no longer (its worker process is killed then).
+IMAGE_SAVE_TIME_LIMIT_S = env.int("IMAGE_SAVE_TIME_LIMIT_S", default=3600)
+DISK_GROW_TIME_LIMIT_S = env.int("DISK_GROW_TIME_LIMIT_S", default=CELERY_TASK_TIME_LIMIT)
+# Slow operations the control plane waits on a node's answer for: past these, one that got no answer
+# has failed, saying so (portal.tasks.operations_overdue). Each is longer than its task may run.
+IMAGE_SAVE_DEADLINE_S = env.int("IMAGE_SAVE_DEADLINE_S", default=IMAGE_SAVE_TIME_LIMIT_S + 60)
+IMAGE_DELETE_DEADLINE_S = env.int("IMAGE_DELETE_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
+DISK_GROW_DEADLINE_S = env.int("DISK_GROW_DEADLINE_S", default=DISK_GROW_TIME_LIMIT_S + 60)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Signed messages (Celery's "auth" serializer): a task a tenant or anyone else writes into Redis
@@ -278,12 +287,18 @@ CELERY_BEAT_SCHEDULE = {
     "arrays-supervise": {"task": ToScheduler.ARRAYS_SUPERVISE, "schedule": timedelta(seconds=ARRAY_SUPERVISE_S)},
     "idle-stop": {"task": ToScheduler.IDLE_STOP, "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
     "housekeeping": {"task": ToScheduler.RELEASE_LONG_STOPPED, "schedule": timedelta(hours=1)},
+    "operations-overdue": {"task": ToScheduler.OPERATIONS_OVERDUE, "schedule": timedelta(seconds=RECONCILE_S)},
 }
 # Files through the portal (portal/files.py): the largest upload or download, per file.
 FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
 # An instance started without its cards (as AutoDL's no-card mode): at most this much CPU and memory.
 NO_GPU_CPU_CORES = env.int("NO_GPU_CPU_CORES", default=1)
 NO_GPU_MEMORY_MB = env.int("NO_GPU_MEMORY_MB", default=2048)
+# Slow operations (saving or deleting an image, growing a disk, moving an instance) one user may have
+# under way at once; more is refused (429). They share each node's slow queue with every other tenant.
+MAX_SLOW_OPERATIONS_PER_USER = env.int("MAX_SLOW_OPERATIONS_PER_USER", default=2)
+# Worker processes of each node's slow queue (config.messages.SLOW), beside the agent's own threads.
+NODE_SLOW_CONCURRENCY = env.int("NODE_SLOW_CONCURRENCY", default=2)
 # Saved images per user (each is a full image on its node's disk).
 MAX_SAVED_IMAGES = env.int("MAX_SAVED_IMAGES", default=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # non-file form data; files stream to temporary files

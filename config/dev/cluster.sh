@@ -299,7 +299,8 @@ host_agent_up() {
   local -a environment
   mapfile -t environment < <(host_env "$i" "$cards")
   spawn "h$i-agent" nsenter --net="/var/run/netns/$ns" env "${environment[@]}" \
-    "$PY" manage.py node_agent --name "h$i" --concurrency "${CLUSTER_AGENT_CONCURRENCY:-2}"
+    "$PY" manage.py node_agent --name "h$i" --concurrency "${CLUSTER_AGENT_CONCURRENCY:-2}" \
+    --slow-concurrency "${CLUSTER_SLOW_CONCURRENCY:-1}"
 }
 
 host_registered() { # the node is active and its agent reached the database from the host's address

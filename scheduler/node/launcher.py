@@ -253,6 +253,18 @@ def _ensure_image(ref: str) -> None:
         image_pull(ref)
 
 
+def image_missing(workload) -> bool:
+    """Whether launching the work needs its image pulled first: no container of it to start again (an
+    instance's disk; a job starts afresh each time) and no ``image_ref`` on this engine."""
+    if workload.kind != WorkloadKind.JOB and _find(workload.container_name) is not None:
+        return False
+    try:
+        docker_client().images.get(workload.image_ref)
+    except docker.errors.ImageNotFound:
+        return True
+    return False
+
+
 def image_pull(ref: str) -> None:
     """Pull ``ref`` into this host's engine; RegistryError says which image, from where, and why not."""
     name = registry.image_name(ref)

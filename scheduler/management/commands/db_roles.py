@@ -115,6 +115,7 @@ NODE_ACCESS = {
             "pinned_node_id",
             "preempt_requested",
             "preemptions",
+            "restarting",  # a restart's claim, ended by the node once the container runs again
             "log_tail",
             "gpu_utilization",
         ),
