@@ -23,10 +23,13 @@ to the top queue after ``starvation_s``, so its wait is bounded by
 nodes, less where it may evict that work.
 
 Elastic work (``Work.elastic_min``..``elastic_max`` cards) starts at its asked
-size if that fits, else at ``elastic_min``; when nothing waits it grows into
-idle cards (up to ``elastic_max``), and when queued work does not fit it shrinks
-toward ``elastic_min`` (never below) if that lets the queued work fit; at most
-one resize per ``resize_interval_s``. A resize is a restart from checkpoint with
+size if that fits, else at ``elastic_min``. It grows (up to ``elastic_max``)
+into idle cards: those still free once every queued work has had its turn this
+tick, so no queued work could take them (all of them when nothing waits),
+outside reserved nodes. When queued work that outranks it (a higher queue, or
+on-demand work against spot work) does not fit, it shrinks toward
+``elastic_min`` (never below) if that lets the queued work fit. At most one
+resize per ``resize_interval_s``. A resize is a restart from checkpoint with
 the new world size: ``Decisions.resize`` carries the new parts, and ``decide``
 updates the resized running ``Work`` and the cluster's free capacity.
 """
@@ -357,7 +360,8 @@ def decide(
             if freeing and fits_after[shape]:
                 reason = "waiting for preempted work to stop"
             else:
-                shrunk = _shrink_for(cluster, work, r, elastic, now, config, strategy, out, allowed)
+                outranked = [w for w in elastic if _may_shrink(work, level, w, run_levels[w.id])]
+                shrunk = _shrink_for(cluster, work, r, outranked, now, config, strategy, out, allowed)
                 if shrunk:
                     blocked.clear()
                     fits_after.clear()
@@ -396,8 +400,9 @@ def decide(
             if discipline.head_of_line_blocking:
                 head_blocked = True
 
-    if not out.waiting:
-        _grow(cluster, elastic, placed_elastic, now, config, strategy, out)
+    if not head_blocked:
+        reserved = np.logical_or.reduce([res.nodes for res in reservations]) if reservations else None
+        _grow(cluster, elastic, placed_elastic, now, config, strategy, out, reserved)
     return out
 
 
@@ -573,15 +578,18 @@ def _apply_resize(work: Work, parts: list[Part], now: float, reason: str, out: D
     out.resize.append(Resize(work.id, count, reason, parts))
 
 
+def _may_shrink(waiter: Work, waiter_level: int, work: Work, level: int) -> bool:
+    """Queued work outranks elastic work's cards above its minimum as it would outrank it for eviction:
+    a higher queue, or on-demand work against spot work (spot work never takes on-demand cards)."""
+    if waiter.spot and not work.spot:
+        return False
+    return (work.spot and not waiter.spot) or waiter_level < level
+
+
 def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, config, strategy, out, allowed) -> bool:
     """Shrink elastic running work toward its minimum if that lets ``r`` fit (then it is placed at once)."""
     candidates = [
-        w
-        for w in elastic
-        if w.request.gpu_count > w.elastic_min
-        and _resizable(w, now, config)
-        and not (waiter.spot and not w.spot)
-        and w.id != waiter.id
+        w for w in elastic if w.request.gpu_count > w.elastic_min and _resizable(w, now, config) and w.id != waiter.id
     ]
     if not candidates:
         return False
@@ -605,31 +613,39 @@ def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, con
     return True
 
 
-def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, config, strategy, out) -> None:
-    """Nothing waits: elastic work grows into idle cards (work placed this tick before it starts: no resize)."""
+def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, config, strategy, out, reserved) -> None:
+    """Elastic work grows into idle cards: those still free once every queued work has had its turn this
+    tick (no queued work could take them), outside reserved nodes. Work placed this tick grows before it
+    starts (no resize); running work restarts at its new size. ``reserved``: mask of reserved nodes or None."""
+    allowed = None if reserved is None else ~reserved
     for place, work in placed:
         request = replace(work.request, gpu_count=place.gpu_count, nodes=None)
-        parts = _largest_fit(cluster, request, [(p.node, p.cards) for p in place.parts], work.elastic_max, strategy)
+        current = [(p.node, p.cards) for p in place.parts]
+        if reserved is not None and any(reserved[node] for node, _ in current):
+            continue
+        parts = _largest_fit(cluster, request, current, work.elastic_max, strategy, allowed)
         if parts is not None:
             place.node, place.cards, place.memory_mb = parts[0].node, parts[0].cards, parts[0].memory_mb
             place.rest = parts[1:]
     for work in sorted(elastic, key=lambda w: (w.level, w.started, str(w.id))):
         if work.request.gpu_count >= (work.elastic_max or 0) or not _resizable(work, now, config):
             continue
+        if reserved is not None and any(reserved[node] for node, _ in work.parts):
+            continue
         old = work.request.gpu_count
-        parts = _largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy)
+        parts = _largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
         if parts is not None:
             count = sum(len(p.cards) for p in parts)
             _apply_resize(work, parts, now, f"grown from {old} to {count} cards into idle capacity", out)
 
 
-def _largest_fit(cluster, request: Request, parts, most: int, strategy: str) -> list[Part] | None:
+def _largest_fit(cluster, request: Request, parts, most: int, strategy: str, allowed=None) -> list[Part] | None:
     """Re-place work holding ``parts`` at the largest size up to ``most`` that fits; None if it cannot grow."""
     scratch = cluster.copy()
     _give_parts(scratch, request, parts)
 
     def fits(count):
-        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy)
+        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy, allowed=allowed)
 
     low, high, best = request.gpu_count, most, None
     while low < high:  # the largest count that fits, above the current one (fitting is monotone in the count)
