@@ -46,7 +46,7 @@ def main():
     began = time.perf_counter()
     philly_jct._JOBS.extend(read_jobs(philly_jct.TRACE))
     start_day, days = (87, 1) if args.quick else (args.start_day, args.days)
-    rigid, gpus = philly_jct.window(start_day, days, args.load)
+    rigid, gpus, load = philly_jct.window(start_day, days, args.load)
     elastic = [replace(j, elastic_min=j.gpu_count // 2) if j.gpu_count >= 2 else j for j in rigid]
     tasks = [(jobs, gpus, args.restart_s, args.resize_interval_s) for jobs in (rigid, elastic)]
     with ProcessPoolExecutor(2) as pool:
@@ -59,7 +59,7 @@ def main():
                 "jobs": len(rigid),
                 "elastic_jobs": sum(j.elastic_min is not None for j in elastic),
                 "gpus": gpus,
-                "offered_load": args.load,
+                "offered_load": load,
                 "restart_s": args.restart_s,
                 "resize_interval_s": args.resize_interval_s,
                 "rigid_avg_jct_s": round(r.avg_jct),

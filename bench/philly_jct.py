@@ -42,7 +42,13 @@ TRACE = _setup.TRACES / "philly.csv"
 PER_NODE = 8
 # (name, first day, days, target offered load)
 TUNE = [("tune-d56", 56, 1.5, 1.2), ("tune-d63", 63, 1.5, 1.2)]
-REPORT = [("d28", 28, 2, 1.0), ("d49", 49, 1.5, 1.5), ("d70", 70, 2, 1.6), ("d87-most-wide", 87, 3, 1.2)]
+REPORT = [
+    ("d28", 28, 2, 1.0),
+    ("d49", 49, 1.5, 1.5),
+    ("d70", 70, 2, 1.6),
+    ("d87-most-wide", 87, 3, 1.2),  # the three days with the most jobs wider than a node (28)
+    ("d95-widest", 95, 6, 1.2),  # six of the nine 64- and 128-card jobs: the cluster is 128 cards, load below target
+]
 QUICK_TUNE = [("tune-d56-quick", 56, 1, 1.5)]
 QUICK_REPORT = [("d87-quick", 87, 1, 1.5)]
 # Each knob's values tried alone (the first is the default). idle_weight is left out: Philly carries no
@@ -78,12 +84,12 @@ def window(start_day: float, days: float, load: float):
     jobs = [j for j in _JOBS if begin <= j.submit < end]
     work = sum(min(j.duration, end - j.submit) * j.gpu_count for j in jobs)
     nodes = max(math.ceil(work / (load * days * 86400) / PER_NODE), 4, math.ceil(max(j.gpu_count for j in jobs) / 8))
-    return jobs, nodes * PER_NODE
+    return jobs, nodes * PER_NODE, round(work / (nodes * PER_NODE * days * 86400), 2)
 
 
 def run(task: tuple) -> dict:
     name, start_day, days, load, policy, knobs, label = task
-    jobs, gpus = window(start_day, days, load)
+    jobs, gpus, load = window(start_day, days, load)
     started = time.perf_counter()
     result = simulate(jobs, uniform_nodes(gpus, PER_NODE), policy=policy, config=config_with(knobs))
     seconds = time.perf_counter() - started
@@ -140,11 +146,13 @@ def main():
     parser.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     parser.add_argument("--quick", action="store_true", help="one-day windows and two knobs (a smoke run)")
     parser.add_argument("--stage", choices=("all", "tune", "report"), default="all")
+    parser.add_argument("--only", nargs="*", help="report stage: only these report windows (by name)")
     parser.add_argument("--knobs", type=json.loads, default={}, help="report stage: knobs as JSON (default: defaults)")
     args = parser.parse_args()
     began = time.perf_counter()
     _JOBS.extend(read_jobs(TRACE))
     tune, report, knobs = (QUICK_TUNE, QUICK_REPORT, QUICK_KNOBS) if args.quick else (TUNE, REPORT, KNOBS)
+    report = [w for w in report if not args.only or w[0] in args.only]
     errors = 0
 
     def emit(result):
