@@ -20,6 +20,9 @@ One JSON line per run, per window and per sensitivity value; the last line is th
 
     python bench/philly_jct.py [--jobs 2] [--quick] [--stage all|tune|report] [--knobs '{"starvation_s": 21600}']
 
+The whole run (tune, then the report windows) took about 15 minutes of wall time with --jobs 2 on the
+2-core shared VM under load from other work (1 Dec 2026); --quick about 20 s.
+
 ``--stage tune`` prints the sensitivity table and the chosen knobs; ``--stage report --knobs ...`` runs the
 report windows with given knobs (both stages together are ``all``, the default).
 """
