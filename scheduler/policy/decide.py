@@ -16,6 +16,7 @@ import numpy as np
 from scheduler.policy.cluster import WHOLE_CARD, ClusterState
 from scheduler.policy.mlfq import MlfqConfig, Work, level_of
 from scheduler.policy.placement import TaskType, choose
+from scheduler.policy.shortage import host_shortage
 
 
 @dataclass
@@ -247,7 +248,7 @@ def decide(
             held[work.user] += r.gpus
             team_held[work.team] += r.gpus
             continue
-        blocked.setdefault(shape, _no_room(work))
+        blocked.setdefault(shape, host_shortage(cluster, r) or _no_room(work))
         reason = blocked[shape]
         search = (shape, level, work.preemptible)
         if freeing and shape not in fits_after:
