@@ -301,6 +301,14 @@ SIGNUP_CREDIT = env.str("SIGNUP_CREDIT", default="0")
 # GPU hosts. GPU_BACKEND is "nvml", "sim:<N>x<MODEL>,..." or "auto" (NVML, else simulated).
 GPU_BACKEND = env.str("GPU_BACKEND", default="auto")
 SIM_GPU_DEFAULT = env.str("SIM_GPU_DEFAULT", default="sim:4xRTX3090,4xA100-80GB")
+# How a fraction of a card is enforced (scheduler/node/mps.py): "mps" (an MPS daemon per shared card, limits
+# set in the server), "off" (the share is only advertised to the container), "auto" (mps on real cards).
+GPU_SHARE_ENFORCE = env.str("GPU_SHARE_ENFORCE", default="auto")
+if GPU_SHARE_ENFORCE not in ("auto", "mps", "off"):
+    raise environ.ImproperlyConfigured(f"GPU_SHARE_ENFORCE must be auto, mps or off, got {GPU_SHARE_ENFORCE!r}")
+MPS_DIR = env.str("MPS_DIR", default="/run/gpucloud/mps")
+MPS_CONTROL = env.str("MPS_CONTROL", default="nvidia-cuda-mps-control")
+NVIDIA_SMI = env.str("NVIDIA_SMI", default="nvidia-smi")
 NODE_NAME = env.str("NODE_NAME", default="")
 NODE_CPUS = env.int("NODE_CPUS", default=0)  # 0: the host's own count
 NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memory

@@ -21,7 +21,7 @@ from django.conf import settings
 from scheduler import registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
-from scheduler.node import collector, disks
+from scheduler.node import collector, disks, mps
 from scheduler.node.sharedfs import user_dir_on_host
 
 LABEL = "gpucloud"
@@ -36,6 +36,7 @@ class CardShare:
     uuid: str
     milli: int
     memory_mb: int
+    card_memory_mb: int = 0
 
 
 @functools.cache
@@ -86,6 +87,10 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
     if shares:
         environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
         environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={s.memory_mb}M" for i, s in enumerate(shares))
+    # ...and the card's MPS server enforces it, where the tenant cannot unset it (scheduler/node/mps.py).
+    mps_volumes, mps_environment = mps.client_spec(node, shares)
+    volumes.update(mps_volumes)
+    environment.update(mps_environment)
     host_cpus = os.cpu_count() or 1
     cpu_cores, memory_mb = workload.held_cpu_cores, workload.held_memory_mb
     if cpu_cores > host_cpus:
