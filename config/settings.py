@@ -431,6 +431,13 @@ FENCE_CHECK_S = env.int("FENCE_CHECK_S", default=10)
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)
+# What a container sees of its host (scheduler/node/hostview.py): pinned to as many cores as it holds, so
+# nproc says so; LXCFS's /proc files ("auto": where LXCFS is mounted at LXCFS_DIR, "on": required, "off").
+INSTANCE_CPUSET = env.bool("INSTANCE_CPUSET", default=True)
+INSTANCE_LXCFS = env.str("INSTANCE_LXCFS", default="auto")
+if INSTANCE_LXCFS not in ("auto", "on", "off"):
+    raise environ.ImproperlyConfigured(f"INSTANCE_LXCFS must be auto, on or off, got {INSTANCE_LXCFS!r}")
+LXCFS_DIR = env.str("LXCFS_DIR", default="/var/lib/lxcfs")
 # Data volumes of exactly disk_gb (loop-mounted ext4 in sparse files under VOLUMES_DIR; the agent
 # needs root). Off by default in development; production turns it on (docker-compose does).
 INSTANCE_DISK_QUOTA = env.bool("INSTANCE_DISK_QUOTA", default=False)

@@ -21,7 +21,7 @@ from django.conf import settings
 from scheduler import registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
-from scheduler.node import collector, disks, mps
+from scheduler.node import collector, disks, hostview, mps
 from scheduler.node.sharedfs import user_dir_on_host
 
 LABEL = "gpucloud"
@@ -90,6 +90,7 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
     # ...and the card's MPS server enforces it, where the tenant cannot unset it (scheduler/node/mps.py).
     mps_volumes, mps_environment = mps.client_spec(node, shares)
     volumes.update(mps_volumes)
+    volumes.update(hostview.lxcfs_volumes())  # free and /proc show the container's own limits
     environment.update(mps_environment)
     host_cpus = os.cpu_count() or 1
     cpu_cores, memory_mb = workload.held_cpu_cores, workload.held_memory_mb
@@ -211,7 +212,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None) -> str:
         existing = None
     if existing is not None and _same_setup(existing, spec):
         if existing.status != "running":
-            existing.start()
+            hostview.container_start(client, existing, spec)
         return existing.id
     if existing is not None:
         existing.stop(timeout=settings.INSTANCE_STOP_GRACE_S)
@@ -220,7 +221,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None) -> str:
         spec = {**spec, "image": snapshot.id}
     data_volume_ensure(workload, node_name=spec["labels"][f"{LABEL}.node"])
     _ensure_image(spec["image"])
-    container = client.containers.create(**spec)
+    container = hostview.container_create(client, spec)  # pinned to its own cores
     if code is not None:
         _code_extract(container, code)
     container.start()

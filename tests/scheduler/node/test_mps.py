@@ -18,7 +18,6 @@ from scheduler.node import launcher, mps
 from scheduler.node.agent import agent_launch
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.lifecycle import allocations_free
-from tests.conftest import make_node, remove_node_containers
 from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db
@@ -61,10 +60,8 @@ def tools(tmp_path, settings, monkeypatch):
 
 
 @pytest.fixture
-def node():
-    node = make_node("sim:1xRTX3090")
-    yield node
-    remove_node_containers(node.name)
+def node(sim_node):
+    return sim_node("sim:1xRTX3090")
 
 
 def launch(user, node, milli, image):
