@@ -438,6 +438,13 @@ INSTANCE_LXCFS = env.str("INSTANCE_LXCFS", default="auto")
 if INSTANCE_LXCFS not in ("auto", "on", "off"):
     raise environ.ImproperlyConfigured(f"INSTANCE_LXCFS must be auto, on or off, got {INSTANCE_LXCFS!r}")
 LXCFS_DIR = env.str("LXCFS_DIR", default="/var/lib/lxcfs")
+# Disk I/O caps per card held (scheduler/node/diskio.py; 0: none) on INSTANCE_IO_DEVICES (default: the disks
+# under Docker's data root and VOLUMES_DIR); the I/O weight (100 per card) is set where the kernel has one.
+INSTANCE_IO_READ_MBPS = env.int("INSTANCE_IO_READ_MBPS", default=0)
+INSTANCE_IO_WRITE_MBPS = env.int("INSTANCE_IO_WRITE_MBPS", default=0)
+INSTANCE_IO_READ_IOPS = env.int("INSTANCE_IO_READ_IOPS", default=0)
+INSTANCE_IO_WRITE_IOPS = env.int("INSTANCE_IO_WRITE_IOPS", default=0)
+INSTANCE_IO_DEVICES = env.list("INSTANCE_IO_DEVICES", default=[])
 # Data volumes of exactly disk_gb (loop-mounted ext4 in sparse files under VOLUMES_DIR; the agent
 # needs root). Off by default in development; production turns it on (docker-compose does).
 INSTANCE_DISK_QUOTA = env.bool("INSTANCE_DISK_QUOTA", default=False)

@@ -21,7 +21,7 @@ from django.conf import settings
 from scheduler import registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
-from scheduler.node import collector, disks, hostview, mps
+from scheduler.node import collector, diskio, disks, hostview, mps
 from scheduler.node.sharedfs import user_dir_on_host
 
 LABEL = "gpucloud"
@@ -42,6 +42,12 @@ class CardShare:
 @functools.cache
 def docker_client() -> docker.DockerClient:
     return docker.DockerClient(base_url=settings.DOCKER_BASE_URL, timeout=120)
+
+
+@functools.cache
+def docker_root() -> str:
+    """The engine's data root (its layers and volumes), as the host sees it."""
+    return docker_client().info()["DockerRootDir"]
 
 
 def container_spec(workload, *, node, shares: list[CardShare], with_code: bool = False) -> dict:
@@ -125,6 +131,7 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
         volumes=volumes,
         log_config=log_config(),
     )
+    spec.update(diskio.io_options(workload.gpu_share, diskio.devices(docker_root())))
     if with_code:
         spec["working_dir"] = settings.JOB_CODE_PATH
     if settings.INSTANCE_NETWORK_MODE == "fenced":
