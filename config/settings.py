@@ -449,6 +449,11 @@ INSTANCE_IO_DEVICES = env.list("INSTANCE_IO_DEVICES", default=[])
 # needs root). Off by default in development; production turns it on (docker-compose does).
 INSTANCE_DISK_QUOTA = env.bool("INSTANCE_DISK_QUOTA", default=False)
 VOLUMES_DIR = env.str("VOLUMES_DIR", default=str(VAR_DIR / "volumes"))
+# The system disk (the container's writable layer), as AutoDL sizes it; set where the engine's storage driver
+# takes a size per container (btrfs, zfs: scheduler/node/disks.py). 0: unlimited.
+INSTANCE_SYSTEM_DISK_GB = env.int("INSTANCE_SYSTEM_DISK_GB", default=30)
+# A host whose disk (the engine's data root, measured at each heartbeat) has less free than this takes no new work.
+NODE_DISK_MIN_FREE_GB = env.int("NODE_DISK_MIN_FREE_GB", default=20)
 INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
 # The users' shared file storage (scheduler/sharedfs.py): one JuiceFS volume that every GPU host
 # mounts at SHARED_FS_MOUNT; each user's directory users/<id> (with a quota of SHARED_FS_QUOTA_GB)

@@ -45,9 +45,14 @@ def docker_client() -> docker.DockerClient:
 
 
 @functools.cache
+def engine_info() -> dict:
+    """The engine's own description (data root, storage driver), read once."""
+    return docker_client().info()
+
+
 def docker_root() -> str:
     """The engine's data root (its layers and volumes), as the host sees it."""
-    return docker_client().info()["DockerRootDir"]
+    return engine_info()["DockerRootDir"]
 
 
 def container_spec(workload, *, node, shares: list[CardShare], with_code: bool = False) -> dict:
@@ -132,6 +137,7 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
         log_config=log_config(),
     )
     spec.update(diskio.io_options(workload.gpu_share, diskio.devices(docker_root())))
+    spec.update(disks.system_disk_options(engine_info()["Driver"]))  # the writable layer's size, where it can be set
     if with_code:
         spec["working_dir"] = settings.JOB_CODE_PATH
     if settings.INSTANCE_NETWORK_MODE == "fenced":

@@ -3,7 +3,7 @@
 import pytest
 
 from scheduler.models import WorkloadStatus
-from scheduler.node import diskio, launcher
+from scheduler.node import diskio, disks, launcher
 from scheduler.node.agent import agent_launch
 from scheduler.services.allocation import Share, allocation_create
 from tests.scheduler.factories import workload
@@ -67,3 +67,11 @@ def test_an_instances_caps_reach_its_cgroup(settings, user, node, base_image):
     assert host["BlkioDeviceReadBps"] == [{"Path": disk, "Rate": 20 * MB}]
     throttle = container.exec_run(["cat", "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device"]).output.decode()
     assert throttle.split()[-1] == str(4 * MB)
+
+
+def test_the_system_disk_is_sized_only_where_the_storage_driver_takes_a_size(settings):
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
+    assert disks.system_disk_options("btrfs") == {"storage_opt": {"size": "30G"}}
+    assert disks.system_disk_options("overlay2") == {}
+    settings.INSTANCE_SYSTEM_DISK_GB = 0
+    assert disks.system_disk_options("btrfs") == {}
