@@ -22,7 +22,7 @@
 # var/cluster), CLUSTER_WEB_PORT, CLUSTER_CARDS_<I> (host I's cards), CLUSTER_NODE_CPUS and
 # CLUSTER_NODE_MEMORY_MB (what each simulated host advertises: they share this machine's),
 # CLUSTER_AGENT_CONCURRENCY (tasks each agent runs at once, default 2), CLUSTER_DOCKER_DISK_GB (each
-# host's Docker data root: a btrfs filesystem with quotas in a sparse loop file of this size, default 20,
+# host's Docker data root: a btrfs filesystem with quotas in a sparse loop file of this size, default 64,
 # so containers' system disks have a size; 0: a plain directory), N, PYTHON. Any other setting of the platform (NODE_HEARTBEAT_S, ...) the caller sets reaches
 # every process.
 set -euo pipefail
@@ -279,7 +279,7 @@ host_net_up() {
 }
 
 host_data_root() { # host_data_root <i>: a btrfs filesystem with quotas for the engine's data (loop file, sparse)
-  local i=$1 gb=${CLUSTER_DOCKER_DISK_GB:-20} root=$DIR/h$i/docker image=$DIR/h$i/docker.btrfs
+  local i=$1 gb=${CLUSTER_DOCKER_DISK_GB:-64} root=$DIR/h$i/docker image=$DIR/h$i/docker.btrfs
   mkdir -p "$root"
   ((gb > 0)) || return 0
   mountpoint -q "$root" && return 0
@@ -471,7 +471,7 @@ preflight() {
   need redis-server redis-server
   need redis-cli redis-tools
   need curl curl
-  ((${CLUSTER_DOCKER_DISK_GB:-20} == 0)) || need mkfs.btrfs btrfs-progs
+  ((${CLUSTER_DOCKER_DISK_GB:-64} == 0)) || need mkfs.btrfs btrfs-progs
   [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need busybox busybox-static
   [ -n "$PG_BIN" ] || { need psql postgresql; PG_BIN=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -1); }
   mkdir -p "$DIR" "$LOG" "$RUN"
