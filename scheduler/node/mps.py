@@ -31,10 +31,11 @@ Why MPS, and this way (the choice issue 18 asked for):
 
 A card is in MPS mode only while it holds fractions: a whole-card launch takes the daemon down and puts
 the card back in ``DEFAULT`` mode (the scheduler never places a whole card beside a fraction). Shares
-round down to the namespace step (below one step, one step). ``bench/gpu_check.sh`` checks all of this on a real card; its two
-0.5 shares share the namespace ``s500``, so it also shows that a namespace's limits hold per client (each
-near half the card) rather than for the namespace's clients together (if they did, a namespace per
-container, made with the daemon's ``namespace`` commands at launch, would replace the per-size ones).
+round down to the namespace step (below one step, one step). ``bench/gpu_check.sh`` checks all of this
+on a real card; its two 0.5 shares share the namespace ``s500``, so it also shows that a namespace's
+limits hold per client (each near half the card) rather than for its clients together (if they did, a
+namespace per container, made with the daemon's ``namespace`` commands at launch, would replace the
+per-size ones).
 Not covered: a container running several CUDA processes (each process is a client, each limited to the
 share), and copy-engine bandwidth.
 """
