@@ -14,7 +14,8 @@ MB = 1024 * 1024
 
 @pytest.fixture
 def node(sim_node):
-    return sim_node("sim:2xRTX3090")
+    """Two RTX 3090s (indexes 0, 1) and an A100 of simulated cards; its containers go afterwards."""
+    return sim_node
 
 
 def launched(user, node, image, milli=1000, **fields):

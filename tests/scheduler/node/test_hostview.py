@@ -19,7 +19,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def node(sim_node):
-    return sim_node("sim:2xRTX3090")
+    """Two RTX 3090s (indexes 0, 1) and an A100 of simulated cards; its containers go afterwards."""
+    return sim_node
 
 
 @pytest.fixture

@@ -61,11 +61,12 @@ def tools(tmp_path, settings, monkeypatch):
 
 @pytest.fixture
 def node(sim_node):
-    return sim_node("sim:1xRTX3090")
+    """Two RTX 3090s (indexes 0, 1) and an A100 of simulated cards; its containers go afterwards."""
+    return sim_node
 
 
 def launch(user, node, milli, image):
-    card = node.gpus.get()
+    card = node.gpus.get(index=0)
     w = workload(user, gpu_milli=milli, image_ref=image, memory_mb=256)
     assert allocation_create(
         workload=w, node_id=node.pk, shares=[Share(card.pk, milli, card.memory_mb * milli // 1000)]
@@ -82,7 +83,7 @@ def run_in(w, command: str) -> str:
 
 
 def test_a_fraction_starts_its_cards_daemon_in_exclusive_mode_with_a_limit_per_share(tools, node, user, base_image):
-    card = node.gpus.get()
+    card = node.gpus.get(index=0)
     w = launch(user, node, 400, base_image)
     assert w.status == WorkloadStatus.RUNNING, w.status_reason
 
@@ -133,7 +134,7 @@ def test_a_second_fraction_on_the_card_reuses_its_daemon(tools, node, user, base
 
 
 def test_a_whole_card_takes_the_daemon_down_and_the_card_back_to_default_mode(tools, node, user, base_image):
-    card = node.gpus.get()
+    card = node.gpus.get(index=0)
     fraction = launch(user, node, 500, base_image)
     launcher.container_remove(fraction)
     with transaction.atomic():
@@ -152,7 +153,7 @@ def test_a_daemon_that_does_not_start_fails_the_launch_naming_the_card(tools, no
     monkeypatch.setenv("MPS_FAKE_FAIL", "An MPS control daemon is already running")
     w = launch(user, node, 400, base_image)
     assert w.status == WorkloadStatus.FAILED
-    assert node.gpus.get().uuid in w.status_reason
+    assert node.gpus.get(index=0).uuid in w.status_reason
     assert "already running" in w.status_reason
     assert launcher.containers_on_node(node.name) == {}
 
