@@ -15,7 +15,7 @@ from scheduler.policy.placement import Request, _eligible_cards, _eligible_nodes
 def host_shortage(cluster: ClusterState, request: Request) -> str:
     """Why ``request`` does not fit when some node has the cards for it but not its CPU or memory; "" when the
     cards themselves are short (or the request spans several nodes: the caller's own reason stands)."""
-    if getattr(request, "nodes", None) not in (None, 1):
+    if request.nodes not in (None, 1):
         return ""
     # Nodes with the cards (the pinned one only), whatever their free CPU and memory.
     pinned_only = _eligible_nodes(cluster, replace(request, cpu=0, memory_mb=0))
