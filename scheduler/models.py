@@ -57,6 +57,15 @@ class Node(models.Model):
     drain_deadline = models.DateTimeField(
         null=True, blank=True, help_text="While draining: work still running then is stopped (jobs are requeued)."
     )
+    disk_total_gb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Size of the disk holding its containers and data disks (agent's report)."
+    )
+    disk_free_gb = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Free on that disk at the last heartbeat; below NODE_DISK_MIN_FREE_GB "
+        "the scheduler places nothing new here.",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -20,7 +20,7 @@ from config.messages import ToNode, ToScheduler, send
 from scheduler import sharedfs
 from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
-from scheduler.node import collector, disks, launcher, network, worklogs
+from scheduler.node import collector, disks, launcher, mps, network, worklogs
 from scheduler.node.gpus import discover
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
@@ -34,7 +34,7 @@ S = WorkloadStatus
 
 def _shares(workload: Workload) -> list[launcher.CardShare]:
     allocations = Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index")
-    return [launcher.CardShare(a.gpu.uuid, a.milli, a.memory_mb) for a in allocations]
+    return [launcher.CardShare(a.gpu.uuid, a.milli, a.memory_mb, a.gpu.memory_mb) for a in allocations]
 
 
 _launching: set[int] = set()
@@ -70,9 +70,9 @@ def _launch(workload_id: int) -> None:
         if sharedfs.enabled():
             user_dir_ready(workload.owner_id)  # the owner's files, under its quota on this host too
         code = workload_code_archive(workload.pk) if workload.kind == WorkloadKind.JOB else None
-        spec = launcher.container_spec(
-            workload, node=workload.node, shares=_shares(workload), with_code=code is not None
-        )
+        shares = _shares(workload)
+        spec = launcher.container_spec(workload, node=workload.node, shares=shares, with_code=code is not None)
+        mps.cards_prepare(workload.node, shares)
         collector.settle(workload.container_name)  # the last run's output is stored before this run begins
         run = _run_begin(workload)
         container_id = launcher.container_launch(workload, spec, code=code)

@@ -28,7 +28,7 @@ from django.db.models.functions import Now
 
 from scheduler.clock import AgentClock, db_now
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadStatus
-from scheduler.node import launcher
+from scheduler.node import disks, launcher
 from scheduler.node.agent import agent_release, agent_stop
 from scheduler.node.selffence import SelfFence, report_pending
 from scheduler.services.lifecycle import workload_transition
@@ -254,7 +254,7 @@ def heartbeat_forever(
     """
     while not stop.wait(settings.NODE_HEARTBEAT_S):
         try:
-            status = node_heartbeat(name=node_name, epoch=epoch)
+            status = node_heartbeat(name=node_name, epoch=epoch, disk=disks.host_disk_gb(launcher.docker_root))
             if clock is not None:
                 clock.measure()
             if fence is not None:

@@ -54,6 +54,7 @@ from scheduler.policy.placement import (
     gang_plan,
     is_gang,
 )
+from scheduler.policy.shortage import host_shortage
 
 
 @dataclass
@@ -350,7 +351,9 @@ def decide(
             if choices is not None:
                 place(work, r, choices)
                 break
-            blocked.setdefault(key, _no_room(r, gang) + (" outside reserved nodes" if mask_key else ""))
+            blocked.setdefault(
+                key, (host_shortage(cluster, r) or _no_room(r, gang)) + (" outside reserved nodes" if mask_key else "")
+            )
         else:
             reason = blocked[key]
             shape = _shape(r)
