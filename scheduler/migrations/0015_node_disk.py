@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0013_logs_runs'),
+        ('scheduler', '0014_restart_claim'),
     ]
 
     operations = [
