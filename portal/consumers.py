@@ -1,8 +1,9 @@
 """WebSockets: a user's instance status changes, and live GPU stats for those who may see them.
 
-Monitor sockets first send ``{"type": "history", "samples": [...]}`` (the
-recent documents from Redis, so a chart draws at once on open and on
-reconnect), then each new sample document as it is published. They refuse
+Monitor sockets first send ``{"type": "history", "samples": [...]}`` (a compact
+backfill from Redis — points over the last 15 minutes cut to what the charts draw,
+then the newest sample whole: ``streams.backfill_read`` — so a chart draws at once
+on open and on reconnect), then each new sample document as it is published. They refuse
 with a close code: 4401 not signed in, 4403 not staff, 4404 no such instance
 of yours.
 """
@@ -102,7 +103,7 @@ class InstanceMonitorConsumer(MonitorConsumer):
         workload_id = workload_id.first()
         if workload_id is None:
             return None
-        return [messages.workload_group(workload_id)], lambda: streams.history_read(
+        return [messages.workload_group(workload_id)], lambda: streams.backfill_read(
             streams.workload_stream(workload_id)
         )
 
@@ -116,7 +117,7 @@ class NodeMonitorConsumer(MonitorConsumer):
         name = self.scope["url_route"]["kwargs"]["node"]
         if not Node.objects.filter(name=name).exists():
             return None
-        return [messages.node_group(name)], lambda: streams.history_read(streams.node_stream(name))
+        return [messages.node_group(name)], lambda: streams.backfill_read(streams.node_stream(name))
 
 
 class ClusterMonitorConsumer(MonitorConsumer):
