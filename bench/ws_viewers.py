@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -64,6 +65,24 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def answered(url: str) -> None:
+    """Wait until the server at ``url`` completes a handshake (it refuses the anonymous: that is an answer)."""
+    from websockets.sync.client import connect
+
+    for _ in range(240):
+        try:
+            with connect(url, open_timeout=5, additional_headers={"Origin": ORIGIN}):
+                return
+        except (OSError, TimeoutError):
+            time.sleep(0.25)
+    raise SystemExit(f"no WebSocket server answered at {url}")
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
 
 
 # --- setup (the orchestrating process) -------------------------------------------------------------
@@ -255,7 +274,7 @@ def main():
     parser.add_argument("--viewers", type=int, default=1000)
     parser.add_argument("--processes", type=int, default=10, help="client processes")
     parser.add_argument("--seconds", type=float, default=30, help="measured window")
-    parser.add_argument("--servers", type=int, default=1, help="daphne processes (sharing one listening socket)")
+    parser.add_argument("--servers", type=int, default=1, help="daphne processes (config/websocket_server.py)")
     parser.add_argument("--quick", action="store_true", help="50 viewers in 2 processes for 10 s")
     parser.add_argument("--role", choices=["publisher", "anchor", "clients"], help=argparse.SUPPRESS)
     parser.add_argument("--url", nargs="*", help=argparse.SUPPRESS)
@@ -277,15 +296,10 @@ def main():
     logs = _setup.ROOT / "var" / "log"
     logs.mkdir(parents=True, exist_ok=True)
     server_log = open(logs / "bench-ws-viewers-daphne.log", "w")  # noqa: SIM115  (kept for the processes)
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", ws_port))
-    listener.listen(1024)
-    servers = [
-        spawn(["-m", "daphne", "--fd", str(listener.fileno()), "config.asgi:application"], env,
-              pass_fds=[listener.fileno()], stdout=server_log, stderr=subprocess.STDOUT)
-        for _ in range(args.servers)
-    ]  # fmt: skip
+    server = spawn(
+        ["-m", "config.websocket_server", "--processes", str(args.servers), "-b", "127.0.0.1", "-p", str(ws_port),
+         "config.asgi:application"], env, stdout=server_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
     script = str(_setup.ROOT / "bench" / "ws_viewers.py")
     anchor_server = spawn([script, "--role", "anchor", "--url", str(anchor_port)], env)
     errors: list[str] = []
@@ -296,7 +310,8 @@ def main():
                 if probe.connect_ex(("127.0.0.1", anchor_port)) == 0:
                     break
             time.sleep(0.25)
-        time.sleep(3)  # daphne loads Django
+        answered(f"ws://127.0.0.1:{ws_port}/ws/monitor/nodes/{NODE}/")  # daphne has loaded Django
+        time.sleep(2)  # and so have the others
         publishing = spawn(
             [script, "--role", "publisher", "--url", f"ws://127.0.0.1:{anchor_port}"], env, stdout=subprocess.PIPE
         )
@@ -317,10 +332,11 @@ def main():
                 errors.append(f"client process {proc.pid} did not get ready")
         time.sleep(2)  # past the connect storm
         start = time.time()
-        cpu_before = [cpu_seconds(s.pid) for s in [*servers, anchor_server]]
+        servers = [*children(server.pid), anchor_server.pid]
+        cpu_before = [cpu_seconds(pid) for pid in servers]
         time.sleep(args.seconds)
         end = time.time()
-        cpu_after = [cpu_seconds(s.pid) for s in [*servers, anchor_server]]
+        cpu_after = [cpu_seconds(pid) for pid in servers]
         time.sleep(3)  # the window's last samples arrive
         results = []
         for proc in processes:
@@ -333,7 +349,10 @@ def main():
         publishing.send_signal(signal.SIGTERM)
         published = json.loads(publishing.communicate(timeout=30)[0])
     finally:
-        for proc in [*processes, *servers, anchor_server, *([publishing] if publishing else [])]:
+        server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(20)
+        for proc in [*processes, server, anchor_server, *([publishing] if publishing else [])]:
             if proc.poll() is None:
                 proc.kill()
     window = {t for t in published["published"] if start <= t <= end}
