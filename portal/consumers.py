@@ -9,7 +9,9 @@ of yours.
 """
 
 import asyncio
+import logging
 
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
@@ -19,6 +21,7 @@ from portal.monitor_fanout import Watcher, fanout
 from scheduler.models import Node
 from scheduler.telemetry import streams
 
+log = logging.getLogger(__name__)
 NOT_SIGNED_IN, NOT_STAFF, NOT_FOUND = 4401, 4403, 4404
 
 
@@ -76,7 +79,11 @@ class MonitorConsumer(AsyncWebsocketConsumer):
             self.groups_joined.append(group)
             await fanout().join(group, self.watcher)
         await self.accept()
-        samples = await asyncio.to_thread(backfill)  # Redis only: no need to queue for the database thread
+        try:
+            samples = await asyncio.to_thread(backfill)  # Redis only: no need to queue for the database thread
+        except redis.RedisError as exc:  # the chart starts empty and fills live: no reason to drop the socket
+            log.warning("monitor backfill unreadable: %s", exc)
+            samples = []
         await self.send(text_data='{"type":"history","samples":[' + ",".join(samples) + "]}")
         await self.watcher.open()
 

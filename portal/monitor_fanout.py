@@ -88,7 +88,12 @@ class Fanout:
             return
         channel.set_result(name)
         while True:
-            message = await self.layer.receive(name)
+            try:
+                message = await self.layer.receive(name)
+            except Exception:  # Redis away for a moment: the layer reconnects; this group's sockets wait for it
+                log.exception("monitor samples of %s: receive failed", group)
+                await asyncio.sleep(1)
+                continue
             if message.get("type") != messages.TELEMETRY_SAMPLE:
                 continue
             text = message["doc"]

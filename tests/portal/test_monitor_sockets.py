@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+import redis
 import websockets
 
 from scheduler.telemetry import streams
@@ -33,6 +34,16 @@ def node(user):
     return node
 
 
+def sample(sampler) -> dict:
+    """One sample, from a thread of the test's event loop (its database connection closed after)."""
+    from django.db import connection
+
+    try:
+        return sampler.sample_once()
+    finally:
+        connection.close()
+
+
 def headers(user) -> dict:
     return {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
 
@@ -47,11 +58,11 @@ def test_every_viewer_gets_its_backfill_then_each_sample_once_in_order(web_serve
     async def scenario():
         sockets = [await websockets.connect(url, additional_headers=h) for h in viewers]
         backfills = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for ws in sockets]
-        published = [(await asyncio.to_thread(sampler.sample_once))["t"] for _ in range(4)]
+        published = [(await asyncio.to_thread(sample, sampler))["t"] for _ in range(4)]
         received = [[json.loads(await asyncio.wait_for(ws.recv(), 10))["t"] for _ in published] for ws in sockets]
         for ws in sockets[: VIEWERS // 2]:  # half of them leave: the others still get what follows
             await ws.close()
-        later = (await asyncio.to_thread(sampler.sample_once))["t"]
+        later = (await asyncio.to_thread(sample, sampler))["t"]
         after = [json.loads(await asyncio.wait_for(ws.recv(), 10))["t"] for ws in sockets[VIEWERS // 2 :]]
         for ws in sockets[VIEWERS // 2 :]:
             await ws.close()
@@ -93,3 +104,31 @@ def test_a_socket_opened_after_a_long_history_gets_a_bounded_backfill(web_server
     assert times == sorted(times) and times[0] <= newest["t"] - 100, "the points span the window"
     point = max(len(json.dumps(s, separators=(",", ":"))) for s in samples[:-1])
     assert len(text) <= 20 * point + len(json.dumps(newest, separators=(",", ":"))) + 64
+
+
+def test_a_backfill_that_cannot_be_read_opens_the_socket_empty_and_samples_still_come(node, staff, monkeypatch):
+    from channels.testing import WebsocketCommunicator
+
+    from config.asgi import application
+
+    def unreadable(key):
+        raise redis.ConnectionError("Redis away")
+
+    monkeypatch.setattr(streams, "backfill_read", unreadable)
+    sampler = Sampler(node, backend=SimulatedBackend(), docker_client=None)
+    cookie = session_cookie(staff).encode()
+
+    async def scenario():
+        headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1"), (b"cookie", cookie)]
+        socket = WebsocketCommunicator(application, f"/ws/monitor/nodes/{node.name}/", headers=headers)
+        connected, _ = await socket.connect(timeout=10)
+        backfill = json.loads(await socket.receive_from(timeout=10))
+        t = (await asyncio.to_thread(sample, sampler))["t"]
+        live = json.loads(await socket.receive_from(timeout=10))
+        await socket.disconnect()
+        return connected, backfill, t, live
+
+    connected, backfill, t, live = asyncio.run(scenario())
+    sampler.close()
+    assert connected and backfill == {"type": "history", "samples": []}
+    assert live["t"] == t
