@@ -385,6 +385,10 @@ TELEMETRY_INTERVAL_S = env.float("TELEMETRY_INTERVAL_S", default=1.0)
 if TELEMETRY_INTERVAL_S < 0.25:
     raise environ.ImproperlyConfigured(f"TELEMETRY_INTERVAL_S must be at least 0.25, not {TELEMETRY_INTERVAL_S}")
 TELEMETRY_HISTORY_S = env.int("TELEMETRY_HISTORY_S", default=15 * 60)  # full rate, in Redis
+# A monitor socket's first message: this many points over that window (what a chart draws), then live samples.
+TELEMETRY_BACKFILL_POINTS = env.int("TELEMETRY_BACKFILL_POINTS", default=120)
+if TELEMETRY_BACKFILL_POINTS < 1:
+    raise environ.ImproperlyConfigured(f"TELEMETRY_BACKFILL_POINTS must be at least 1, not {TELEMETRY_BACKFILL_POINTS}")
 TELEMETRY_RETENTION_DAYS = env.int("TELEMETRY_RETENTION_DAYS", default=90)  # minute rollups, in the database
 TELEMETRY_NVML_PCIE = env.bool("TELEMETRY_NVML_PCIE", default=True)  # 2 x 20 ms per card per sample
 # Bearer token Prometheus sends to /metrics; empty: /metrics answers only to staff sessions.
