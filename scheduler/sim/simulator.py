@@ -90,6 +90,7 @@ def simulate(
     first_start: dict[int, float] = {}
     done: dict[int, float] = {}
     duration = {j.id: j.duration for j in jobs}
+    utilization = {j.id: j.utilization for j in jobs}
     waiting: dict[int, Work] = {}
     running: dict[int, Work] = {}
     completions: list[tuple[float, int, int]] = []  # (time, version, id)
@@ -123,7 +124,7 @@ def simulate(
         share = cluster.allocated_share()
         allocated_area += share * (t - now)
         for work in running.values():
-            accrue(work, t - now, None, config)
+            accrue(work, t - now, utilization[work.id], config)
             executed[work.id] += t - now
         now = t
         if timeline_every and now >= next_sample:

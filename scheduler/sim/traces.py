@@ -30,6 +30,7 @@ class TraceJob:
     group_cap: int | None = None
     fallback_after: int | None = None  # preemptions after which spot work runs on-demand
     fallback_at: float | None = None  # trace time from which it does
+    utilization: float | None = None  # its GPUs' average utilization while it runs (0..1); None: unknown
 
 
 def detect(path: str | Path) -> str:
