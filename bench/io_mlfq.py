@@ -17,7 +17,10 @@ Prints one JSON line per discipline, then the summary:
 ``target_met``: the idle weighting lowers the low-utilization jobs' average JCT against plain
 LAS without raising the overall average by more than 5 %.
 
-    python bench/io_mlfq.py [--start-day 28] [--days 7] [--gpus 256] [--seed 0] [--quick]
+``--rollups DATABASE_URL`` replays instead the per-workload averages the platform's own minute
+rollups (``WorkloadGpuMinute``) hold in that database (``scheduler.selectors.workload_utilizations``).
+
+    python bench/io_mlfq.py [--start-day 28] [--days 7] [--gpus 256] [--seed 0] [--rollups URL] [--quick]
 """
 
 import argparse
@@ -30,7 +33,7 @@ import _setup
 from scheduler.policy.mlfq import MlfqConfig
 from scheduler.sim.simulator import simulate, uniform_nodes
 from scheduler.sim.traces import read_jobs
-from scheduler.sim.utilization import PAI_2020, attach
+from scheduler.sim.utilization import PAI_2020, Distribution, attach, measured
 
 TRACE = _setup.TRACES / "philly.csv"
 POLICIES = {
@@ -51,6 +54,20 @@ def averages(result, jobs, low: float) -> dict:
     return out
 
 
+def rollup_distribution(database_url: str) -> Distribution:
+    import os
+    import secrets
+
+    import django
+
+    os.environ.update(DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="config.settings", LOG_LEVEL="WARNING")
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(40))
+    django.setup()
+    from scheduler.selectors import workload_utilizations
+
+    return measured(workload_utilizations(), name="rollups", source="WorkloadGpuMinute")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start-day", type=float, default=28)
@@ -58,13 +75,15 @@ def main():
     parser.add_argument("--gpus", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0, help="seed of the utilization drawn for each job")
     parser.add_argument("--low", type=float, default=0.30, help="below this utilization a job counts as low")
+    parser.add_argument("--rollups", metavar="DATABASE_URL", help="replay the utilization its rollups measured")
     parser.add_argument("--quick", action="store_true", help="one day on 64 GPUs (a smoke run)")
     args = parser.parse_args()
+    distribution = rollup_distribution(args.rollups) if args.rollups else PAI_2020
     if args.quick:
         args.days, args.gpus = 1, 64
     jobs = [j for j in read_jobs(TRACE, min_duration=60, max_gpus=8) if j.duration * j.gpu_count < 1000 * 3600]
     begin = args.start_day * 86400
-    window = attach([j for j in jobs if begin <= j.submit < begin + args.days * 86400], PAI_2020, seed=args.seed)
+    window = attach([j for j in jobs if begin <= j.submit < begin + args.days * 86400], distribution, seed=args.seed)
     load = sum(j.duration * j.gpu_count for j in window) / (args.gpus * args.days * 86400)
     errors = 0
     jct = {}
@@ -90,7 +109,8 @@ def main():
         ),
         "gpus": args.gpus,
         "offered_load": round(load, 2),
-        "distribution": PAI_2020.name,
+        "distribution": distribution.name,
+        "distribution_mean": round(distribution.mean(), 3),
         "seed": args.seed,
         "avg_jct_s": jct,
         "mlfq_low_vs_las": ratio("mlfq", "las", "low"),

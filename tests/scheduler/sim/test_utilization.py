@@ -1,10 +1,16 @@
 """Per-job utilization for trace replay: the distribution, the seeded generator, and the simulator's accrual."""
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
+from scheduler.models import WorkloadGpuMinute
+from scheduler.selectors import workload_utilizations
 from scheduler.sim.simulator import simulate, uniform_nodes
 from scheduler.sim.traces import TraceJob
 from scheduler.sim.utilization import PAI_2020, Distribution, attach, measured
+from tests.conftest import make_node
+from tests.scheduler.factories import workload
 
 
 def test_the_pai_distribution_keeps_the_published_quantiles():
@@ -61,3 +67,18 @@ def test_idle_work_accrues_service_slower_and_keeps_its_card():
     # Unknown utilization (and plain LAS) count every second: at 1 h it sinks and the busy job evicts it.
     assert unknown.done[0] > 4 * 3600 - 60 and unknown.preemptions == 1
     assert plain_las.done[0] == unknown.done[0]
+
+
+@pytest.mark.django_db
+def test_the_rollups_give_each_workload_its_average_and_the_simulator_replays_them(user):
+    gpu = make_node("sim:1xRTX3090").gpus.get()
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    for utils in ([0.1, 0.3] * 6, [0.9] * 12, [1.0] * 3):  # the last one measured too briefly
+        w = workload(user)
+        WorkloadGpuMinute.objects.bulk_create(
+            WorkloadGpuMinute(minute=start + timedelta(minutes=i), gpu=gpu, workload=w, samples=60, util_avg=u)
+            for i, u in enumerate(utils)
+        )
+    values = workload_utilizations(min_minutes=10)
+    assert values == [pytest.approx(0.2), pytest.approx(0.9)]
+    assert {j.utilization for j in attach([TraceJob(i, 0, 60, 1) for i in range(50)], measured(values))} == {0.2, 0.9}
