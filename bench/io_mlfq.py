@@ -17,10 +17,13 @@ Prints one JSON line per discipline, then the summary:
 ``target_met``: the idle weighting lowers the low-utilization jobs' average JCT against plain
 LAS without raising the overall average by more than 5 %.
 
-``--rollups DATABASE_URL`` replays instead the per-workload averages the platform's own minute
-rollups (``WorkloadGpuMinute``) hold in that database (``scheduler.selectors.workload_utilizations``).
+``--sweep`` also runs the product's MLFQ with each knob of the idle weighting moved (``idle_weight``
+0.1 and 0.5, ``idle_util`` 0.1 and 0.5) and with the utilization drawn with two other seeds, one line
+each (plain LAS ignores utilization, so its run is shared). ``--rollups DATABASE_URL`` replays
+instead the per-workload averages the platform's own minute rollups (``WorkloadGpuMinute``) hold
+in that database (``scheduler.selectors.workload_utilizations``).
 
-    python bench/io_mlfq.py [--start-day 28] [--days 7] [--gpus 256] [--seed 0] [--rollups URL] [--quick]
+    python bench/io_mlfq.py [--start-day 28] [--days 7] [--gpus 256] [--seed 0] [--sweep] [--rollups URL] [--quick]
 """
 
 import argparse
@@ -68,6 +71,25 @@ def rollup_distribution(database_url: str) -> Distribution:
     return measured(workload_utilizations(), name="rollups", source="WorkloadGpuMinute")
 
 
+def sweep(window, distribution, las, args) -> int:
+    """The product's MLFQ with one knob of the idle weighting moved, or other seeds: against plain LAS."""
+    base = MlfqConfig()
+    variants = [(f"idle_weight={w}", replace(base, idle_weight=w), args.seed) for w in (0.1, 0.5)]
+    variants += [(f"idle_util={u}", replace(base, idle_util=u), args.seed) for u in (0.1, 0.5)]
+    variants += [(f"seed={s}", base, s) for s in (args.seed + 1, args.seed + 2)]
+    unfinished = 0
+    for name, config, seed in variants:
+        jobs = window if seed == args.seed else attach(window, distribution, seed=seed)
+        result = simulate(jobs, uniform_nodes(args.gpus), policy="mlfq", config=config)
+        unfinished += result.jobs - result.finished
+        # With the low threshold moved, "low" moves with it: the jobs the knob treats as idle.
+        low = config.idle_util if name.startswith("idle_util") else args.low
+        mine, theirs = averages(result, jobs, low), averages(las, jobs, low)
+        ratios = {f"{g}_vs_las": round(mine[g] / theirs[g], 3) if mine[g] and theirs[g] else None for g in mine}
+        print(json.dumps({"variant": name, "low_below": low, **ratios, "avg_jct_s": mine}), flush=True)
+    return unfinished
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start-day", type=float, default=28)
@@ -76,6 +98,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0, help="seed of the utilization drawn for each job")
     parser.add_argument("--low", type=float, default=0.30, help="below this utilization a job counts as low")
     parser.add_argument("--rollups", metavar="DATABASE_URL", help="replay the utilization its rollups measured")
+    parser.add_argument("--sweep", action="store_true", help="also move each knob of the idle weighting")
     parser.add_argument("--quick", action="store_true", help="one day on 64 GPUs (a smoke run)")
     args = parser.parse_args()
     distribution = rollup_distribution(args.rollups) if args.rollups else PAI_2020
@@ -86,14 +109,16 @@ def main():
     window = attach([j for j in jobs if begin <= j.submit < begin + args.days * 86400], distribution, seed=args.seed)
     load = sum(j.duration * j.gpu_count for j in window) / (args.gpus * args.days * 86400)
     errors = 0
-    jct = {}
+    jct, results = {}, {}
     for name, (policy, config) in POLICIES.items():
         started = time.perf_counter()
-        result = simulate(window, uniform_nodes(args.gpus), policy=policy, config=config)
+        result = results[name] = simulate(window, uniform_nodes(args.gpus), policy=policy, config=config)
         errors += result.jobs - result.finished
         jct[name] = averages(result, window, args.low)
         line = {"discipline": name, **result.summary(), "avg_jct_s": jct[name]}
         print(json.dumps(line | {"seconds": round(time.perf_counter() - started, 1)}), flush=True)
+    if args.sweep:
+        errors += sweep(window, distribution, results["las"], args)
 
     def ratio(a, b, group):
         return round(jct[a][group] / jct[b][group], 3) if jct[a][group] and jct[b][group] else None
