@@ -36,9 +36,9 @@ from django.db.models import Max, Q, Sum
 from django.utils import timezone
 
 from billing.enforcement import month_start
-from billing.models import MeterSegment
-from billing.rating import Shape, charge_lines
-from billing.settlement import shape_of, timeline_for, timelines
+from billing.models import MeterSegment, RateCard, SpotPrice
+from billing.rating import Shape, Timeline, charge_lines
+from billing.settlement import rate_of, shape_of
 from scheduler.models import WorkloadGpuMinute
 from scheduler.policy.cluster import WHOLE_CARD
 
@@ -110,14 +110,15 @@ def peak_of(workload, *, since: datetime) -> Peak | None:
 def saving_this_month(workload, gpus: Decimal, *, now: datetime) -> Decimal:
     """This month's GPU running time charged as it was, less the same time at ``gpus`` cards."""
     start = month_start(now)
-    timeline = timeline_for(timelines(), workload.gpu_model)
-    if timeline is None:
-        return ZERO
     segments = MeterSegment.objects.filter(workload=workload, no_gpu=False, started_at__lt=now).filter(
         Q(ended_at__isnull=True) | Q(ended_at__gt=start)
     )
+    segments = list(segments.select_related("workload"))
+    timeline = _timeline(workload.gpu_model, start) if segments else None
+    if timeline is None:
+        return ZERO
     saved = ZERO
-    for segment in segments.select_related("workload"):
+    for segment in segments:
         shape = shape_of(segment)
         window = {"started_at": max(segment.started_at, start), "ended_at": min(segment.ended_at or now, now)}
         try:
@@ -125,6 +126,16 @@ def saving_this_month(workload, gpus: Decimal, *, now: datetime) -> Decimal:
         except LookupError:  # no rate card in force then: nothing was charged, nothing to save
             continue
     return max(saved, ZERO)
+
+
+def _timeline(gpu_model: str, start: datetime) -> Timeline | None:
+    """``billing.settlement.timeline_for`` for one GPU type, with only the spot prices in force since ``start``."""
+    cards = list(RateCard.objects.filter(gpu_model=gpu_model)) or list(RateCard.objects.filter(gpu_model=""))
+    if not cards:
+        return None
+    spot = SpotPrice.objects.filter(gpu_model=gpu_model).values_list("effective_from", "card_hour")
+    before = spot.filter(effective_from__lt=start).order_by("-effective_from")[:1]
+    return Timeline([rate_of(card) for card in cards], [*before, *spot.filter(effective_from__gte=start)])
 
 
 def _charged(shape: Shape, window: dict, timeline) -> Decimal:

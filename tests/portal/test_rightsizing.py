@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from billing.models import MeterSegment, RateCard
+from billing.models import MeterSegment, RateCard, SpotPrice
 from portal.models import Instance
 from portal.rightsizing import instance_rightsizing, share_needed
 from scheduler.models import WorkloadGpuMinute, WorkloadStatus
@@ -60,8 +60,8 @@ def measured(instance, node, *, util: float, memory_mb: int, minutes: int = 90, 
     )
 
 
-def ran(instance, start: datetime, end: datetime | None, *, no_gpu=False) -> None:
-    MeterSegment.objects.create(workload=instance.workload, started_at=start, ended_at=end, no_gpu=no_gpu)
+def ran(instance, start: datetime, end: datetime | None, *, no_gpu=False, spot=False) -> None:
+    MeterSegment.objects.create(workload=instance.workload, started_at=start, ended_at=end, no_gpu=no_gpu, spot=spot)
 
 
 def test_the_share_needed_rounds_up_to_the_grid_with_headroom():
@@ -96,6 +96,21 @@ def test_a_whole_card_used_at_a_quarter_is_told_a_third_of_a_card_and_the_saving
     # Billing's own rules, hour by hour: a card-hour 1.58; 0.3 of one 0.474 -> 0.47 (2 cores and 8 GB
     # fit its allotment of 2.4 cores and 9.6 GB). 12 hours of 1.11.
     assert suggestion.saving == Decimal("13.32") and suggestion.currency == "CNY"
+
+
+def test_spot_time_saves_at_the_spot_price_in_force(node, catalog, user):
+    instance = instance_on(node, catalog, user)
+    measured(instance, node, util=0.25, memory_mb=4000)
+    SpotPrice.objects.create(
+        gpu_model="RTX3090", effective_from=datetime(2026, 11, 15, tzinfo=UTC), card_hour=Decimal("0.70"), load=0.5
+    )
+    SpotPrice.objects.create(
+        gpu_model="RTX3090", effective_from=datetime(2026, 12, 19, tzinfo=UTC), card_hour=Decimal("0.80"), load=0.9
+    )
+    ran(instance, datetime(2026, 12, 1, 0, tzinfo=UTC), datetime(2026, 12, 1, 1, tzinfo=UTC), spot=True)  # at 0.70
+    ran(instance, datetime(2026, 12, 20, 0, tzinfo=UTC), datetime(2026, 12, 20, 2, tzinfo=UTC), spot=True)  # at 0.80
+    # 0.70 - 0.21, then twice 0.80 - 0.24.
+    assert instance_rightsizing(instance, now=NOW).saving == Decimal("1.61")
 
 
 def test_a_card_used_fully_keeps_its_card(node, catalog, user):
