@@ -82,11 +82,12 @@ def sweep(window, distribution, las, args) -> int:
         jobs = window if seed == args.seed else attach(window, distribution, seed=seed)
         result = simulate(jobs, uniform_nodes(args.gpus), policy="mlfq", config=config)
         unfinished += result.jobs - result.finished
-        # With the low threshold moved, "low" moves with it: the jobs the knob treats as idle.
-        low = config.idle_util if name.startswith("idle_util") else args.low
-        mine, theirs = averages(result, jobs, low), averages(las, jobs, low)
+        mine, theirs = averages(result, jobs, args.low), averages(las, jobs, args.low)
         ratios = {f"{g}_vs_las": round(mine[g] / theirs[g], 3) if mine[g] and theirs[g] else None for g in mine}
-        print(json.dumps({"variant": name, "low_below": low, **ratios, "avg_jct_s": mine}), flush=True)
+        # And the jobs this variant treats as idle (below its own idle_util).
+        idle, idle_las = averages(result, jobs, config.idle_util)["low"], averages(las, jobs, config.idle_util)["low"]
+        ratios["idle_vs_las"] = round(idle / idle_las, 3) if idle and idle_las else None
+        print(json.dumps({"variant": name, **ratios, "avg_jct_s": mine}), flush=True)
     return unfinished
 
 
