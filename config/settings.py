@@ -391,6 +391,16 @@ if TELEMETRY_BACKFILL_POINTS < 1:
     raise environ.ImproperlyConfigured(f"TELEMETRY_BACKFILL_POINTS must be at least 1, not {TELEMETRY_BACKFILL_POINTS}")
 TELEMETRY_RETENTION_DAYS = env.int("TELEMETRY_RETENTION_DAYS", default=90)  # minute rollups, in the database
 TELEMETRY_NVML_PCIE = env.bool("TELEMETRY_NVML_PCIE", default=True)  # 2 x 20 ms per card per sample
+# Right-sizing (portal/rightsizing.py): the share that would have held an instance's peak of the last
+# RIGHTSIZING_WINDOW_DAYS, with this much headroom, once RIGHTSIZING_MIN_MINUTES minutes are measured.
+RIGHTSIZING_HEADROOM_PERCENT = env.int("RIGHTSIZING_HEADROOM_PERCENT", default=20)
+RIGHTSIZING_MIN_MINUTES = env.int("RIGHTSIZING_MIN_MINUTES", default=60)
+RIGHTSIZING_WINDOW_DAYS = env.int("RIGHTSIZING_WINDOW_DAYS", default=30)
+if RIGHTSIZING_HEADROOM_PERCENT < 0 or RIGHTSIZING_MIN_MINUTES < 1 or RIGHTSIZING_WINDOW_DAYS < 1:
+    raise environ.ImproperlyConfigured(
+        "RIGHTSIZING_HEADROOM_PERCENT must be at least 0, "
+        "RIGHTSIZING_MIN_MINUTES and RIGHTSIZING_WINDOW_DAYS at least 1"
+    )
 # Bearer token Prometheus sends to /metrics; empty: /metrics answers only to staff sessions.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 

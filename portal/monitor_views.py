@@ -18,6 +18,7 @@ from portal import selectors
 from portal.connect import services_of
 from portal.housekeeping import release_due_at
 from portal.logs import logs_panel
+from portal.rightsizing import instance_rightsizing
 from portal.shortcuts import or_404
 from scheduler.models import Allocation, WorkloadGpuMinute
 from scheduler.selectors import gpu_models_summary, node_list
@@ -98,5 +99,6 @@ def instance_detail(request, instance_id: int):
             "services": services_of(workload),
             "move": workload.moves.select_related("source", "target").first(),
             "can_move": bool(settings.REGISTRY),
+            "rightsizing": instance_rightsizing(instance),
         },
     )

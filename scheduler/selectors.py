@@ -3,9 +3,9 @@
 from collections import Counter
 
 from django.conf import settings
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Avg, Count, Prefetch, Q
 
-from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus
+from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus, WorkloadGpuMinute
 from scheduler.policy import CardSpec, NodeSpec
 
 
@@ -79,3 +79,14 @@ def fit_problem(*, gpu_model: str, gpu_count: int, cpu_cores: int, memory_mb: in
         most = max(n.memory_mb for n in with_cards) // 1024
         return "memory_mb", f"no {gpu_model} node has that much memory (at most {most} GB)"
     return None
+
+
+def workload_utilizations(*, since=None, min_minutes: int = 10) -> list[float]:
+    """Each workload's average GPU utilization of its share over its measured minutes (the minute rollups),
+    for workloads measured at least ``min_minutes``: the distribution the simulator can replay
+    (``scheduler.sim.utilization.measured``)."""
+    rows = WorkloadGpuMinute.objects.filter(util_avg__isnull=False)
+    if since is not None:
+        rows = rows.filter(minute__gte=since)
+    per_workload = rows.values("workload").annotate(u=Avg("util_avg"), n=Count("minute", distinct=True))
+    return [row["u"] for row in per_workload.filter(n__gte=min_minutes).order_by("workload")]

@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from portal.connect import services_of
 from portal.models import GpuType, Image, Instance, Job
+from portal.rightsizing import instance_rightsizing
 
 
 class GpuTypeOutput(serializers.ModelSerializer):
@@ -116,19 +117,40 @@ class InstanceOutput(WorkloadFields, serializers.ModelSerializer):
         ]
 
 
+class RightsizingOutput(serializers.Serializer):
+    gpus = serializers.DecimalField(max_digits=4, decimal_places=1, help_text="The share that would have held it.")
+    holds = serializers.DecimalField(max_digits=4, decimal_places=1, help_text="What it holds.")
+    peak_gpu = serializers.FloatField(help_text="Cards' worth of compute in its busiest minute.")
+    peak_memory_mb = serializers.IntegerField(help_text="GPU memory in its fullest minute.")
+    minutes = serializers.IntegerField(help_text="Minutes measured.")
+    headroom_percent = serializers.IntegerField()
+    since = serializers.DateTimeField(help_text="Measured since.")
+    saving_this_month = serializers.DecimalField(max_digits=12, decimal_places=2)
+    currency = serializers.CharField()
+
+
 class InstanceDetailOutput(InstanceOutput):
     """One instance, with how to reach its published services (lists leave them out: a hot path)."""
 
     services = serializers.SerializerMethodField(
         help_text="Published services of a running instance: name, port inside, host, host_port, address."
     )
+    rightsizing = serializers.SerializerMethodField(
+        help_text="The smallest share that would have held its observed peak with headroom, and what it would have "
+        "saved this month; null: not enough measured, or it needs what it holds."
+    )
 
     class Meta(InstanceOutput.Meta):
-        fields = [*InstanceOutput.Meta.fields, "services"]
+        fields = [*InstanceOutput.Meta.fields, "services", "rightsizing"]
 
     @extend_schema_field(ServiceOutput(many=True))
     def get_services(self, instance) -> list:
         return services_of(instance.workload)
+
+    @extend_schema_field(RightsizingOutput(allow_null=True))
+    def get_rightsizing(self, instance) -> dict | None:
+        suggestion = instance_rightsizing(instance)
+        return None if suggestion is None else suggestion.as_dict()
 
 
 class JobOutput(WorkloadFields, serializers.ModelSerializer):

@@ -127,6 +127,7 @@ def simulate(
     base = {j.id: j.gpu_count for j in jobs}
     speed: dict[int, float] = {}  # seconds of trace time per second: cards now / trace cards (1 if rigid)
     resizes = 0
+    utilization = {j.id: j.utilization for j in jobs}
     waiting: dict[int, Work] = {}
     running: dict[int, Work] = {}
     completions: list[tuple[float, int, int]] = []  # (time, version, id)
@@ -162,7 +163,7 @@ def simulate(
         share = cluster.allocated_share()
         allocated_area += share * (t - now)
         for work in running.values():
-            accrue(work, t - now, None, config)
+            accrue(work, t - now, utilization[work.id], config)
             executed[work.id] += (t - now) * speed[work.id]
         now = t
         if timeline_every and now >= next_sample:

@@ -32,6 +32,7 @@ class TraceJob:
     fallback_at: float | None = None  # trace time from which it does
     # Elastic: it may run on elastic_min..gpu_count cards (None: rigid, always gpu_count).
     elastic_min: int | None = None
+    utilization: float | None = None  # its GPUs' average utilization while it runs (0..1); None: unknown
 
 
 def detect(path: str | Path) -> str:
