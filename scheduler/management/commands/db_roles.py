@@ -44,6 +44,7 @@ from scheduler.models import (
     WorkloadCode,
     WorkloadEvent,
     WorkloadGpuMinute,
+    WorkloadMember,
     WorkloadRun,
 )
 from scheduler.telemetry.rollups import FIELDS as ROLLUP_FIELDS
@@ -54,6 +55,8 @@ OWN_NODE = "(SELECT n.id FROM scheduler_node n WHERE n.name = {name})"
 # (a stopped instance's disk, a preempted job's checkpoint): what the agent settles and releases.
 OWN_WORK = "(SELECT w.id FROM scheduler_workload w WHERE coalesce(w.node_id, w.pinned_node_id) = {own})"
 OWN_CARDS = "(SELECT g.id FROM scheduler_gpu g WHERE g.node_id = {own})"
+# Gangs with a member on the node: it launches that member (reading the gang's code), nothing more.
+MEMBER_OF = "(SELECT m.workload_id FROM scheduler_workloadmember m WHERE m.node_id = {own})"
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,15 @@ NODE_ACCESS = {
     Instance: NodeAccess("SELECT"),
     Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
     # A job's code, extracted into its container at launch: the host of that job's only.
-    WorkloadCode: NodeAccess("SELECT", rows="workload_id IN " + OWN_WORK, read_own=True),
+    WorkloadCode: NodeAccess(
+        "SELECT", rows="workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF, read_own=True
+    ),
+    # A gang's member on this node: its container's state, written by this node's agent only.
+    WorkloadMember: NodeAccess(
+        "SELECT",
+        update=("status", "container_id", "address", "exit_code", "reason", "changed_at"),
+        rows="node_id = {own}",
+    ),
     # Minute rollups, upserted (an agent restarted mid-minute).
     GpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
     WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
