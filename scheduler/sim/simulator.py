@@ -52,6 +52,13 @@ class SimResult:
         return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k not in hidden}
 
 
+def _give_back(cluster: ClusterState, work: Work) -> None:
+    """Every part of the work's capacity (a gang's on each of its nodes)."""
+    r = work.request
+    for node, cards in work.parts:
+        cluster.give(node, cards, r.gpu_milli, r.cpu, r.memory_mb)
+
+
 def uniform_nodes(gpus: int, per_node: int = 8, model: str = "GPU") -> list[NodeSpec]:
     count = math.ceil(gpus / per_node)
     return [
@@ -135,7 +142,7 @@ def simulate(
             if version.get(job_id) != v or job_id not in running:
                 continue
             work = running.pop(job_id)
-            cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            _give_back(cluster, work)
             done[job_id] = now
             runs.setdefault(job_id, []).append((*run_start.pop(job_id), now))
         while evictions and evictions[0][0] <= now:
@@ -143,12 +150,12 @@ def simulate(
             work = running.pop(job_id, None)
             if work is None:
                 continue  # finished during its grace period
-            cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            _give_back(cluster, work)
             runs.setdefault(job_id, []).append((*run_start.pop(job_id), now))
             work.preemptions += 1
             executed[job_id] = max(executed[job_id], executed_before_launch[job_id])  # evicted while launching
             version[job_id] = version.get(job_id, 0) + 1
-            work.node, work.cards, work.stopping = None, [], False
+            work.node, work.cards, work.rest, work.stopping = None, [], [], False
             work.waiting_since = now
             waiting[job_id] = work
         while next_arrival < len(arrivals) and arrivals[next_arrival].submit <= now:
@@ -195,6 +202,7 @@ def simulate(
         for place in decisions.place:
             work = waiting.pop(place.work_id)
             work.node, work.cards, work.started = place.node, place.cards, now
+            work.rest = [(p.node, p.cards) for p in place.rest]
             running[work.id] = work
             run_start[work.id] = (now, work.spot)
             first_start.setdefault(work.id, now)
