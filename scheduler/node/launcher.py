@@ -54,9 +54,6 @@ class Rendezvous:
         return max(len(self.hosts), 1)
 
 
-# The name every member gives rank 0: the other members' containers resolve it to rank 0's host address,
-# rank 0's own to loopback (a tenant cannot reach its own host's address through the fence).
-MASTER_NAME = "gpucloud-master"
 HOSTFILE = "/etc/gpucloud/hostfile"
 
 
@@ -66,14 +63,16 @@ def rendezvous_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dic
     WORLD_SIZE counts every card of the work (one process per card), LOCAL_WORLD_SIZE / NPROC_PER_NODE
     this node's; RANK is the global rank of this node's first process (torchrun sets each process's own).
     AUTO_TMPDIR is the folder that survives preemption, stop and resume (the seed's Lightning template
-    saves its checkpoints there)."""
+    saves its checkpoints there). A gang's MASTER_ADDR is rank 0's host address for the other members and
+    loopback for rank 0 itself, which listens on its container's every address (a tenant never reaches
+    its own host's address: the fence); GPUCLOUD_MASTER_HOST is rank 0's host address for all."""
     gang = rendezvous.nnodes > 1
     if workload.kind == WorkloadKind.JOB:
         keep = checkpoint_dir(workload, gang=gang)
     else:
         keep = settings.INSTANCE_DATA_PATH
     return {
-        "MASTER_ADDR": MASTER_NAME if gang else "127.0.0.1",
+        "MASTER_ADDR": rendezvous.master_host if gang and rendezvous.rank else "127.0.0.1",
         "MASTER_PORT": str(rendezvous.master_port),
         "WORLD_SIZE": str(workload.gpu_count),
         "RANK": str(rendezvous.rank * local_cards),
@@ -198,8 +197,6 @@ def container_spec(
     if gang:
         # Rank 0's rendezvous port, published on its host's address for the other members (whose own
         # host's fence lets exactly them through to it: scheduler/node/gangs.py).
-        master = "127.0.0.1" if rendezvous.rank == 0 else rendezvous.master_host
-        spec["extra_hosts"] = {MASTER_NAME: master}
         if rendezvous.rank == 0 and settings.INSTANCE_NETWORK_MODE != "none":
             port = rendezvous.master_port
             spec["ports"] = {f"{port}/tcp": (rendezvous.master_host, port)}

@@ -75,3 +75,30 @@ def test_an_instance_stays_on_one_node(api, catalog, two_nodes):
 def test_an_outsider_sees_no_members_of_someone_elses_gang(api, outsider_api, catalog, two_nodes):
     job_id = post(api, catalog, gpus="4", nodes=2).data["id"]
     assert outsider_api.get(f"/api/v1/jobs/{job_id}/").status_code == 404
+
+
+def test_the_console_form_takes_nodes_and_the_page_shows_each_member(client, user, catalog, two_nodes):
+    client.force_login(user)
+    form = {
+        "name": "wide",
+        "gpu_type": catalog["rtx3090"].pk,
+        "image": catalog["image"].pk,
+        "gpus": "4",
+        "nodes": "2",
+        "cpu_cores": 1,
+        "memory_gb": 1,
+        "command": "true",
+        "priority": 1,
+    }
+    response = client.post("/jobs/new/", form)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    job = Job.objects.get()
+    assert (job.workload.gpu_count, job.workload.nodes) == (4, 2)
+    a, b = two_nodes
+    parts = [[Share(c.pk, 1000, c.memory_mb) for c in n.gpus.all()] for n in (a, b)]
+    assert allocations_create([Placement(job.workload, a.pk, parts[0], rest=(Part(b.pk, parts[1]),))])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Members: 2 nodes" in page and a.name in page and b.name in page
+    assert f"1: {b.name}" in client.get("/jobs/").content.decode()  # one row, its members on it
+    uneven = client.post("/jobs/new/", form | {"gpus": "3"})
+    assert uneven.status_code == 200 and 'data-field="nodes"' in uneven.content.decode()

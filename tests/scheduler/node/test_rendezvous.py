@@ -67,7 +67,7 @@ def test_the_users_own_variables_never_override_the_contract(user, node):
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["AUTO_TMPDIR"] != "/tmp"
 
 
-def test_a_gang_member_finds_rank_0_by_name_on_rank_0s_host_and_rank_0_publishes_the_port(user, node, settings):
+def test_a_gang_member_finds_rank_0_on_rank_0s_host_and_rank_0_publishes_the_port(user, node, settings):
     settings.SHARED_FS_META, settings.SHARED_FS_MOUNT = "postgres://meta", "/mnt/fs"  # gangs checkpoint there
     settings.INSTANCE_NETWORK_MODE = "fenced"
     job = workload(user, kind="job", gpu_count=4)
@@ -76,20 +76,23 @@ def test_a_gang_member_finds_rank_0_by_name_on_rank_0s_host_and_rank_0_publishes
     spec = launcher.container_spec(job, node=node, shares=shares(2), rendezvous=rank1, name="member-1")
     env = spec["environment"]
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == (
-        launcher.MASTER_NAME,
+        "10.9.0.11",
         "29517",
         "4",
         "2",
     )
     assert (env["NODE_RANK"], env["NNODES"], env["LOCAL_WORLD_SIZE"]) == ("1", "2", "2")
-    assert spec["extra_hosts"] == {launcher.MASTER_NAME: "10.9.0.11"} and "ports" not in spec
+    assert env["GPUCLOUD_MASTER_HOST"] == "10.9.0.11" and "ports" not in spec
     assert spec["name"] == "member-1" and spec["labels"]["gpucloud.rank"] == "1"
     assert env["AUTO_TMPDIR"] == env["GPUCLOUD_CHECKPOINT_DIR"] == f"/root/autodl-fs/checkpoints/{job.uid}"
     assert launcher.hostfile(job, rank1) == b"10.9.0.11 slots=2\n10.9.0.12 slots=2\n"
 
     rank0 = launcher.Rendezvous(rank=0, hosts=hosts, master_host="10.9.0.11", master_port=29517)
     spec = launcher.container_spec(job, node=node, shares=shares(2), rendezvous=rank0)
-    assert spec["extra_hosts"] == {launcher.MASTER_NAME: "127.0.0.1"}
+    assert (spec["environment"]["MASTER_ADDR"], spec["environment"]["GPUCLOUD_MASTER_HOST"]) == (
+        "127.0.0.1",  # rank 0 listens in its own container
+        "10.9.0.11",
+    )
     assert spec["ports"] == {"29517/tcp": ("10.9.0.11", 29517)}  # on its host's address only
 
 
