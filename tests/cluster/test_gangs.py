@@ -51,6 +51,7 @@ def member_logs(cluster, uid: str, member: dict) -> str:
     return cluster.engine(int(member["node"][1:])).containers.get(name).logs().decode(errors="replace")
 
 
+@pytest.mark.timeout(600)  # the cluster's start (the session's fixture) counts too
 def test_a_gang_all_reduces_across_two_hosts_and_resumes_as_one_after_a_members_host_is_cut_off(cluster):
     cluster.add_host(5, "sim:4xRTX3090")  # a third host of RTX 3090s (with h1 and h3) to resume on
     body = cluster.work_body("RTX3090", gpus=2, nodes=2, command=ALL_REDUCE)
@@ -108,7 +109,14 @@ def test_a_gang_all_reduces_across_two_hosts_and_resumes_as_one_after_a_members_
                 "SELECT from_status, to_status, reason FROM scheduler_workloadevent WHERE workload_id = %s ORDER BY id",
                 (workload,),
             )
-            raise AssertionError(f"the gang did not finish: {history}; now {gang_state(cluster, job_id)}") from None
+            members_now = cluster.sql(
+                "SELECT rank, node_name, status, exit_code, reason FROM scheduler_workloadmember "
+                "WHERE workload_id = %s ORDER BY rank",
+                (workload,),
+            )
+            raise AssertionError(
+                f"the gang did not finish: {history}; members {members_now}; now {gang_state(cluster, job_id)}"
+            ) from None
     finally:
         in_host(cluster, cut_host, "iptables", "-D", "OUTPUT", "-d", f"10.{cluster.net}.0.1", "-j", "DROP")
     assert done["status"] == "succeeded", done
