@@ -31,6 +31,7 @@ from scheduler.models import (
 )
 from scheduler.node import collector, disks, gangs, launcher, network, worklogs
 from scheduler.node.gpus import discover
+from scheduler.node.iptables import IptablesError
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
 from scheduler.services import gangs as gang_service
@@ -171,7 +172,11 @@ def _launch_member(workload: Workload, members: list[WorkloadMember], member: Wo
         launcher.container_stop(name, grace_s=settings.INSTANCE_STOP_GRACE_S)
         return
     if settings.INSTANCE_NETWORK_MODE == "fenced":
-        gangs.gang_rules_sync(member.node_name)
+        try:
+            gangs.gang_rules_sync(member.node_name)
+        except IptablesError as exc:  # it could never reach rank 0: the gang stops (and starts again)
+            member.refresh_from_db()
+            gang_service.member_exited(member, exit_code=None, reason=f"cannot reach rank 0 through the fence: {exc}")
 
 
 def _run_begin(workload: Workload) -> int:
@@ -255,7 +260,7 @@ def _stop_member(workload: Workload, member: WorkloadMember) -> None:
         exit_code = None
     gang_service.member_stopped(member, exit_code=exit_code, reason=workload.status_reason)
     if settings.INSTANCE_NETWORK_MODE == "fenced":
-        gangs.gang_rules_sync(member.node_name)
+        gangs.gang_rules_sync_logged(member.node_name)
 
 
 def agent_restart(workload_id: int) -> None:
@@ -270,6 +275,8 @@ def agent_release(workload_id: int) -> None:
     if workload is None or workload.status != S.RELEASING:
         return
     launcher.container_remove(workload)
+    if sharedfs.enabled() and workload.kind == WorkloadKind.JOB:
+        gangs.checkpoint_dir_remove(workload)  # a gang's checkpoints on the shared storage go with it
     workload_transition(workload, to=S.RELEASED, allowed_from=[S.RELEASING], reason="released", finished_at=Now())
 
 

@@ -17,6 +17,7 @@ published port like any other (Docker's own rules).
 import ipaddress
 import logging
 import os
+import shutil
 
 from django.conf import settings
 
@@ -75,6 +76,14 @@ def gang_rules_sync(node_name: str) -> int:
     return len(rules)
 
 
+def gang_rules_sync_logged(node_name: str) -> None:
+    """The same where a failure must not stop the caller (a reconcile, a stop): the next reconcile retries."""
+    try:
+        gang_rules_sync(node_name)
+    except IptablesError:
+        pass  # logged by gang_rules_sync
+
+
 def chain_lines(chains) -> list[str]:
     """What the fence's installation adds for this chain: that it exists (empty at first; in the IPv6 table
     it stays empty), never emptying it when the fence is installed again."""
@@ -87,6 +96,15 @@ def checkpoint_dir_ensure(workload) -> str:
     path = os.path.join(user_dir_on_host(workload.owner_id), relative)
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def checkpoint_dir_remove(workload) -> None:
+    """Delete the gang's checkpoint folder from the shared storage (the job is deleted); none is fine."""
+    path = os.path.join(
+        user_dir_on_host(workload.owner_id),
+        launcher.checkpoint_dir(workload, gang=True)[len(settings.SHARED_FS_PATH.rstrip("/")) + 1 :],
+    )
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def old_members_remove(workload, *, keep: str) -> None:

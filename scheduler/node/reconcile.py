@@ -49,7 +49,7 @@ def agent_reconcile(node_name: str) -> list[int]:
     changed += _settle_overdue(node_name, containers, now)
     _fence(node_name, containers, volumes)
     if settings.INSTANCE_NETWORK_MODE == "fenced":
-        gangs.gang_rules_sync(node_name)  # no member's way through the fence outlives it
+        gangs.gang_rules_sync_logged(node_name)  # no member's way through the fence outlives it
     return changed
 
 

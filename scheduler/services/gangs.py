@@ -196,11 +196,22 @@ def gangs_of_lost_node(node, *, why: str) -> list[int]:
 
 
 def gangs_step_all() -> None:
-    """The reconciliation beat's pass: step every gang that is on the move, and stop gangs whose start has
-    overrun ``TRANSITION_DEADLINE_S`` (a member's launch never came back)."""
-    overdue = db_now() - timedelta(seconds=settings.TRANSITION_DEADLINE_S)
+    """The reconciliation beat's pass: step every gang that is on the move, stop gangs whose start has
+    overrun ``TRANSITION_DEADLINE_S`` (a member's launch never came back), and end those past their
+    maximum runtime."""
+    now = db_now()
+    overdue = now - timedelta(seconds=settings.TRANSITION_DEADLINE_S)
     on_the_move = Workload.objects.filter(members__isnull=False, status__in=[S.STARTING, S.RUNNING, S.STOPPING])
     for workload in on_the_move.distinct():
+        if (
+            workload.status == S.RUNNING
+            and workload.max_runtime_s
+            and workload.started_at
+            and (now - workload.started_at).total_seconds() > workload.max_runtime_s
+        ):
+            limit = f"exceeded its maximum runtime of {workload.max_runtime_s} s"
+            gang_stop(workload, reason=f"{FAILED_PREFIX}{limit}", requeue=False)
+            continue
         if gang_step(workload.pk) is None and workload.status == S.STARTING and workload.status_changed_at < overdue:
             what = f"a member did not start within {settings.TRANSITION_DEADLINE_S} s"
             again = workload.preemptions < settings.GANG_MAX_RESTARTS

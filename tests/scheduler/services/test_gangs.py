@@ -1,6 +1,9 @@
 """Gangs (one job over several nodes): placed all-or-nothing, started together, stopped and requeued as one."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from scheduler.models import Allocation, MemberStatus, Node, NodeStatus, WorkloadMember, WorkloadStatus
 from scheduler.services import gangs
@@ -197,3 +200,29 @@ def test_a_member_that_cannot_start_stops_the_gang_while_starting(user, nodes):
     assert "failed to start: no such image" in w.status_reason
     # A launch that comes back after the gang stopped is told to stop its container.
     assert not gangs.member_running(rank1, container_id="late", address="")
+
+
+def test_a_gang_past_its_maximum_runtime_is_stopped_and_ends_failed(user, nodes):
+    w = gang_of(user, nodes[:2], max_runtime_s=60)
+    place(w, nodes[:2])
+    start(w)
+    type(w).objects.filter(pk=w.pk).update(started_at=timezone.now() - timedelta(seconds=61))
+    gangs.gangs_step_all()
+    w.refresh_from_db()
+    assert w.status == S.STOPPING and not w.preempt_requested
+    for member in gangs.gang_members(w):
+        gangs.member_stopped(member, exit_code=143)
+    assert gangs.gang_step(w.pk) == S.FAILED
+    w.refresh_from_db()
+    assert w.status_reason == "failed: exceeded its maximum runtime of 60 s"
+
+
+def test_a_gang_whose_member_never_started_is_stopped_at_the_deadline(user, nodes, settings):
+    w = gang_of(user, nodes[:2])
+    place(w, nodes[:2])
+    type(w).objects.filter(pk=w.pk).update(
+        status_changed_at=timezone.now() - timedelta(seconds=settings.TRANSITION_DEADLINE_S + 1)
+    )
+    gangs.gangs_step_all()
+    w.refresh_from_db()
+    assert w.status == S.STOPPING and w.preempt_requested and "did not start" in w.status_reason
