@@ -192,6 +192,8 @@ def gangs_of_lost_node(node, *, why: str) -> list[int]:
         workload = member.workload
         if gang_stop(workload, reason=f"member rank {member.rank}'s host {node.name} is lost", requeue=True):
             requeued.append(workload.pk)
+        else:
+            _step_soon(workload.pk)  # stopping already: this member was the one it waited for
     return requeued
 
 

@@ -226,3 +226,16 @@ def test_a_gang_whose_member_never_started_is_stopped_at_the_deadline(user, node
     gangs.gangs_step_all()
     w.refresh_from_db()
     assert w.status == S.STOPPING and w.preempt_requested and "did not start" in w.status_reason
+
+
+def test_a_stopping_gang_whose_last_live_member_is_on_a_lost_host_settles(user, nodes):
+    w = gang_of(user, nodes[:2])
+    place(w, nodes[:2])
+    start(w)
+    workload_stop(w)
+    rank0, _ = gangs.gang_members(w)
+    gangs.member_stopped(rank0, exit_code=0)
+    assert gangs.gang_step(w.pk) is None  # rank 1's host never answers
+    Node.objects.filter(pk=nodes[1].pk).update(status=NodeStatus.LOST)
+    work_of_lost_node_settle(nodes[1], why="silent")
+    assert gangs.gang_step(w.pk) == S.STOPPED
