@@ -179,7 +179,12 @@ def job_create(request):
 @login_required
 def job_detail(request, job_id: int):
     job = or_404(selectors.job_get, user=request.user, job_id=job_id)
-    context = {"job": job, "events": job.workload.events.all(), "members": list(job.workload.members.all())}
+    members = list(job.workload.members.all())
+    if members:  # each member's cards on its node, as long as the gang holds them
+        held = job.workload.allocations.select_related("gpu__node").order_by("gpu__index")
+        for member in members:
+            member.cards = [f"gpu{a.gpu.index}" for a in held if a.gpu.node_id == member.node_id]
+    context = {"job": job, "events": job.workload.events.all(), "members": members}
     if job.owner_id == request.user.pk:  # a log is its owner's only (staff see the last lines kept)
         context["logs"] = logs_panel("jobs", job.pk)
     return render(request, "portal/job_detail.html", context)

@@ -99,6 +99,7 @@ def test_the_console_form_takes_nodes_and_the_page_shows_each_member(client, use
     assert allocations_create([Placement(job.workload, a.pk, parts[0], rest=(Part(b.pk, parts[1]),))])
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "Members: 2 nodes" in page and a.name in page and b.name in page
+    assert page.count("gpu0, gpu1") == 2  # each member's cards on its node
     assert f"1: {b.name}" in client.get("/jobs/").content.decode()  # one row, its members on it
     uneven = client.post("/jobs/new/", form | {"gpus": "3"})
     assert uneven.status_code == 200 and 'data-field="nodes"' in uneven.content.decode()
