@@ -29,7 +29,7 @@ DATABASE_URL at its role: the web tier at ``<prefix>_web``, host ``<name>``'s ag
 from dataclasses import dataclass
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, transaction
+from django.db import connection
 from psycopg import sql
 
 from billing.models import MeterSegment
@@ -178,9 +178,7 @@ class Command(BaseCommand):
         web, group = f"{prefix}_web", f"{prefix}_node"
         hosts = dict(self._parse_node(prefix, item) for item in nodes)
         database = sql.Identifier(connection.settings_dict["NAME"])
-        # One transaction: grants are revoked and given again table by table, and a host's agent working
-        # meanwhile (another host being added) must never see a table without them.
-        with transaction.atomic(), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             if web_password is not None:
                 self._login_role(cursor, web, web_password)
             elif not self._exists(cursor, web):
