@@ -1,11 +1,17 @@
 """Channel-layer fan-out: RedisChannelLayer against RedisPubSubChannelLayer, on the local Redis.
 
-The monitoring path publishes one message per second per node and per
-workload; each goes to a group whose members are the browsers watching it.
-This measures what ``group_send`` costs the publisher and how long until every
-member has the message, for a group of N viewers (N sockets on one web
-process, as one daphne would hold them), and for many small groups (one viewer
-per instance, the common case).
+What it measures: the channel layer alone, inside one process and one event loop —
+what ``group_send`` costs the publisher and how long until N channels of one
+process have the message (``layer.receive``), for a group of N members and for many
+small groups (one viewer per instance, the common case). It chose ``CHANNEL_LAYER``
+(settings.py) and is kept for that choice.
+
+What it does not measure: what a browser gets. No WebSocket server, no TCP, no
+consumer, no authorization, and no viewer in another process — and since the
+monitor sockets fan a sample out inside the server process (``portal/monitor_fanout.py``),
+a process holds one member per group whatever its viewers. ``bench/ws_viewers.py``
+measures the real path (1,000 viewers over TCP through daphne, against a bare
+``websockets`` server): quote that for viewers, this for the layer.
 
     python bench/ws_fanout.py [--viewers 1,10,100,500] [--messages 50]
 

@@ -1,20 +1,27 @@
 """WebSockets: a user's instance status changes, and live GPU stats for those who may see them.
 
-Monitor sockets first send ``{"type": "history", "samples": [...]}`` (the
-recent documents from Redis, so a chart draws at once on open and on
-reconnect), then each new sample document as it is published. They refuse
+Monitor sockets first send ``{"type": "history", "samples": [...]}`` (a compact
+backfill from Redis — points over the last 15 minutes cut to what the charts draw,
+then the newest sample whole: ``streams.backfill_read`` — so a chart draws at once
+on open and on reconnect), then each new sample document as it is published. They refuse
 with a close code: 4401 not signed in, 4403 not staff, 4404 no such instance
 of yours.
 """
 
+import asyncio
+import logging
+
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from config import messages
 from portal.models import Instance
+from portal.monitor_fanout import Watcher, fanout
 from scheduler.models import Node
 from scheduler.telemetry import streams
 
+log = logging.getLogger(__name__)
 NOT_SIGNED_IN, NOT_STAFF, NOT_FOUND = 4401, 4403, 4404
 
 
@@ -43,13 +50,19 @@ class InstanceEventsConsumer(AsyncJsonWebsocketConsumer):
 
 
 class MonitorConsumer(AsyncWebsocketConsumer):
-    """Joins the groups ``subscriptions`` names, sends their history, then relays samples verbatim."""
+    """Watches the groups ``subscriptions`` names, sends their backfill, then relays samples verbatim.
+
+    Samples come through this process's fan-out (``monitor_fanout.py``: one channel-layer receive
+    per document, whatever the number of viewers), not through a channel of each socket's.
+    """
 
     staff_only = False
+    channel_layer_alias = None  # no channel of its own: get_channel_layer(None) is None
     groups_joined: list[str]
 
     async def connect(self):
         self.groups_joined = []
+        self.watcher = Watcher(self.send_sample)
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await refuse(self, NOT_SIGNED_IN)
@@ -61,24 +74,29 @@ class MonitorConsumer(AsyncWebsocketConsumer):
         if subscriptions is None:
             await refuse(self, NOT_FOUND)
             return
-        groups, history = subscriptions
-        for group in groups:  # joined before the history is read: a sample in between is sent twice, not lost
-            await self.channel_layer.group_add(group, self.channel_name)
+        groups, backfill = subscriptions
+        for group in groups:  # joined before the backfill is read: a sample in between is sent twice, not lost
             self.groups_joined.append(group)
+            await fanout().join(group, self.watcher)
         await self.accept()
-        samples = await database_sync_to_async(history)()
+        try:
+            samples = await asyncio.to_thread(backfill)  # Redis only: no need to queue for the database thread
+        except redis.RedisError as exc:  # the chart starts empty and fills live: no reason to drop the socket
+            log.warning("monitor backfill unreadable: %s", exc)
+            samples = []
         await self.send(text_data='{"type":"history","samples":[' + ",".join(samples) + "]}")
+        await self.watcher.open()
 
     def subscriptions(self, user):
-        """(groups to join, a function reading their history), or None to refuse."""
+        """(groups to join, a function reading their backfill), or None to refuse."""
         raise NotImplementedError
 
     async def disconnect(self, code):
         for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+            await fanout().leave(group, self.watcher)
 
-    async def telemetry_sample(self, event):
-        await self.send(text_data=event["doc"])
+    async def send_sample(self, text: str) -> None:
+        await self.send(text_data=text)
 
 
 class InstanceMonitorConsumer(MonitorConsumer):
@@ -92,7 +110,7 @@ class InstanceMonitorConsumer(MonitorConsumer):
         workload_id = workload_id.first()
         if workload_id is None:
             return None
-        return [messages.workload_group(workload_id)], lambda: streams.history_read(
+        return [messages.workload_group(workload_id)], lambda: streams.backfill_read(
             streams.workload_stream(workload_id)
         )
 
@@ -106,7 +124,7 @@ class NodeMonitorConsumer(MonitorConsumer):
         name = self.scope["url_route"]["kwargs"]["node"]
         if not Node.objects.filter(name=name).exists():
             return None
-        return [messages.node_group(name)], lambda: streams.history_read(streams.node_stream(name))
+        return [messages.node_group(name)], lambda: streams.backfill_read(streams.node_stream(name))
 
 
 class ClusterMonitorConsumer(MonitorConsumer):

@@ -9,6 +9,9 @@ Frames from the browser are JSON text: ``{"type": "input", "data": "..."}`` or
 binary frames. When the shell exits or the container stops, the socket closes
 with 4000 and a reason; a shell that exited sends the text frame
 ``{"exit_code": N}`` just before (config/relay.py), for the CLI's ``exec``.
+Every close of ours is preceded by the text frame ``{"closed": code, "why": ..., "reason": "..."}``
+(``why``: ``stopped`` — the instance or job stopped —, ``exited``, ``ended``, or ``refused``): daphne
+drops a close frame's reason, so the page reads why from that frame (``instance_terminal.js``).
 
 This process never talks to Docker: it opens a WebSocket to the relay of the
 node holding the container (``scheduler/node/relay/terminal.py``) with a signed
@@ -18,6 +21,7 @@ ticket, and passes frames both ways unchanged.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import aiohttp
@@ -29,12 +33,15 @@ from portal import selectors
 from portal.consumers import NOT_FOUND, NOT_SIGNED_IN, refuse
 from portal.relay import CONNECT_S, RENEW_S, SessionSlot, relay_target
 from scheduler.errors import NotFound, ServiceError, TooMany
+from scheduler.models import Workload, WorkloadStatus
 
 log = logging.getLogger(__name__)
 NOT_RUNNING, TOO_MANY, ENDED = 4409, 4429, SHELL_ENDED
 
 
 class TerminalConsumer(AsyncWebsocketConsumer):
+    kind = "instance"
+
     async def connect(self):
         self.relay = self.http = self.slot = None
         self.tasks: list[asyncio.Task] = []
@@ -69,21 +76,39 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     def _target(self, user):
         instance_id = self.scope["url_route"]["kwargs"]["instance_id"]
         workload = selectors.instance_get_owned(user=user, instance_id=instance_id).workload
+        self.workload_id = workload.pk
         return relay_target(workload=workload, user=user, op=Op.TERMINAL)
 
     async def _refuse(self, code: int, reason: str) -> None:
         await self.accept()
+        await self._close(code, "refused", reason)
+
+    async def _close(self, code: int, why: str, reason: str) -> None:
+        """Say why in a text frame, then close: daphne drops the reason of a close frame."""
+        await self.send(text_data=json.dumps({"closed": code, "why": why, "reason": reason}))
         await self.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
 
     async def _pump(self):
         """The relay's frames to the browser; the relay's close (the shell ended) closes the browser's socket."""
+        exited = False
         while (frame := await self.relay.receive()).type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
             if frame.type == aiohttp.WSMsgType.TEXT:  # {"exit_code": N}: the shell's last word
+                exited = True
                 await self.send(text_data=frame.data)
             else:
                 await self.send(bytes_data=frame.data)
         said = frame.extra if frame.type == aiohttp.WSMsgType.CLOSE and isinstance(frame.extra, str) else ""
-        await self.close(code=ENDED, reason=said or "the connection to the instance's host ended")
+        why, reason = await database_sync_to_async(self._why_ended)(exited, said)
+        await self._close(ENDED, why, reason)
+
+    def _why_ended(self, exited: bool, said: str) -> tuple[str, str]:
+        """Why the shell went, in words: the work stopped (its status says so), the shell exited, or the host."""
+        status = Workload.objects.filter(pk=self.workload_id).values_list("status", flat=True).first()
+        if status != WorkloadStatus.RUNNING:
+            return "stopped", f"the {self.kind} stopped"
+        if exited:
+            return "exited", "the shell exited"
+        return "ended", said or "the connection to the instance's host ended"
 
     async def _renew(self):
         while True:
@@ -117,7 +142,10 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 class JobTerminalConsumer(TerminalConsumer):
     """A shell in the owner's running batch job (beside its command, in the same container)."""
 
+    kind = "job"
+
     def _target(self, user):
         job_id = self.scope["url_route"]["kwargs"]["job_id"]
         workload = selectors.job_get_owned(user=user, job_id=job_id).workload
+        self.workload_id = workload.pk
         return relay_target(workload=workload, user=user, op=Op.TERMINAL)

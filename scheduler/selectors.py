@@ -2,17 +2,20 @@
 
 from collections import Counter
 
-from django.db.models import Count, Prefetch
+from django.conf import settings
+from django.db.models import Count, Prefetch, Q
 
 from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus
 from scheduler.policy import CardSpec, NodeSpec
 
 
 def cluster_capacity() -> list[NodeSpec]:
-    """Free capacity of every active node, as plain objects for the policy (ids are primary keys)."""
+    """Free capacity of every active node, as plain objects for the policy (ids are primary keys). A node whose
+    disk is full (below NODE_DISK_MIN_FREE_GB free at its last heartbeat) takes nothing new, as if draining."""
+    roomy = Q(disk_free_gb__isnull=True) | Q(disk_free_gb__gte=settings.NODE_DISK_MIN_FREE_GB)
     nodes = {
         n.pk: NodeSpec(n.pk, n.cpu_cores - n.allocated_cpu, n.memory_mb - n.allocated_memory_mb)
-        for n in Node.objects.filter(status=NodeStatus.ACTIVE)
+        for n in Node.objects.filter(roomy, status=NodeStatus.ACTIVE)
     }
     for g in Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index"):
         nodes[g.node_id].cards.append(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start the whole platform on this machine: web (gunicorn workers for HTTP,
-# daphne for WebSockets on the next port), the scheduler worker with beat, and
+# daphne processes for WebSockets on the next port: config/websocket_server.py), the scheduler worker with beat, and
 # one node agent with simulated GPUs. With REGISTRY set (e.g. 127.0.0.1:5000, and
 # REGISTRY_USERNAME / REGISTRY_PASSWORD) images go through that registry, started
 # here in var/registry unless one answers there already; without it (the default)
@@ -59,7 +59,8 @@ $PY manage.py node_agent --name "${NODE_NAME:-local-node}" >var/log/node-agent.l
 .venv/bin/celery -A config worker -B -Q scheduler -n "scheduler@%h" --pool threads --concurrency 2 \
   -s var/celerybeat-schedule >var/log/worker.log 2>&1 & pids+=($!)
 WEB_BIND=127.0.0.1:$PORT .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:application >var/log/web.log 2>&1 & pids+=($!)
-.venv/bin/daphne -b 127.0.0.1 -p "$WS_PORT" config.asgi:application >var/log/websocket.log 2>&1 & pids+=($!)
+# WebSockets: several daphne processes on one port (WS_PROCESSES, default: the cores, at most 4).
+$PY -m config.websocket_server -b 127.0.0.1 -p "$WS_PORT" config.asgi:application >var/log/websocket.log 2>&1 & pids+=($!)
 
 for _ in $(seq 60); do curl -fs -o /dev/null "http://127.0.0.1:$PORT/login/" && break; sleep 0.5; done
 sleep 2

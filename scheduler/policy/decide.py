@@ -23,10 +23,13 @@ to the top queue after ``starvation_s``, so its wait is bounded by
 nodes, less where it may evict that work.
 
 Elastic work (``Work.elastic_min``..``elastic_max`` cards) starts at its asked
-size if that fits, else at ``elastic_min``; when nothing waits it grows into
-idle cards (up to ``elastic_max``), and when queued work does not fit it shrinks
-toward ``elastic_min`` (never below) if that lets the queued work fit; at most
-one resize per ``resize_interval_s``. A resize is a restart from checkpoint with
+size if that fits, else at ``elastic_min``. It grows (up to ``elastic_max``)
+into idle cards: those still free once every queued work has had its turn this
+tick, so no queued work could take them (all of them when nothing waits),
+outside reserved nodes. When queued work that outranks it (a higher queue, or
+on-demand work against spot work) does not fit, it shrinks toward
+``elastic_min`` (never below) if that lets the queued work fit. At most one
+resize per ``resize_interval_s``. A resize is a restart from checkpoint with
 the new world size: ``Decisions.resize`` carries the new parts, and ``decide``
 updates the resized running ``Work`` and the cluster's free capacity.
 """
@@ -51,6 +54,7 @@ from scheduler.policy.placement import (
     gang_plan,
     is_gang,
 )
+from scheduler.policy.shortage import host_shortage
 
 
 @dataclass
@@ -135,6 +139,8 @@ class Discipline:
 
     name = "mlfq"
     head_of_line_blocking = False
+    # Whether who may evict whom depends only on the waiter's level and spot flag (so it can be cached per tick).
+    preempt_by_level = True
 
     def __init__(self, config: MlfqConfig | None = None):
         self.config = config or MlfqConfig()
@@ -176,6 +182,7 @@ class Srtf(Discipline):
     """Shortest remaining time first, preemptive: the oracle bound (it knows durations)."""
 
     name = "srtf"
+    preempt_by_level = False
 
     def level(self, work, now, *, waiting):
         return 0
@@ -291,11 +298,8 @@ def decide(
     positions: dict[int, int] = defaultdict(int)
     blocked: dict[tuple, str] = {}
     freeing = [w for w in running if w.stopping]
-    victims_by_node: dict[int, list[Work]] = defaultdict(list)
-    for work in running:
-        if not work.stopping:
-            for node, _ in work.parts:
-                victims_by_node[node].append(work)
+    victims = _Victims(running, run_levels, discipline)
+    ends: dict[int, list] = {}  # per node: (expected end, cards) of its running work, filled on first use
     elastic = [w for w in running if w.elastic_min is not None and not w.stopping]
     head_blocked = False
     no_victims: set[tuple] = set()  # (shape, level, preemptible) that found no one to evict this tick
@@ -347,7 +351,9 @@ def decide(
             if choices is not None:
                 place(work, r, choices)
                 break
-            blocked.setdefault(key, _no_room(r, gang) + (" outside reserved nodes" if mask_key else ""))
+            blocked.setdefault(
+                key, (host_shortage(cluster, r) or _no_room(r, gang)) + (" outside reserved nodes" if mask_key else "")
+            )
         else:
             reason = blocked[key]
             shape = _shape(r)
@@ -357,7 +363,8 @@ def decide(
             if freeing and fits_after[shape]:
                 reason = "waiting for preempted work to stop"
             else:
-                shrunk = _shrink_for(cluster, work, r, elastic, now, config, strategy, out, allowed)
+                outranked = [w for w in elastic if _may_shrink(work, level, w, run_levels[w.id])]
+                shrunk = _shrink_for(cluster, work, r, outranked, now, config, strategy, out, allowed)
                 if shrunk:
                     blocked.clear()
                     fits_after.clear()
@@ -366,27 +373,28 @@ def decide(
                         place(work, r, choices)
                         continue
                 if search not in no_victims:
+                    allowed_victims = victims.allowed(work, level)
                     if gang:
-                        victims = _choose_gang_victims(cluster, r, work, level, victims_by_node, run_levels, discipline)
+                        chosen = _choose_gang_victims(cluster, r, allowed_victims)
                     else:
-                        victims = _choose_victims(cluster, work, level, victims_by_node, run_levels, discipline)
-                    if not victims:
+                        chosen = _choose_victims(cluster, r, allowed_victims, run_levels)
+                    if not chosen:
                         no_victims.add(search)
-                    if victims:
+                    if chosen:
                         fits_after.clear()
-                        for victim in victims:
+                        for victim in chosen:
                             victim.stopping = True
-                            for node, _ in victim.parts:
-                                if victim in victims_by_node[node]:
-                                    victims_by_node[node].remove(victim)
+                            victims.remove(victim)
                             freeing.append(victim)
                             out.preempt.append(
                                 Preempt(victim.id, work.id, f"preempted for higher-priority work {work.id}")
                             )
-                        reason = f"preempting {len(victims)} lower-priority run{'s' if len(victims) != 1 else ''}"
+                        reason = f"preempting {len(chosen)} lower-priority run{'s' if len(chosen) != 1 else ''}"
                 if not reason.startswith("preempting") and _may_reserve(work, r, now, config, discipline):
                     if len(reservations) < config.reservations:
-                        res = _reserve(cluster, r, work.id, running, reservations, now)
+                        if not ends:
+                            ends.update(_ends_by_node(running, now))
+                        res = _reserve(cluster, r, work.id, ends, reservations, now)
                         if res is not None:
                             reservations.append(res)
                             reason = _reservation_text(cluster, r, res, now)
@@ -395,8 +403,9 @@ def decide(
             if discipline.head_of_line_blocking:
                 head_blocked = True
 
-    if not out.waiting:
-        _grow(cluster, elastic, placed_elastic, now, config, strategy, out)
+    if not head_blocked:
+        reserved = np.logical_or.reduce([res.nodes for res in reservations]) if reservations else None
+        _grow(cluster, elastic, placed_elastic, now, config, strategy, out, reserved)
     return out
 
 
@@ -428,7 +437,20 @@ def _may_reserve(work: Work, request: Request, now: float, config: MlfqConfig, d
     )
 
 
-def _reserve(cluster: ClusterState, r: Request, work_id, running: list[Work], taken: list, now: float):
+def _ends_by_node(running: list[Work], now: float) -> dict[int, list[tuple[float, int]]]:
+    """Per node, (expected end, cards held there) of its running work, soonest first (unknown: inf)."""
+    ends: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for work in running:
+        end = now + work.remaining if work.remaining is not None else np.inf
+        for node, held in work.parts:
+            ends[node].append((end, len(held)))
+    for items in ends.values():
+        items.sort()
+    ends.setdefault(-1, [])  # filled, even with nothing running
+    return ends
+
+
+def _reserve(cluster: ClusterState, r: Request, work_id, ends: dict, taken: list, now: float):
     """The nodes the request will take, expected to free up earliest (see the module's text), or None."""
     total = _relevant_cards(cluster, r, slice(None)).sum(axis=1)
     _, cards = _eligible(cluster, r)
@@ -438,17 +460,12 @@ def _reserve(cluster: ClusterState, r: Request, work_id, running: list[Work], ta
         usable &= ~res.nodes
     gang = is_gang(cluster, r)
     per = r.gpu_count // r.nodes if r.nodes else (None if gang else r.gpu_count)
-    ends: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for work in running:
-        end = now + work.remaining if work.remaining is not None else np.inf
-        for node, held in work.parts:
-            ends[node].append((end, len(held)))
     when = np.full(len(total), np.inf)
     for node in np.flatnonzero(usable):
         need = int(total[node] if per is None else min(per, total[node]))
         have = int(free[node])
         when[node] = now if have >= need else np.inf
-        for end, count in sorted(ends[node]):
+        for end, count in ends.get(node, ()):
             if have >= need:
                 break
             have += count
@@ -564,15 +581,18 @@ def _apply_resize(work: Work, parts: list[Part], now: float, reason: str, out: D
     out.resize.append(Resize(work.id, count, reason, parts))
 
 
+def _may_shrink(waiter: Work, waiter_level: int, work: Work, level: int) -> bool:
+    """Queued work outranks elastic work's cards above its minimum as it would outrank it for eviction:
+    a higher queue, or on-demand work against spot work (spot work never takes on-demand cards)."""
+    if waiter.spot and not work.spot:
+        return False
+    return (work.spot and not waiter.spot) or waiter_level < level
+
+
 def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, config, strategy, out, allowed) -> bool:
     """Shrink elastic running work toward its minimum if that lets ``r`` fit (then it is placed at once)."""
     candidates = [
-        w
-        for w in elastic
-        if w.request.gpu_count > w.elastic_min
-        and _resizable(w, now, config)
-        and not (waiter.spot and not w.spot)
-        and w.id != waiter.id
+        w for w in elastic if w.request.gpu_count > w.elastic_min and _resizable(w, now, config) and w.id != waiter.id
     ]
     if not candidates:
         return False
@@ -596,31 +616,39 @@ def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, con
     return True
 
 
-def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, config, strategy, out) -> None:
-    """Nothing waits: elastic work grows into idle cards (work placed this tick before it starts: no resize)."""
+def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, config, strategy, out, reserved) -> None:
+    """Elastic work grows into idle cards: those still free once every queued work has had its turn this
+    tick (no queued work could take them), outside reserved nodes. Work placed this tick grows before it
+    starts (no resize); running work restarts at its new size. ``reserved``: mask of reserved nodes or None."""
+    allowed = None if reserved is None else ~reserved
     for place, work in placed:
         request = replace(work.request, gpu_count=place.gpu_count, nodes=None)
-        parts = _largest_fit(cluster, request, [(p.node, p.cards) for p in place.parts], work.elastic_max, strategy)
+        current = [(p.node, p.cards) for p in place.parts]
+        if reserved is not None and any(reserved[node] for node, _ in current):
+            continue
+        parts = _largest_fit(cluster, request, current, work.elastic_max, strategy, allowed)
         if parts is not None:
             place.node, place.cards, place.memory_mb = parts[0].node, parts[0].cards, parts[0].memory_mb
             place.rest = parts[1:]
     for work in sorted(elastic, key=lambda w: (w.level, w.started, str(w.id))):
         if work.request.gpu_count >= (work.elastic_max or 0) or not _resizable(work, now, config):
             continue
+        if reserved is not None and any(reserved[node] for node, _ in work.parts):
+            continue
         old = work.request.gpu_count
-        parts = _largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy)
+        parts = _largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
         if parts is not None:
             count = sum(len(p.cards) for p in parts)
             _apply_resize(work, parts, now, f"grown from {old} to {count} cards into idle capacity", out)
 
 
-def _largest_fit(cluster, request: Request, parts, most: int, strategy: str) -> list[Part] | None:
+def _largest_fit(cluster, request: Request, parts, most: int, strategy: str, allowed=None) -> list[Part] | None:
     """Re-place work holding ``parts`` at the largest size up to ``most`` that fits; None if it cannot grow."""
     scratch = cluster.copy()
     _give_parts(scratch, request, parts)
 
     def fits(count):
-        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy)
+        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy, allowed=allowed)
 
     low, high, best = request.gpu_count, most, None
     while low < high:  # the largest count that fits, above the current one (fitting is monotone in the count)
@@ -693,22 +721,50 @@ def _victim_order(victim: Work, run_levels: dict):
     return (-run_levels[victim.id], -victim.priority, -victim.started)
 
 
-def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, discipline):
-    """The fewest, lowest-priority running works on one node whose eviction lets ``waiter`` fit."""
+class _Victims:
+    """Running work that may still be evicted this tick, by node (a gang on each of its nodes)."""
+
+    def __init__(self, running: list[Work], run_levels: dict, discipline: Discipline):
+        self.by_node: dict[int, list[Work]] = defaultdict(list)
+        for work in running:
+            if not work.stopping:
+                for node, _ in work.parts:
+                    self.by_node[node].append(work)
+        self.run_levels, self.discipline = run_levels, discipline
+        self.cache: dict[tuple, dict] = {}
+
+    def remove(self, victim: Work) -> None:
+        for node, _ in victim.parts:
+            if victim in self.by_node[node]:
+                self.by_node[node].remove(victim)
+        self.cache.clear()
+
+    def allowed(self, waiter: Work, level: int) -> dict[int, list[Work]]:
+        """Per node, the work ``waiter`` may evict, lowest priority first."""
+        key = (waiter.spot, level) if self.discipline.preempt_by_level else None
+        if key in self.cache:
+            return self.cache[key]
+        result = {}
+        for node, candidates in self.by_node.items():
+            allowed = [v for v in candidates if self.discipline.may_preempt(waiter, level, v, self.run_levels[v.id])]
+            if allowed:
+                result[node] = sorted(allowed, key=lambda v: _victim_order(v, self.run_levels))
+        if key is not None:
+            self.cache[key] = result
+        return result
+
+
+def _choose_victims(cluster, request: Request, allowed: dict, run_levels: dict) -> list[Work]:
+    """The fewest, lowest-priority running works on one node whose eviction lets ``request`` fit."""
     best = None
-    pinned = waiter.request.pinned_node
+    pinned = request.pinned_node
     pinned_row = cluster.node_index.get(pinned) if pinned is not None else None
-    request = _start_sizes(waiter)[-1]
-    for node, candidates in victims_by_node.items():
+    for node, candidates in allowed.items():
         if pinned is not None and node != pinned_row:
             continue
-        allowed = [v for v in candidates if discipline.may_preempt(waiter, waiter_level, v, run_levels[v.id])]
-        if not allowed:
-            continue
-        allowed.sort(key=lambda v: _victim_order(v, run_levels))
         row = _NodeRow(cluster, node)
         chosen = []
-        for victim in allowed:
+        for victim in candidates:
             row.give(victim)
             chosen.append(victim)
             if best is not None and len(chosen) > len(best[1]):
@@ -721,20 +777,13 @@ def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, 
     return best[1] if best else []
 
 
-def _choose_gang_victims(cluster, request, waiter, waiter_level, victims_by_node, run_levels, discipline):
+def _choose_gang_victims(cluster, request: Request, allowed: dict) -> list[Work]:
     """Running works on several nodes whose eviction lets the gang fit, all of them or none.
 
     The nodes are planned as placement plans them, on what each node would have free if every victim
     allowed there left; on each, the lowest-priority victims go first until its member's cards are free.
     """
-    allowed = {
-        node: sorted(
-            (v for v in candidates if discipline.may_preempt(waiter, waiter_level, v, run_levels[v.id])),
-            key=lambda v: _victim_order(v, run_levels),
-        )
-        for node, candidates in victims_by_node.items()
-    }
-    if not any(allowed.values()):
+    if not allowed:
         return []
     relevant = _relevant_cards(cluster, request, slice(None))
     whole = (relevant & (cluster.free == WHOLE_CARD)).sum(axis=1)

@@ -86,7 +86,9 @@ class Work:
     @property
     def parts(self) -> list[tuple[int, list[int]]]:
         """Every member's (node, cards) while running, rank 0 first."""
-        return [] if self.node is None else [(self.node, self.cards), *self.rest]
+        if self.node is None:
+            return []
+        return [(self.node, self.cards), *self.rest] if self.rest else [(self.node, self.cards)]
 
 
 def level_of(work: Work, now: float, config: MlfqConfig, *, waiting: bool) -> int:

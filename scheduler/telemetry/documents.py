@@ -5,7 +5,8 @@ and attributes what it can to the tenants holding a share of it. The sampler
 (``sampler.py``) turns a sample into one document for the node and one per
 running workload, in the versioned compact shape the README documents
 (``"v": 1``): short keys, SI-ish units (MiB, W, °C, MHz, KB/s), utilization
-as a 0..1 fraction, ``null`` for what the card does not report.
+as a 0..1 fraction, ``null`` for what the card does not report. A backfill point
+(``charted``) is the same document with only what the charts draw.
 """
 
 from __future__ import annotations
@@ -145,6 +146,15 @@ def workload_document(
         "mem_limit": tenant.memory_mb,
         "gpus": gpus,
     }
+
+
+# What the monitor's charts draw of each card (instance_monitor.js): a backfill point keeps only these.
+CHARTED_CARD_KEYS = ("i", "uuid", "share", "util", "mem_used", "mem_cap", "mem_total", "power", "temp")
+
+
+def charted(doc: dict) -> dict:
+    """``doc`` cut to what a chart draws, for the backfill: a card's holders, clocks, PCIe and errors go."""
+    return {**doc, "gpus": [{k: g[k] for k in CHARTED_CARD_KEYS if k in g} for g in doc["gpus"]]}
 
 
 def _compact(card: CardReading) -> dict:

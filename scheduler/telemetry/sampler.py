@@ -26,7 +26,7 @@ from config import messages
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
 from scheduler.telemetry import streams
 from scheduler.telemetry.cgroups import UsageReader
-from scheduler.telemetry.documents import Card, Tenant, TenantShare, node_document, workload_document
+from scheduler.telemetry.documents import Card, Tenant, TenantShare, charted, node_document, workload_document
 from scheduler.telemetry.rollups import MinuteRollups
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Sampler:
         cards, own = self.backend.sample(self.cards, tenants, usage)
         by_uuid = {c.uuid: c for c in cards}
         doc = node_document(t=t, node=self.node_name, simulated=self.simulated, cards=cards)
-        outgoing = [(messages.node_group(self.node_name), streams.node_stream(self.node_name), _dumps(doc))]
+        outgoing = [(messages.node_group(self.node_name), streams.node_stream(self.node_name), doc)]
         for tenant in tenants:
             tenant_doc = workload_document(
                 t=t,
@@ -95,14 +95,13 @@ class Sampler:
                 usage=usage.get(tenant.container_id),
             )
             outgoing.append(
-                (
-                    messages.workload_group(tenant.workload_id),
-                    streams.workload_stream(tenant.workload_id),
-                    _dumps(tenant_doc),
-                )
+                (messages.workload_group(tenant.workload_id), streams.workload_stream(tenant.workload_id), tenant_doc)
             )
-        streams.history_append([(stream, text) for _, stream, text in outgoing])
-        self._loop.run_until_complete(self._publish([(group, text) for group, _, text in outgoing]))
+        point = streams.backfill_due(t)  # the first sample of a backfill step: also kept, cut, as a point
+        # Serialized once: the history and every viewer get these bytes.
+        texts = [(group, stream, _dumps(d), _dumps(charted(d)) if point else None) for group, stream, d in outgoing]
+        streams.history_append([(stream, text, cut) for _, stream, text, cut in texts])
+        self._loop.run_until_complete(self._publish([(group, text) for group, _, text, _ in texts]))
         self.rollups.add(t, cards, own)
         return doc
 

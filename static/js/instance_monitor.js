@@ -1,6 +1,7 @@
 // Instance monitor: live charts of the instance's GPUs and container from /ws/monitor/instances/<id>/.
-// The socket sends {"type": "history", "samples": [...]} first (the last 15 minutes, so the charts draw
-// at once, also after a reconnect), then one sample document per second (see the README for its shape).
+// The socket sends {"type": "history", "samples": [...]} first (a compact backfill: points over the last
+// 15 minutes with only what the charts draw, then the newest sample whole, so the charts draw at once, also
+// after a reconnect), then one sample document per second (see the README for its shape).
 (function () {
   const cfg = JSON.parse(document.getElementById("monitor-config").textContent);
   const conn = document.getElementById("conn");

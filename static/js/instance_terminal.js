@@ -16,13 +16,22 @@
   const send = (message) => socket.readyState === WebSocket.OPEN && socket.send(JSON.stringify(message));
   const resize = () => { fit.fit(); send({ type: "resize", cols: term.cols, rows: term.rows }); };
   socket.onopen = () => { conn.dataset.state = "live"; conn.textContent = gettext("connected"); resize(); term.focus(); };
-  // Text frames are the platform's ({"exit_code": N} before the close); the shell's output is binary.
-  socket.onmessage = (event) => typeof event.data === "string" || term.write(new Uint8Array(event.data));
+  // Text frames are the platform's: {"exit_code": N}, and {"closed": code, "why": ..., "reason": ...} just
+  // before it closes (daphne drops a close frame's reason); the shell's output is binary.
+  let closing = null;
+  socket.onmessage = (event) => {
+    if (typeof event.data !== "string") { term.write(new Uint8Array(event.data)); return; }
+    try { const said = JSON.parse(event.data); if (said.closed) closing = said; } catch (e) { /* not ours */ }
+  };
   socket.onclose = (event) => {
-    const why = { 4401: gettext("sign in again"), 4404: gettext("no such instance of yours"), 4409: gettext("the instance is not running"),
+    const refused = { 4401: gettext("sign in again"), 4404: gettext("no such instance of yours"), 4409: gettext("the instance is not running"),
       4429: gettext("too many terminal and file sessions open: close one") }[event.code];
+    const ended = closing && { stopped: gettext("the instance stopped"), exited: gettext("the shell exited"),
+      ended: gettext("the connection to the instance ended") }[closing.why];
+    const why = refused || ended || (closing && closing.reason) || event.reason;
     conn.dataset.state = event.code === 4000 ? "reconnecting" : "refused";
-    conn.textContent = gettext("closed") + (why ? `: ${why}` : event.reason ? `: ${event.reason}` : "");
+    conn.textContent = gettext("closed") + (why ? `: ${why}` : "");
+    conn.dataset.why = closing ? closing.why : "";
     term.write(`\r\n\x1b[33m[${conn.textContent}]\x1b[0m\r\n`);
   };
   term.onData((data) => send({ type: "input", data }));

@@ -1,9 +1,11 @@
-"""The web terminal in a real browser: xterm.js, a command typed, its output from the real container."""
+"""The web terminal in a real browser: xterm.js, a command typed, its output from the real container, and why it
+closed when the instance stops."""
 
 import pytest
 from playwright.sync_api import expect
 
 from portal.models import Instance
+from scheduler.services.workloads import workload_stop
 from tests.browser.test_monitor_browser import SCREENSHOTS, sign_in
 from tests.conftest import wait_status
 from tests.portal.test_instance_api import create
@@ -26,3 +28,6 @@ def test_the_owner_types_a_command_in_the_browser_terminal_and_sees_its_output(
     page.keyboard.type("echo from-the-browser-$((6*7)); hostname\n")
     page.wait_for_function(f"() => ({SCREEN})().includes('from-the-browser-42')", timeout=15_000)
     page.screenshot(path=f"{SCREENSHOTS}/terminal.png")
+    workload_stop(instance.workload)
+    expect(page.locator("#conn")).to_have_text("closed: the instance stopped", timeout=30_000)
+    page.wait_for_function(f"() => ({SCREEN})().includes('[closed: the instance stopped]')", timeout=5_000)

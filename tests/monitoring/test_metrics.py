@@ -40,7 +40,7 @@ def sampled(settings, user, catalog):
     reading.tenants.append(tenant_holder(tenant, share, TenantReading(1.0, 3000)))
     idle = CardReading(1, spare.uuid, "RTX3090", util=0.0, mem_used=0, mem_total=24576, temp=35.0, power=40.0)
     doc = node_document(t=time.time(), node=node.name, simulated=True, cards=[reading, idle])
-    streams.history_append([(streams.node_stream(node.name), json.dumps(doc))])
+    streams.history_append([(streams.node_stream(node.name), json.dumps(doc), None)])
     return node, instance, card
 
 

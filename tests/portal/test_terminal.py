@@ -36,10 +36,18 @@ async def closed_with(url: str, headers: dict, timeout: float = 10) -> int:
 
 
 async def closing_code(ws, timeout: float) -> int:
+    return (await closing(ws, timeout))[0]
+
+
+async def closing(ws, timeout: float) -> tuple[int, dict | None]:
+    """The code the server closes with, and the platform's last text frame before it (why it closed)."""
+    said = None
     with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
         while True:
-            await asyncio.wait_for(ws.recv(), timeout)
-    return closed.value.rcvd.code
+            frame = await asyncio.wait_for(ws.recv(), timeout)
+            if isinstance(frame, str):
+                said = json.loads(frame)
+    return closed.value.rcvd.code, said
 
 
 @pytest.fixture
@@ -71,7 +79,7 @@ def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_
             await read_until(ws, screen, "hello-42\r\n")
             await read_until(ws, screen, "30 100")  # the resize reached the TTY
             await asyncio.to_thread(stop)
-            closed = await closing_code(ws, 30)
+            closed = await closing(ws, 30)
         return screen[0], closed, await closed_with(url, theirs)
 
     def stop():
@@ -82,9 +90,10 @@ def test_the_owner_runs_a_command_in_the_container_and_the_terminal_closes_when_
         finally:
             connection.close()
 
-    screen, closed_code, refused_code = asyncio.run(session())
+    screen, (closed_code, why), refused_code = asyncio.run(session())
     assert "hello-42" in screen
     assert closed_code == 4000, "the shell's end closes the terminal cleanly"
+    assert why == {"closed": 4000, "why": "stopped", "reason": "the instance stopped"}, "the page can say why"
     assert refused_code == 4404
     wait_status(instance.workload, "stopped", timeout=30)
     assert asyncio.run(closed_with(url, mine)) == 4409
@@ -98,11 +107,13 @@ def test_a_terminal_beyond_the_users_session_cap_is_refused_with_4429_until_one_
         async with websockets.connect(url, additional_headers=mine) as ws:
             await ws.send(json.dumps({"type": "input", "data": "echo ok-$((6*7))\n"}))
             await read_until(ws, [""], "ok-42")
+            await ws.send(json.dumps({"type": "input", "data": "exit 3\n"}))
+            return await closing(ws, 15)
 
     try:
         assert asyncio.run(closed_with(url, mine)) == 4429
         held.pop().release()
-        asyncio.run(works())
+        assert asyncio.run(works()) == (4000, {"closed": 4000, "why": "exited", "reason": "the shell exited"})
     finally:
         for slot in held:
             slot.release()

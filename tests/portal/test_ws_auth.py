@@ -22,8 +22,9 @@ def handshake(headers: list[tuple[bytes, bytes]], path: str = "/ws/instances/"):
         if await communicator.receive_nothing(timeout=0.5):
             await communicator.disconnect()
             return True, None
-        first = await communicator.receive_output(timeout=5)
-        return True, first.get("code")
+        while (said := await communicator.receive_output(timeout=5))["type"] == "websocket.send":
+            pass  # a terminal says why in a text frame before it closes
+        return True, said.get("code")
 
     return asyncio.run(run())
 

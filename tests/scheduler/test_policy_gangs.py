@@ -252,7 +252,7 @@ def test_running_elastic_work_grows_into_idle_cards_when_nothing_waits():
 
 def test_elastic_work_shrinks_toward_its_minimum_for_queued_work_and_never_below():
     c = ClusterState([node("a", free=0)])
-    w = running(1, [(0, list(range(8)))], elastic_min=4, elastic_max=8, resized_at=0, preemptible=False)
+    w = running(1, [(0, list(range(8)))], attained=5000, elastic_min=4, elastic_max=8, resized_at=0, preemptible=False)
     d = decide([work(2, 2)], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
     assert [(r.work_id, r.gpu_count) for r in d.resize] == [(1, 6)]
     assert d.resize[0].reason == "shrunk from 8 to 6 cards for queued work 2"
@@ -263,7 +263,14 @@ def test_elastic_work_shrinks_toward_its_minimum_for_queued_work_and_never_below
 
 def test_elastic_work_is_not_resized_again_within_the_interval():
     c = ClusterState([node("a", free=0)])
-    w = running(1, [(0, list(range(8)))], elastic_min=2, elastic_max=8, resized_at=900, preemptible=False)
+    w = running(1, [(0, list(range(8)))], attained=5000, elastic_min=2, elastic_max=8, resized_at=900)
+    d = decide([work(2, 2)], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
+    assert d.resize == [] and d.place == []
+
+
+def test_elastic_work_keeps_its_cards_against_queued_work_of_its_own_queue():
+    c = ClusterState([node("a", free=0)])
+    w = running(1, [(0, list(range(8)))], attained=10, elastic_min=2, elastic_max=8, preemptible=False)
     d = decide([work(2, 2)], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
     assert d.resize == [] and d.place == []
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0013_logs_runs'),
+        ('scheduler', '0015_node_disk'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

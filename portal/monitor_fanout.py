@@ -1,0 +1,117 @@
+"""Live samples fanned out inside one WebSocket server process: one channel-layer receive per document.
+
+The sampler publishes each document once to its group (``config.messages``). If every
+monitor socket joined that group itself, each document would be received, decoded and
+dispatched once per viewer, and Channels' dispatch hops to the single database thread for
+every message (``close_old_connections``) — serial work that grows with the viewers: 1,000
+viewers of one node waited ~400 ms for a sample while daphne idled (``bench/ws_viewers.py``).
+
+Here a process holds one channel per watched group and one reader task for it; the reader
+hands the document's text, as the sampler serialized it, to each socket watching the group,
+one after the other, without leaving the event loop. Sockets join after they are authorized
+(the consumer's ``connect``) and leave when they close; the group's channel goes with its
+last watcher. A socket that joins is held (its samples queued, in order) until it has sent
+its backfill, so it never shows a live sample before the history it follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from channels.layers import get_channel_layer
+
+from config import messages
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str], Awaitable[None]]
+
+
+class Watcher:
+    """One socket's hold on the groups it watches: samples go to ``send`` once it is ``open()``."""
+
+    def __init__(self, send: Send):
+        self.send = send
+        self.held: list[str] | None = []  # samples that came before the backfill went out; None once open
+
+    async def deliver(self, text: str) -> None:
+        if self.held is not None:
+            self.held.append(text)
+            return
+        await self.send(text)
+
+    async def open(self) -> None:
+        """Send what arrived while the backfill was read, then pass samples straight through."""
+        while self.held:
+            held, self.held = self.held, []
+            for text in held:
+                await self.send(text)
+        self.held = None
+
+
+class Fanout:
+    """This event loop's groups: for each, the channel that receives it and the sockets watching it."""
+
+    def __init__(self):
+        self.layer = get_channel_layer()
+        self.watchers: dict[str, dict[Watcher, None]] = {}  # group -> its watchers, in the order they came
+        self.readers: dict[str, tuple[asyncio.Future, asyncio.Task]] = {}  # group -> (its channel, its reader)
+
+    async def join(self, group: str, watcher: Watcher) -> None:
+        """Watch ``group``; returns once its samples reach this process (a sample after it is not missed)."""
+        self.watchers.setdefault(group, {})[watcher] = None
+        if group not in self.readers:
+            channel = asyncio.get_running_loop().create_future()
+            self.readers[group] = (channel, asyncio.create_task(self._read(group, channel)))
+        await asyncio.shield(self.readers[group][0])
+
+    async def leave(self, group: str, watcher: Watcher) -> None:
+        watching = self.watchers.get(group, {})
+        watching.pop(watcher, None)
+        if watching or group not in self.readers:
+            return
+        del self.watchers[group]
+        channel, task = self.readers.pop(group)
+        task.cancel()
+        if channel.done() and not channel.exception():
+            await self.layer.group_discard(group, channel.result())
+
+    async def _read(self, group: str, channel: asyncio.Future) -> None:
+        try:
+            name = await self.layer.new_channel(prefix="monitor.")
+            await self.layer.group_add(group, name)
+        except Exception as exc:  # Redis away: the sockets joining now fail (and close), the next ones try again
+            channel.set_exception(exc)
+            self.readers.pop(group, None)
+            return
+        channel.set_result(name)
+        while True:
+            try:
+                message = await self.layer.receive(name)
+            except Exception:  # Redis away for a moment: the layer reconnects; this group's sockets wait for it
+                log.exception("monitor samples of %s: receive failed", group)
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") != messages.TELEMETRY_SAMPLE:
+                continue
+            text = message["doc"]
+            for watcher in list(self.watchers.get(group, ())):
+                try:
+                    await watcher.deliver(text)
+                except Exception:  # one socket gone wrong must not starve the others
+                    log.exception("monitor sample to a socket of %s failed", group)
+
+
+_fanouts: dict[asyncio.AbstractEventLoop, Fanout] = {}
+
+
+def fanout() -> Fanout:
+    """The running event loop's fan-out (one per loop: the channel layer's connections belong to it)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _fanouts:
+        for stale in [x for x in _fanouts if x.is_closed()]:
+            del _fanouts[stale]
+        _fanouts[loop] = Fanout()
+    return _fanouts[loop]
