@@ -45,6 +45,7 @@ class ToScheduler(StrEnum):
 
     SCHEDULE_TICK = "scheduler.tasks.schedule_tick"
     CLUSTER_RECONCILE = "scheduler.tasks.cluster_reconcile"
+    GANG_STEP = "scheduler.tasks.gang_step"  # a gang's member changed (node agents): step the gang
     TELEMETRY_PRUNE = "scheduler.tasks.telemetry_prune"
     METER_RECONCILE = "billing.tasks.meter_reconcile"
     SETTLE_USAGE = "billing.tasks.settle_usage"

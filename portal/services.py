@@ -25,11 +25,17 @@ from scheduler.services import workloads as scheduler
 from scheduler.services.code import workload_code_attach
 
 # The scheduler names resources its own way; users see these field names.
-FIELD_NAMES = {"gpu_model": "gpu_type", "gpu_count": "gpus", "cpu_cores": "cpu_cores", "memory_mb": "memory_gb"}
+FIELD_NAMES = {
+    "gpu_model": "gpu_type",
+    "gpu_count": "gpus",
+    "cpu_cores": "cpu_cores",
+    "memory_mb": "memory_gb",
+    "nodes": "nodes",
+}
 
 
-def check_gpus(gpus: Decimal) -> tuple[int, int]:
-    """Whole cards (1..MAX_CARDS) or a fraction 0.1 .. 0.9 in steps of 0.1 -> (cards, thousandths per card)."""
+def check_gpus(gpus: Decimal, *, most: int = limits.MAX_CARDS, what: str = "instance") -> tuple[int, int]:
+    """Whole cards (1..``most``) or a fraction 0.1 .. 0.9 in steps of 0.1 -> (cards, thousandths per card)."""
     if gpus != gpus.quantize(limits.GPU_FRACTION_STEP) or gpus <= 0:
         raise InvalidInput("must be a whole number of cards or a fraction 0.1 .. 0.9 in steps of 0.1", field="gpus")
     if gpus < 1:
@@ -38,9 +44,24 @@ def check_gpus(gpus: Decimal) -> tuple[int, int]:
         raise InvalidInput(
             f"{gpus.normalize()} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus"
         )
-    if gpus > limits.MAX_CARDS:
-        raise InvalidInput(f"at most {limits.MAX_CARDS} cards per instance", field="gpus")
+    if gpus > most:
+        raise InvalidInput(f"at most {most} cards per {what}", field="gpus")
     return int(gpus), WHOLE_CARD
+
+
+def check_nodes(gpus: Decimal, nodes: int | None) -> int | None:
+    """A job over ``nodes`` nodes (a gang): whole cards, the same number on each."""
+    if nodes is None or nodes == 1:
+        return nodes
+    if not 1 <= nodes <= limits.MAX_NODES:
+        raise InvalidInput(f"must be 1 .. {limits.MAX_NODES}", field="nodes")
+    if gpus < 1 or gpus % nodes:
+        raise InvalidInput(
+            f"{gpus.normalize()} cards do not split evenly over {nodes} nodes: ask for whole cards, "
+            "the same number on each node (gpus = nodes × cards per node)",
+            field="nodes",
+        )
+    return nodes
 
 
 def _catalog(*, owner, image_id: int, gpu_type_id: int):
@@ -80,9 +101,20 @@ def _team(owner, team: str) -> str:
     return team
 
 
-def _work(owner, name: str, image_id: int, gpu_type_id: int, gpus: Decimal, cpu_cores: int, memory_gb: int, team: str):
+def _work(
+    owner,
+    name: str,
+    image_id: int,
+    gpu_type_id: int,
+    gpus: Decimal,
+    cpu_cores: int,
+    memory_gb: int,
+    team: str,
+    *,
+    most: int = limits.MAX_CARDS,
+):
     """(image, GPU type, the scheduler's view of the resources) of what a user asks for, checked."""
-    gpu_count, gpu_milli = check_gpus(gpus)
+    gpu_count, gpu_milli = check_gpus(gpus, most=most, what="instance" if most == limits.MAX_CARDS else "job")
     image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
     work = dict(
         team=_team(owner, team),
@@ -234,13 +266,16 @@ def job_create(
     env: dict | None = None,
     spot: bool = False,
     code: bytes | None = None,
+    nodes: int | None = None,
 ) -> Job:
     """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume.
 
     ``spot``: it runs on spot capacity, at the spot price; any on-demand work may evict it (it
     resumes from its checkpoint), and it never evicts on-demand work. ``code`` (a .tar.gz) is stored
     with it; its node's agent extracts it into the job's data disk and runs the command there
-    (``scheduler.services.code``).
+    (``scheduler.services.code``). A job may ask for more cards than one node has: it runs as a gang,
+    one container per node (``nodes`` of them with gpus / nodes cards each, or as few as it takes);
+    ``cpu_cores`` and ``memory_gb`` are per node.
     """
     job = job_prepare(
         owner=owner,
@@ -253,6 +288,7 @@ def job_create(
         memory_gb=memory_gb,
         team=team,
         env=env,
+        nodes=nodes,
     )
     check_payable(owner, job.team)
     with transaction.atomic():
@@ -265,14 +301,19 @@ def job_create(
 
 
 def job_prepare(
-    *, owner, name, image_id, gpu_type_id, gpus, command, cpu_cores, memory_gb, team="", env=None
+    *, owner, name, image_id, gpu_type_id, gpus, command, cpu_cores, memory_gb, team="", env=None, nodes=None
 ) -> PreparedJob:
     """Check what a user asks a job (or each task of an array) to be; nothing is written."""
-    check_gpus(gpus)
+    check_gpus(gpus, most=limits.MAX_JOB_CARDS, what="job")
+    nodes = check_nodes(gpus, nodes)
     if not command.strip():
         raise InvalidInput("a job needs a command", field="command")
     env = check_env(env)
-    image, gpu_type, work = _work(owner, name, image_id, gpu_type_id, gpus, cpu_cores, memory_gb, team)
+    image, gpu_type, work = _work(
+        owner, name, image_id, gpu_type_id, gpus, cpu_cores, memory_gb, team, most=limits.MAX_JOB_CARDS
+    )
+    if nodes:
+        work["nodes"] = nodes
     return PreparedJob(work=work, image=image, gpu_type=gpu_type, gpus=gpus, command=command, env=env)
 
 

@@ -22,7 +22,7 @@ from portal.forms import InstanceCreateForm, JobCreateForm
 from portal.housekeeping import release_due_at
 from portal.logs import logs_panel
 from portal.shortcuts import or_404
-from scheduler.errors import ServiceError
+from scheduler.errors import InvalidInput, ServiceError
 
 
 def healthz(request):
@@ -162,12 +162,14 @@ def job_list(request):
 @login_required
 def job_create(request):
     def create(data):
-        spec = data.pop("array")
+        spec, nodes = data.pop("array"), data.pop("nodes")
+        if spec and nodes and nodes > 1:
+            raise InvalidInput(_("the tasks of an array run on one node each"), field="nodes")
         if spec:  # one task per index: a job array, on the page of its own
             array = arrays.array_create(owner=request.user, array=spec, **data)
             messages.success(request, _("Array %(name)s queued.") % {"name": array.name})
             return redirect("console-array", array_id=array.pk)
-        job = services.job_create(owner=request.user, **data)
+        job = services.job_create(owner=request.user, nodes=nodes, **data)
         messages.success(request, _("Job %(name)s queued.") % {"name": job.name})
         return redirect("console-job", job_id=job.pk)
 
@@ -177,7 +179,12 @@ def job_create(request):
 @login_required
 def job_detail(request, job_id: int):
     job = or_404(selectors.job_get, user=request.user, job_id=job_id)
-    context = {"job": job, "events": job.workload.events.all()}
+    members = list(job.workload.members.all())
+    if members:  # each member's cards on its node, as long as the gang holds them
+        held = job.workload.allocations.select_related("gpu__node").order_by("gpu__index")
+        for member in members:
+            member.cards = [f"gpu{a.gpu.index}" for a in held if a.gpu.node_id == member.node_id]
+    context = {"job": job, "events": job.workload.events.all(), "members": members}
     if job.owner_id == request.user.pk:  # a log is its owner's only (staff see the last lines kept)
         context["logs"] = logs_panel("jobs", job.pk)
     return render(request, "portal/job_detail.html", context)

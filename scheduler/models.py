@@ -218,6 +218,15 @@ class Workload(models.Model):
     group = models.ForeignKey(WorkloadGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="workloads")
     priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    nodes = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Nodes a gang asks for (gpu_count / nodes cards on each); empty: the scheduler chooses "
+        "(one node if it fits on one, else the fewest).",
+    )
+    master_port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="A gang's rendezvous port, published on rank 0's host (MASTER_PORT)."
+    )
     # Scheduler state: MLFQ service and queue, shown to the user while waiting.
     attained_service = models.FloatField(default=0.0, help_text="Weighted GPU-seconds of service so far.")
     accrued_at = models.DateTimeField(null=True, blank=True)
@@ -275,6 +284,10 @@ class Workload(models.Model):
                 condition=Q(gpu_milli=WHOLE_CARD) | Q(gpu_count=1), name="workload_fraction_is_single_card"
             ),
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="workload_at_least_one_card"),
+            models.CheckConstraint(
+                condition=Q(nodes__isnull=True) | Q(nodes__gte=1, nodes__lte=F("gpu_count")),
+                name="workload_nodes_at_most_its_cards",
+            ),
         ]
 
     def __str__(self):
@@ -319,6 +332,51 @@ class Allocation(models.Model):
 
     def __str__(self):
         return f"{self.workload_id} on {self.gpu} ({self.milli}/{WHOLE_CARD})"
+
+
+class MemberStatus(models.TextChoices):
+    STARTING = "starting", _("Starting")
+    RUNNING = "running", _("Running")
+    EXITED = "exited", _("Exited")  # its container ended by itself (exit_code)
+    STOPPED = "stopped", _("Stopped")  # stopped by the platform (the gang stops as one), or its host was lost
+
+
+class WorkloadMember(models.Model):
+    """One node's part of a gang (work placed on several nodes): its rank, its host and its container.
+
+    The gang is one ``Workload`` (one row for its owner, one bill with all its cards; its
+    allocations name cards on every member's node; ``Workload.node`` is rank 0's). Each
+    member's node agent runs one container for it. The rows of a placement are written with
+    its allocations and replaced by the next placement; single-node work has none.
+    """
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="members")
+    rank = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    node_name = models.CharField(max_length=63)
+    status = models.CharField(max_length=16, choices=MemberStatus.choices, default=MemberStatus.STARTING)
+    container_id = models.CharField(max_length=80, blank=True)
+    address = models.CharField(
+        max_length=64, blank=True, help_text="Its container's address on its host's tenants' network (the fence)."
+    )
+    exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=255, blank=True)
+    changed_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["workload", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["workload", "rank"], name="member_unique_rank"),
+            models.UniqueConstraint(fields=["workload", "node"], name="member_one_per_node"),
+        ]
+
+    def __str__(self):
+        return f"{self.workload_id} rank {self.rank} on {self.node_name} ({self.status})"
+
+    @property
+    def container_name(self) -> str:
+        """Rank 0 keeps the work's own name (logs, terminal); the others are told apart by rank."""
+        return self.workload.container_name if self.rank == 0 else f"{self.workload.container_name}-r{self.rank}"
 
 
 class WorkloadEvent(models.Model):

@@ -63,14 +63,21 @@ def gpu_models_summary() -> dict[str, dict]:
     return summary
 
 
-def fit_problem(*, gpu_model: str, gpu_count: int, cpu_cores: int, memory_mb: int) -> tuple[str, str] | None:
-    """Why a request could never run on the registered active nodes, as (field, message); None if it could."""
-    nodes = Node.objects.filter(status=NodeStatus.ACTIVE, gpus__model=gpu_model).annotate(cards=Count("gpus"))
-    if not nodes:
+def fit_problem(
+    *, gpu_model: str, gpu_count: int, cpu_cores: int, memory_mb: int, nodes: int | None = None, gang: bool = False
+) -> tuple[str, str] | None:
+    """Why a request could never run on the registered active nodes, as (field, message); None if it could.
+
+    ``gang``: it may span nodes (whole cards; CPU and memory are per node): exactly ``nodes`` of them with
+    gpu_count / nodes cards each, or — ``nodes`` None — as many as it takes when no node has them all."""
+    found = Node.objects.filter(status=NodeStatus.ACTIVE, gpus__model=gpu_model).annotate(cards=Count("gpus"))
+    if not found:
         return "gpu_model", f"no node in the cluster has {gpu_model} cards"
-    with_cards = [n for n in nodes if n.cards >= gpu_count]
+    if gang and ((nodes or 1) > 1 or not any(n.cards >= gpu_count for n in found)):
+        return _gang_problem(list(found), gpu_model, gpu_count, cpu_cores, memory_mb, nodes)
+    with_cards = [n for n in found if n.cards >= gpu_count]
     if not with_cards:
-        most = max(n.cards for n in nodes)
+        most = max(n.cards for n in found)
         return "gpu_count", f"no node has {gpu_count} {gpu_model} cards (at most {most} on one node)"
     if not any(n.cpu_cores >= cpu_cores for n in with_cards):
         most = max(n.cpu_cores for n in with_cards)
@@ -90,3 +97,27 @@ def workload_utilizations(*, since=None, min_minutes: int = 10) -> list[float]:
         rows = rows.filter(minute__gte=since)
     per_workload = rows.values("workload").annotate(u=Avg("util_avg"), n=Count("minute", distinct=True))
     return [row["u"] for row in per_workload.filter(n__gte=min_minutes).order_by("workload")]
+
+
+def _gang_problem(found, gpu_model, gpu_count, cpu_cores, memory_mb, nodes) -> tuple[str, str] | None:
+    if nodes and gpu_count % nodes:
+        return "nodes", f"{gpu_count} cards do not split evenly over {nodes} nodes"
+    roomy = [n for n in found if n.cpu_cores >= cpu_cores and n.memory_mb >= memory_mb]
+    if not roomy:
+        return "cpu_cores", f"no {gpu_model} node has {cpu_cores} CPU cores and that much memory (asked per node)"
+    if nodes:
+        each = gpu_count // nodes
+        enough = [n for n in roomy if n.cards >= each]
+        if len(enough) < nodes:
+            return "nodes", (
+                f"{nodes} nodes with {each} {gpu_model} cards each are asked for; the cluster has "
+                f"{len(enough)} such nodes (with the CPU and memory asked per node)"
+            )
+        return None
+    total = sum(n.cards for n in roomy)
+    if total < gpu_count:
+        return "gpu_count", (
+            f"{gpu_count} {gpu_model} cards are asked for; the cluster has {total} on nodes with the CPU and "
+            "memory asked per node"
+        )
+    return None

@@ -14,7 +14,7 @@ from django.utils import timezone
 from config.messages import ToScheduler
 from scheduler import sharedfs, tick
 from scheduler.models import GpuMinute, WorkloadGpuMinute
-from scheduler.services import cluster, moves
+from scheduler.services import cluster, gangs, moves
 
 
 @shared_task(name=ToScheduler.SCHEDULE_TICK, ignore_result=True)
@@ -25,6 +25,11 @@ def schedule_tick():
 @shared_task(name=ToScheduler.CLUSTER_RECONCILE, ignore_result=True)
 def cluster_reconcile():
     cluster.cluster_reconcile()
+
+
+@shared_task(name=ToScheduler.GANG_STEP, ignore_result=True)
+def gang_step(workload_id: int):
+    gangs.gang_step(workload_id)
 
 
 @shared_task(name=ToScheduler.TELEMETRY_PRUNE, ignore_result=True)

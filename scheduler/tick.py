@@ -20,7 +20,7 @@ from django.utils import timezone
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.selectors import cluster_capacity
-from scheduler.services.allocation import Placement, Share, allocations_create
+from scheduler.services.allocation import Part, Placement, Share, allocations_create
 from scheduler.services.lifecycle import HOLDING
 from scheduler.services.workloads import launches_send, workload_preempt
 
@@ -122,7 +122,9 @@ def _as_work(w: Workload, epoch) -> policy.Work:
         id=w.pk,
         user=str(w.owner_id),
         team=w.team,
-        request=policy.Request(w.pk, w.gpu_model, w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, w.pinned_node_id),
+        request=policy.Request(
+            w.pk, w.gpu_model, w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, w.pinned_node_id, nodes=w.nodes
+        ),
         submitted=(w.created_at - epoch).total_seconds(),
         waiting_since=((w.queued_at or w.created_at) - epoch).total_seconds(),
         priority=w.priority,
@@ -257,14 +259,22 @@ def _record_on_demand(work_ids: list, by_id: dict) -> None:
 
 
 def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
-    shares = [
-        Share(cluster.card_ids[place.node][card], workload.gpu_milli, memory)
-        for card, memory in zip(place.cards, place.memory_mb, strict=True)
-    ]
-    return Placement(workload, cluster.node_ids[place.node], shares, levels[workload.pk])
+    """The policy's place as rows: rank 0's node and shares, and a gang's other members (``place.rest``)."""
+
+    def shares(part) -> list[Share]:
+        return [
+            Share(cluster.card_ids[part.node][card], workload.gpu_milli, memory)
+            for card, memory in zip(part.cards, part.memory_mb, strict=True)
+        ]
+
+    rank0, *rest = place.parts
+    members = tuple(Part(cluster.node_ids[part.node], shares(part)) for part in rest)
+    return Placement(workload, cluster.node_ids[rank0.node], shares(rank0), levels[workload.pk], rest=members)
 
 
 def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]:
+    """Work holding cards, as the policy sees it: rank 0's node and cards, and a gang's other members'."""
+    where = {card: (row, column) for row, ids in enumerate(cluster.card_ids) for column, card in enumerate(ids)}
     running = []
     for w in holding:
         if w.no_gpu:
@@ -273,8 +283,13 @@ def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]
         work.node = cluster.node_index.get(w.node_id)
         if work.node is None:
             continue  # its node is not active: reconciliation deals with it
-        card_ids = cluster.card_ids[work.node]
-        work.cards = [card_ids.index(a.gpu_id) for a in w.allocations.all() if a.gpu_id in card_ids]
+        parts: dict[int, list[int]] = {work.node: []}
+        for a in w.allocations.all():
+            if a.gpu_id in where:  # cards of nodes not active are left out, as above
+                row, column = where[a.gpu_id]
+                parts.setdefault(row, []).append(column)
+        work.cards = parts.pop(work.node)
+        work.rest = list(parts.items())
         running.append(work)
     return running
 

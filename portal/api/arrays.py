@@ -87,6 +87,7 @@ class ArrayListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
     class ArrayCreateInput(JobListApi.JobCreateInput):
+        nodes = None  # each task on the nodes the scheduler chooses
         array = serializers.CharField(
             max_length=255,
             required=False,

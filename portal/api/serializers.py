@@ -153,6 +153,16 @@ class InstanceDetailOutput(InstanceOutput):
         return None if suggestion is None else suggestion.as_dict()
 
 
+class MemberOutput(serializers.Serializer):
+    """One node's part of a job that spans nodes (a gang)."""
+
+    rank = serializers.IntegerField()
+    node = serializers.CharField(source="node_name")
+    status = serializers.CharField()
+    exit_code = serializers.IntegerField(allow_null=True)
+    reason = serializers.CharField()
+
+
 class JobOutput(WorkloadFields, serializers.ModelSerializer):
     priority = serializers.CharField(source="workload.get_priority_display")
     max_runtime_s = serializers.IntegerField(source="workload.max_runtime_s")
@@ -163,6 +173,14 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
     env = serializers.DictField(child=serializers.CharField(), source="workload.env")
     spot = serializers.BooleanField(source="workload.spot", help_text="On spot capacity now (at the spot price).")
     array = serializers.IntegerField(source="array_id", allow_null=True, help_text="The job array it is a task of.")
+    nodes = serializers.IntegerField(
+        source="workload.nodes", allow_null=True, help_text="Nodes asked for; empty: the scheduler chooses."
+    )
+    members = MemberOutput(
+        source="workload.members.all",
+        many=True,
+        help_text="Over several nodes (a gang): each node's member, rank 0 first (its node is the job's node).",
+    )
 
     class Meta:
         model = Job
@@ -175,6 +193,8 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
             "image",
             "gpu_type",
             "gpus",
+            "nodes",
+            "members",
             "cpu_cores",
             "memory_gb",
             "env",

@@ -334,6 +334,22 @@ class JobListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
     class JobCreateInput(WorkInput):
+        gpus = serializers.DecimalField(
+            max_digits=6,
+            decimal_places=2,
+            required=False,
+            help_text=f"Cards: more than one node has (at most {limits.MAX_JOB_CARDS}) runs the job over several "
+            "nodes, one container per node (a gang).",
+        )
+        nodes = serializers.IntegerField(
+            min_value=1,
+            max_value=limits.MAX_NODES,
+            required=False,
+            allow_null=True,
+            default=None,
+            help_text="Exactly this many nodes, gpus / nodes cards on each (cpu_cores and memory_gb are per node); "
+            "empty: one node if one has them all, else the fewest.",
+        )
         name = serializers.CharField(max_length=limits.NAME_CHARS, default="job")
         command = serializers.CharField(max_length=limits.COMMAND_CHARS)
         priority = serializers.ChoiceField(choices=["high", "normal", "low"], default="normal")

@@ -13,17 +13,29 @@ import threading
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Count, Max
 from django.db.models.functions import Now
 
 from config.messages import ToNode, ToScheduler, send
 from scheduler import sharedfs
 from scheduler.errors import ServiceError
-from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
-from scheduler.node import collector, disks, launcher, mps, network, worklogs
+from scheduler.models import (
+    Allocation,
+    MemberStatus,
+    Node,
+    NodeStatus,
+    Workload,
+    WorkloadKind,
+    WorkloadMember,
+    WorkloadRun,
+    WorkloadStatus,
+)
+from scheduler.node import collector, disks, gangs, launcher, mps, network, worklogs
 from scheduler.node.gpus import discover
+from scheduler.node.iptables import IptablesError
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
+from scheduler.services import gangs as gang_service
 from scheduler.services.code import workload_code_archive
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_register
@@ -32,8 +44,11 @@ log = logging.getLogger(__name__)
 S = WorkloadStatus
 
 
-def _shares(workload: Workload) -> list[launcher.CardShare]:
+def _shares(workload: Workload, *, node_id: int | None = None) -> list[launcher.CardShare]:
+    """Its shares (on ``node_id`` only: a gang's member there)."""
     allocations = Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index")
+    if node_id is not None:
+        allocations = allocations.filter(gpu__node_id=node_id)
     return [launcher.CardShare(a.gpu.uuid, a.milli, a.memory_mb, a.gpu.memory_mb) for a in allocations]
 
 
@@ -41,23 +56,30 @@ _launching: set[int] = set()
 _launching_lock = threading.Lock()
 
 
-def agent_launch(workload_id: int) -> None:
+def agent_launch(workload_id: int, node_name: str | None = None) -> None:
     """Launch the work's container once, however often the launch is sent (the control plane sends it
-    again when it stays starting: its first message may have been lost)."""
+    again when it stays starting: its first message may have been lost). ``node_name``: this agent's node,
+    where a gang's member is launched."""
     with _launching_lock:
         if workload_id in _launching:
             return  # this agent is launching it right now
         _launching.add(workload_id)
     try:
-        _launch(workload_id)
+        _launch(workload_id, node_name or settings.NODE_NAME)
     finally:
         with _launching_lock:
             _launching.discard(workload_id)
 
 
-def _launch(workload_id: int) -> None:
+def _launch(workload_id: int, node_name: str) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
     if workload is None or workload.status != S.STARTING:
+        return
+    members = gang_service.gang_members(workload)
+    if members:
+        member = next((m for m in members if m.node_name == node_name), None)
+        if member is not None and member.status == MemberStatus.STARTING:
+            _launch_member(workload, members, member)
         return
     run = None
     try:
@@ -75,7 +97,8 @@ def _launch(workload_id: int) -> None:
         mps.cards_prepare(workload.node, shares)
         collector.settle(workload.container_name)  # the last run's output is stored before this run begins
         run = _run_begin(workload)
-        container_id = launcher.container_launch(workload, spec, code=code)
+        files = {launcher.HOSTFILE: launcher.hostfile(workload, launcher.Rendezvous())}
+        container_id = launcher.container_launch(workload, spec, code=code, files=files)
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)
@@ -95,6 +118,68 @@ def _launch(workload_id: int) -> None:
         # Stopped, released or lost while it launched: do not leave its container running.
         log.info("workload %s left starting while it launched; stopping its container", workload_id)
         launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+
+
+def _launch_member(workload: Workload, members: list[WorkloadMember], member: WorkloadMember) -> None:
+    """Start a gang's member on this node: its cards here, its rank, rank 0's address and port.
+
+    Rank 0's output is the job's log (its runs); the other members' stays in their hosts' engines.
+    A member that cannot start is reported as exited: the control plane stops the gang as one.
+    """
+    member.workload = workload
+    name = member.container_name
+    run = None
+    try:
+        if settings.INSTANCE_NETWORK_MODE == "fenced":
+            network.fence_check()
+        if sharedfs.enabled():
+            user_dir_ready(workload.owner_id)
+            gangs.checkpoint_dir_ensure(workload)
+        code = workload_code_archive(workload.pk) if workload.kind == WorkloadKind.JOB else None
+        cards = dict(
+            Allocation.objects.filter(workload=workload)
+            .values_list("gpu__node_id")
+            .annotate(n=Count("id"))
+            .values_list("gpu__node_id", "n")
+        )
+        rendezvous = launcher.Rendezvous(
+            rank=member.rank,
+            hosts=tuple((m.node.address if m.node else m.node_name, cards.get(m.node_id, 0)) for m in members),
+            master_host=members[0].node.address if members[0].node else "",
+            master_port=workload.master_port or settings.GANG_PORT_MIN,
+        )
+        spec = launcher.container_spec(
+            workload,
+            node=member.node,
+            shares=_shares(workload, node_id=member.node_id),
+            with_code=code is not None,
+            rendezvous=rendezvous,
+            name=name,
+        )
+        gangs.old_members_remove(workload, keep=name)
+        collector.settle(name)
+        if member.rank == 0:
+            run = _run_begin(workload)
+        files = {launcher.HOSTFILE: launcher.hostfile(workload, rendezvous)}
+        container_id = launcher.container_launch(workload, spec, code=code, files=files)
+        address = launcher.container_address(name)
+    except Exception as exc:  # Docker, a refused spec, an image: the gang stops as one, never hangs
+        log.warning("launch of rank %s of gang %s failed: %s", member.rank, workload.pk, exc)
+        reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+        if run is not None:
+            worklogs.run_close(workload.pk, run, f"… {reason}")
+        gang_service.member_exited(member, exit_code=None, reason=reason)
+        return
+    if not gang_service.member_running(member, container_id=container_id, address=address):
+        log.info("rank %s of gang %s was stopped while it launched; stopping its container", member.rank, workload.pk)
+        launcher.container_stop(name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+        return
+    if settings.INSTANCE_NETWORK_MODE == "fenced":
+        try:
+            gangs.gang_rules_sync(member.node_name)
+        except IptablesError as exc:  # it could never reach rank 0: the gang stops (and starts again)
+            member.refresh_from_db()
+            gang_service.member_exited(member, exit_code=None, reason=f"cannot reach rank 0 through the fence: {exc}")
 
 
 def _launch_failed(workload: Workload, exc: Exception) -> str:
@@ -136,10 +221,16 @@ def _run_begin(workload: Workload) -> int:
     return last + 1
 
 
-def agent_stop(workload_id: int) -> None:
-    """Stop the container (SIGTERM, then SIGKILL after the grace period) and record why."""
+def agent_stop(workload_id: int, node_name: str | None = None) -> None:
+    """Stop the container (SIGTERM, then SIGKILL after the grace period) and record why (a gang's: its member
+    on this node, ``node_name``)."""
     workload = Workload.objects.filter(pk=workload_id).first()
     if workload is None or workload.status != S.STOPPING:
+        return
+    member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
+    if member is not None or WorkloadMember.objects.filter(workload_id=workload.pk).exists():
+        if member is not None:
+            _stop_member(workload, member)
         return
     preempted = workload.preempt_requested
     grace = settings.PREEMPTION_GRACE_S if preempted else settings.INSTANCE_STOP_GRACE_S
@@ -182,6 +273,22 @@ def agent_stop(workload_id: int) -> None:
         workload_transition(workload, to=S.STOPPED, allowed_from=[S.STOPPING], reason=reason, finished_at=now, **common)
 
 
+def _stop_member(workload: Workload, member: WorkloadMember) -> None:
+    """Stop a gang's member here: the grace period to checkpoint when the gang is requeued, then report it."""
+    if member.status not in (MemberStatus.STARTING, MemberStatus.RUNNING):
+        return
+    member.workload = workload
+    grace = settings.PREEMPTION_GRACE_S if workload.preempt_requested else settings.INSTANCE_STOP_GRACE_S
+    try:
+        exit_code = launcher.container_stop(member.container_name, grace_s=grace)
+    except Exception as exc:  # Docker: reported stopped all the same (the reconcile fence stops it later)
+        log.warning("stopping rank %s of gang %s failed: %s", member.rank, workload.pk, exc)
+        exit_code = None
+    gang_service.member_stopped(member, exit_code=exit_code, reason=workload.status_reason)
+    if settings.INSTANCE_NETWORK_MODE == "fenced":
+        gangs.gang_rules_sync_logged(member.node_name)
+
+
 def agent_restart(workload_id: int) -> None:
     """Restart the container of work its restart claimed (``workload_restart``), then end the claim.
 
@@ -220,6 +327,8 @@ def agent_release(workload_id: int) -> None:
     if workload is None or workload.status != S.RELEASING:
         return
     launcher.container_remove(workload)
+    if sharedfs.enabled() and workload.kind == WorkloadKind.JOB:
+        gangs.checkpoint_dir_remove(workload)  # a gang's checkpoints on the shared storage go with it
     workload_transition(workload, to=S.RELEASED, allowed_from=[S.RELEASING], reason="released", finished_at=Now())
 
 

@@ -39,6 +39,69 @@ class CardShare:
     card_memory_mb: int = 0
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a container stands in its work: single-node work is rank 0 of 1 on loopback; a gang's
+    member is rank ``rank`` of ``len(hosts)`` nodes, and reaches rank 0 at ``master_host``:``master_port``
+    (rank 0's host address; the port is published there on that address)."""
+
+    rank: int = 0
+    hosts: tuple[tuple[str, int], ...] = ()  # per rank: (host address, cards there); empty: one node
+    master_host: str = ""
+    master_port: int = 29500
+
+    @property
+    def nnodes(self) -> int:
+        return max(len(self.hosts), 1)
+
+
+HOSTFILE = "/etc/gpucloud/hostfile"
+
+
+def rendezvous_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dict[str, str]:
+    """The contract torchrun, Lightning and DeepSpeed read, the same for every job and instance.
+
+    WORLD_SIZE counts every card of the work (one process per card), LOCAL_WORLD_SIZE / NPROC_PER_NODE
+    this node's; RANK is the global rank of this node's first process (torchrun sets each process's own).
+    AUTO_TMPDIR is the folder that survives preemption, stop and resume (the seed's Lightning template
+    saves its checkpoints there). A gang's MASTER_ADDR is rank 0's host address for the other members and
+    loopback for rank 0 itself, which listens on its container's every address (a tenant never reaches
+    its own host's address: the fence); GPUCLOUD_MASTER_HOST is rank 0's host address for all."""
+    gang = rendezvous.nnodes > 1
+    if workload.kind == WorkloadKind.JOB:
+        keep = checkpoint_dir(workload, gang=gang)
+    else:
+        keep = settings.INSTANCE_DATA_PATH
+    return {
+        "MASTER_ADDR": rendezvous.master_host if gang and rendezvous.rank else "127.0.0.1",
+        "MASTER_PORT": str(rendezvous.master_port),
+        "WORLD_SIZE": str(workload.gpu_count),
+        "RANK": str(rendezvous.rank * local_cards),
+        "NODE_RANK": str(rendezvous.rank),
+        "GROUP_RANK": str(rendezvous.rank),
+        "NNODES": str(rendezvous.nnodes),
+        "LOCAL_WORLD_SIZE": str(local_cards),
+        "NPROC_PER_NODE": str(local_cards),
+        "GPUCLOUD_HOSTFILE": HOSTFILE,
+        "GPUCLOUD_MASTER_HOST": rendezvous.master_host or "127.0.0.1",
+        "AUTO_TMPDIR": keep,
+    }
+
+
+def hostfile(workload, rendezvous: Rendezvous) -> bytes:
+    """One line per node, rank 0 first: ``<host address> slots=<cards>`` (DeepSpeed's and MPI's format)."""
+    hosts = rendezvous.hosts or (("127.0.0.1", workload.gpu_count),)
+    return "".join(f"{address} slots={cards}\n" for address, cards in hosts).encode()
+
+
+def checkpoint_dir(workload, *, gang: bool) -> str:
+    """Where a job checkpoints: its own volume (it resumes on its node), or for a gang — which may resume on
+    other nodes — its folder on the owner's shared file storage, which every host mounts."""
+    if gang and sharedfs.enabled():
+        return f"{settings.SHARED_FS_PATH.rstrip('/')}/checkpoints/{workload.uid}"
+    return settings.JOB_CHECKPOINT_PATH
+
+
 @functools.cache
 def docker_client() -> docker.DockerClient:
     return docker.DockerClient(base_url=settings.DOCKER_BASE_URL, timeout=120)
@@ -55,9 +118,19 @@ def docker_root() -> str:
     return engine_info()["DockerRootDir"]
 
 
-def container_spec(workload, *, node, shares: list[CardShare], with_code: bool = False) -> dict:
+def container_spec(
+    workload,
+    *,
+    node,
+    shares: list[CardShare],
+    with_code: bool = False,
+    rendezvous: Rendezvous | None = None,
+    name: str | None = None,
+) -> dict:
     """Arguments for ``containers.create`` for a placed workload (``with_code``: a job that came with its code,
-    which runs in JOB_CODE_PATH)."""
+    which runs in JOB_CODE_PATH; ``rendezvous``: a gang's member, named ``name`` on its node)."""
+    rendezvous = rendezvous or Rendezvous()
+    gang = rendezvous.nnodes > 1
     uuids = [s.uuid for s in shares]
     environment = {
         # The user's own first: the platform's names below (devices, MPS limits, paths) always win.
@@ -74,20 +147,15 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
         # The owner's directory of the shared file storage (the same on every host), never the volume's root.
         volumes[user_dir_on_host(workload.owner_id)] = {"bind": settings.SHARED_FS_PATH, "mode": "rw"}
         environment["GPUCLOUD_SHARED_DIR"] = settings.SHARED_FS_PATH
+    environment.update(rendezvous_env(workload, rendezvous, local_cards=len(shares) or workload.gpu_count))
     if workload.kind == WorkloadKind.JOB:
-        # The job's own volume holds its checkpoints; it survives preemption and is reused on resume.
+        # The job's own volume holds its checkpoints; it survives preemption and is reused on resume
+        # (a gang's checkpoints are on the shared storage: ``checkpoint_dir``).
         volumes[workload.volume_name] = {"bind": settings.JOB_CHECKPOINT_PATH, "mode": "rw"}
         environment.update(
             {
-                "GPUCLOUD_CHECKPOINT_DIR": settings.JOB_CHECKPOINT_PATH,
+                "GPUCLOUD_CHECKPOINT_DIR": checkpoint_dir(workload, gang=gang),
                 "GPUCLOUD_RESUME_COUNT": str(workload.preemptions),
-                # torch.distributed / Lightning DDP on one node: rendezvous on loopback.
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": "29500",
-                "WORLD_SIZE": str(workload.gpu_count),
-                "NNODES": "1",
-                "NODE_RANK": "0",
-                "NPROC_PER_NODE": str(workload.gpu_count),
             }
         )
     if with_code:
@@ -111,8 +179,8 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
     spec = dict(
         image=workload.image_ref,
         command=workload.command or settings.INSTANCE_IDLE_COMMAND,
-        name=workload.container_name,
-        hostname=f"{workload.kind}-{workload.pk}",
+        name=name or workload.container_name,
+        hostname=f"{workload.kind}-{workload.pk}" + (f"-r{rendezvous.rank}" if rendezvous.rank else ""),
         labels={
             f"{LABEL}.deployment": settings.DEPLOYMENT_ID,
             f"{LABEL}.workload": str(workload.pk),
@@ -122,6 +190,7 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
             f"{LABEL}.node": node.name,
             f"{LABEL}.gpus": ",".join(uuids),
             f"{LABEL}.simulated": "1" if node.simulated else "0",
+            f"{LABEL}.rank": str(rendezvous.rank),
         },
         environment=environment,
         nano_cpus=int(cpu_cores * 1e9),
@@ -144,7 +213,13 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
         spec["network"] = settings.INSTANCE_NETWORK
     else:
         spec["network_mode"] = settings.INSTANCE_NETWORK_MODE
-    if (
+    if gang:
+        # Rank 0's rendezvous port, published on its host's address for the other members (whose own
+        # host's fence lets exactly them through to it: scheduler/node/gangs.py).
+        if rendezvous.rank == 0 and settings.INSTANCE_NETWORK_MODE != "none":
+            port = rendezvous.master_port
+            spec["ports"] = {f"{port}/tcp": (rendezvous.master_host, port)}
+    elif (
         settings.INSTANCE_PUBLISH_PORTS
         and settings.INSTANCE_NETWORK_MODE != "none"
         and workload.kind != WorkloadKind.JOB
@@ -204,11 +279,12 @@ def data_volume_ensure(workload, *, node_name: str) -> None:
     _ensure_volume(workload.volume_name, labels, size_gb=workload.disk_gb)
 
 
-def container_launch(workload, spec: dict, *, code: bytes | None = None) -> str:
+def container_launch(workload, spec: dict, *, code: bytes | None = None, files: dict[str, bytes] | None = None) -> str:
     """Start the workload's container, reusing its disk if it has run before; returns its id.
 
     ``code`` (a job's .tar.gz) is extracted into JOB_CODE_PATH on its data disk after the
-    container is created and before it starts, so the command finds it there.
+    container is created and before it starts, so the command finds it there; ``files``
+    (absolute path -> content: the hostfile) are written into a new container the same way.
 
     A stopped container keeps its disk. If it now gets other cards than last
     time, or other mounts (one made before the shared storage moved to
@@ -237,8 +313,28 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None) -> str:
     container = hostview.container_create(client, spec)  # pinned to its own cores
     if code is not None:
         _code_extract(container, code)
+    if files:
+        _files_put(container, files)
     container.start()
     return container.id
+
+
+def _files_put(container, files: dict[str, bytes]) -> None:
+    """Write ``files`` (absolute path -> content, read-only for the tenant) into the created container."""
+    folder = io.BytesIO()
+    with tarfile.open(fileobj=folder, mode="w") as tar:
+        parents = {os.path.dirname(path).strip("/") for path in files}
+        folders = sorted({"/".join(p.split("/")[: i + 1]) for p in parents if p for i in range(p.count("/") + 1)})
+        for name in folders:
+            entry = tarfile.TarInfo(name)
+            entry.type, entry.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(entry)
+        for path, content in files.items():
+            entry = tarfile.TarInfo(path.strip("/"))
+            entry.size, entry.mode = len(content), 0o444
+            tar.addfile(entry, io.BytesIO(content))
+    if not container.put_archive("/", folder.getvalue()):
+        raise RuntimeError("Docker did not take the platform's files")
 
 
 def _code_extract(container, archive: bytes) -> None:
@@ -449,6 +545,22 @@ def containers_on_node(node_name: str) -> dict[str, ContainerState]:
     # One removed between Docker's list and its inspect of it is left out, not an error.
     containers = docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True)
     return {state.uid: state for state in map(_state, containers)}
+
+
+def containers_of(uid: str) -> list[ContainerState]:
+    """This engine's containers of one workload (a gang's members of earlier placements included)."""
+    labels = [f"{LABEL}.uid={uid}", f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"]
+    containers = docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True)
+    return [_state(c) for c in containers]
+
+
+def container_address(name: str) -> str:
+    """The running container's address on the tenants' network ("" without one: network mode none)."""
+    container = _find(name)
+    if container is None:
+        return ""
+    networks = container.attrs.get("NetworkSettings", {}).get("Networks") or {}
+    return (networks.get(settings.INSTANCE_NETWORK) or {}).get("IPAddress") or ""
 
 
 def container_state(name: str) -> ContainerState | None:

@@ -43,6 +43,8 @@ import docker
 from django.conf import settings
 
 from scheduler.errors import InvalidInput
+from scheduler.node.gangs import CHAIN as GANGS_CHAIN
+from scheduler.node.gangs import chain_lines as gang_chain_lines
 from scheduler.node.iptables import IPV4, IPV6, Family, IptablesError, Table, available, table_apply, table_read
 from scheduler.node.launcher import LABEL, docker_client
 
@@ -78,6 +80,7 @@ def fence_rules(family: Family = IPV4) -> list[list[str]]:
     extra = [ipaddress.ip_network(cidr, strict=False) for cidr in settings.FENCE_EXTRA_CIDRS]  # a typo fails here
     cidrs = [*BLOCKED[family.version], *(str(net) for net in extra if net.version == family.version)]
     rules = [["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"]]
+    rules += [["-j", GANGS_CHAIN]]  # a gang's members to rank 0's rendezvous port, and nothing else (gangs.py)
     rules += [["-d", cidr, "-j", "DROP"] for cidr in cidrs]
     return [*rules, ["-j", "RETURN"]]
 
@@ -167,7 +170,8 @@ def _readable(family: Family) -> bool:
 
 def _install_lines(family: Family, table: Table) -> list[str]:
     """One transaction: the chain rewritten, every jump and INPUT rule moved to the top of its chain."""
-    lines = [f":{CHAIN} - [0:0]"]  # created, or emptied if it exists
+    lines = gang_chain_lines(table.chains)  # before the fence's jump to it; kept as it is when it exists
+    lines += [f":{CHAIN} - [0:0]"]  # created, or emptied if it exists
     if USER_CHAIN not in table.chains:
         lines += [f":{USER_CHAIN} - [0:0]", f"-A {USER_CHAIN} -j RETURN"]  # as Docker makes it
     lines += [f"-A {CHAIN} " + " ".join(rule) for rule in fence_rules(family)]

@@ -27,10 +27,11 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from scheduler.clock import AgentClock, db_now
-from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadStatus
-from scheduler.node import disks, launcher
+from scheduler.models import MemberStatus, NodeStatus, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
+from scheduler.node import disks, gangs, launcher
 from scheduler.node.agent import agent_release, agent_stop
 from scheduler.node.selffence import SelfFence, report_pending
+from scheduler.services import gangs as gang_service
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_heartbeat, node_rejoin
 
@@ -46,8 +47,11 @@ def agent_reconcile(node_name: str) -> list[int]:
     now = db_now()
     changed = _restarts_overdue(node_name, now)
     changed += _settle_running(node_name, containers, now)
+    changed += _settle_members(node_name)
     changed += _settle_overdue(node_name, containers, now)
     _fence(node_name, containers, volumes)
+    if settings.INSTANCE_NETWORK_MODE == "fenced":
+        gangs.gang_rules_sync_logged(node_name)  # no member's way through the fence outlives it
     return changed
 
 
@@ -65,7 +69,7 @@ def agent_reconcile_periodic(node_name: str) -> None:
 
 def _settle_running(node_name: str, containers: dict, now) -> list[int]:
     changed = []
-    for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING):
+    for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING, members__isnull=True):
         if workload.restarting:
             continue  # its container's exit is its restart's (an unfinished restart expires: _restarts_overdue)
         state = containers.get(workload.uid)
@@ -87,6 +91,29 @@ def _settle_running(node_name: str, containers: dict, now) -> list[int]:
             changed.append(workload.pk)
             if workload.kind == WorkloadKind.JOB and state is not None:
                 launcher.container_delete(state.name)  # logs are kept; the checkpoint volume stays
+    return changed
+
+
+def _settle_members(node_name: str) -> list[int]:
+    """Gang members of this node whose container ended by itself: reported (the control plane steps the gang)."""
+    changed = []
+    members = WorkloadMember.objects.filter(
+        node_name=node_name, status=MemberStatus.RUNNING, workload__status=S.RUNNING
+    ).select_related("workload")
+    for member in members:
+        state = launcher.container_state(member.container_name)
+        if state is not None and state.running:
+            continue
+        if state is None:
+            code, reason = None, "its container disappeared from the node"
+        else:
+            code, reason = state.exit_code, f"its container exited with code {state.exit_code}"
+            if state.oom_killed:
+                reason += " (out of memory)"
+        if member.rank == 0 and state is not None:
+            Workload.objects.filter(pk=member.workload_id).update(log_tail=launcher.container_logs_tail(state.name))
+        if gang_service.member_exited(member, exit_code=code, reason=reason):
+            changed.append(member.workload_id)
     return changed
 
 
@@ -161,6 +188,7 @@ def _settle_overdue(node_name: str, containers: dict, now) -> list[int]:
         Q(node__name=node_name) | Q(node__isnull=True, pinned_node__name=node_name),
         status__in=S.transitional(),
         status_changed_at__lt=now - timedelta(seconds=deadline),
+        members__isnull=True,  # a gang's overdue start or stop is the control plane's to settle (gangs)
     )
     changed = []
     for workload in overdue:
@@ -196,11 +224,17 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
     """Stop what may not run here; remove what belongs to no live work."""
     owners = {w.uid: w for w in Workload.objects.filter(uid__in={*containers, *volumes}).select_related("node")}
     holding = set(S.holding_resources())
+    members = WorkloadMember.objects.filter(
+        node_name=node_name, status__in=[MemberStatus.STARTING, MemberStatus.RUNNING], workload__status__in=holding
+    ).select_related("workload")
+    gang_members = {m.container_name for m in members}
     for uid, state in containers.items():
         workload = owners.get(uid)
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan container %s", state.name)
             launcher.container_delete(state.name)
+        elif state.running and state.name in gang_members:
+            continue  # a live member of a gang here
         elif state.running and not (workload.status in holding and workload.node and workload.node.name == node_name):
             # Work that was lost, requeued elsewhere or stopped while this node was away: its disk stays.
             log.warning(

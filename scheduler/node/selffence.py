@@ -33,8 +33,9 @@ from pathlib import Path
 from django.conf import settings
 
 from scheduler.clock import AgentClock
-from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
+from scheduler.models import MemberStatus, Node, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
 from scheduler.node import launcher
+from scheduler.services.gangs import member_stopped
 from scheduler.services.lifecycle import workload_transition
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,15 @@ class SelfFence:
         requeued = []
         # Only work still placed here: one the control plane requeued and placed elsewhere meanwhile runs
         # there now, and is none of this node's business.
-        for workload in Workload.objects.filter(pk__in=pending, kind=WorkloadKind.JOB, node__name=self.node_name):
+        # A gang's member here is reported stopped: the control plane stops and requeues the gang as one.
+        for member in WorkloadMember.objects.filter(
+            workload_id__in=pending, node_name=self.node_name, status=MemberStatus.RUNNING
+        ):
+            if member_stopped(member, exit_code=None, reason=f"its host {self.node_name} lost contact and stopped it"):
+                requeued.append(member.workload_id)
+        for workload in Workload.objects.filter(
+            pk__in=pending, kind=WorkloadKind.JOB, node__name=self.node_name, members__isnull=True
+        ):
             stopped_at = datetime.fromisoformat(pending[workload.pk])
             if workload_transition(
                 workload,

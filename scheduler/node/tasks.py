@@ -20,8 +20,9 @@ def limits(seconds: int) -> dict:
 
 
 @shared_task(name=ToNode.LAUNCH, **NODE_TASK)
-def agent_launch(workload_id: int):
-    agent.agent_launch(workload_id)
+def agent_launch(workload_id: int, node_name: str | None = None):
+    """``node_name``: this agent's node (a gang's member there); older messages have none."""
+    agent.agent_launch(workload_id, node_name)
 
 
 @shared_task(name=ToNode.LAUNCH_MANY, ignore_result=True)
@@ -31,14 +32,14 @@ def agent_launch_many(workload_ids: list[int], node_name: str):
     with this task is sent again by the control plane's reconciliation (LAUNCH_RESEND_S)."""
     first, *others = workload_ids or [None]
     for workload_id in others:
-        send(ToNode.LAUNCH, workload_id, node=node_name)
+        send(ToNode.LAUNCH, workload_id, node_name, node=node_name)
     if first is not None:
-        agent.agent_launch(first)
+        agent.agent_launch(first, node_name)
 
 
 @shared_task(name=ToNode.STOP, **NODE_TASK)
-def agent_stop(workload_id: int):
-    agent.agent_stop(workload_id)
+def agent_stop(workload_id: int, node_name: str | None = None):
+    agent.agent_stop(workload_id, node_name)
 
 
 @shared_task(name=ToNode.RESTART, **NODE_TASK)

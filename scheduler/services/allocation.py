@@ -1,5 +1,9 @@
 """Taking shares of cards for workloads, under row locks, many placements per transaction.
 
+A gang (work placed on several nodes) is one placement of several parts, rank 0's first:
+all its parts are taken under the same locks, or none is; its member rows (one per node)
+and its rendezvous port on rank 0's host are written with its allocations.
+
 Lock order, everywhere: the workload rows (by id), then the node rows (by id),
 then their card rows (by id); freeing (lifecycle.allocations_free) follows the
 same order. The free capacity is re-checked under those locks, placement by
@@ -10,11 +14,12 @@ behind that.
 
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from scheduler.models import WHOLE_CARD, Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.models import WHOLE_CARD, Allocation, Gpu, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
 from scheduler.services.bulk import rows_update
 from scheduler.services.lifecycle import transitions_recorded
 
@@ -29,11 +34,24 @@ class Share:
 
 
 @dataclass(frozen=True)
-class Placement:
-    workload: Workload
+class Part:
+    """What one node holds of a placement: its shares (and the work's CPU and memory per member)."""
+
     node_id: int
     shares: list[Share]
+
+
+@dataclass(frozen=True)
+class Placement:
+    workload: Workload
+    node_id: int  # rank 0's node
+    shares: list[Share]  # rank 0's shares
     queue_level: int | None = None  # the level the tick decided at, recorded with the placement
+    rest: tuple[Part, ...] = ()  # a gang's other members, rank 1 first
+
+    @property
+    def parts(self) -> list[Part]:
+        return [Part(self.node_id, self.shares), *self.rest]
 
 
 def allocation_create(*, workload: Workload, node_id: int, shares: list[Share]) -> bool:
@@ -68,16 +86,17 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
             nodes = {
                 n.pk: n
                 for n in Node.objects.select_for_update()
-                .filter(pk__in={p.node_id for p in placements}, status=NodeStatus.ACTIVE)
+                .filter(pk__in={part.node_id for p in placements for part in p.parts}, status=NodeStatus.ACTIVE)
                 .order_by("pk")
             }
             cards = {
                 c.pk: c
                 for c in Gpu.objects.select_for_update()
-                .filter(id__in={s.gpu_id for p in placements for s in p.shares})
+                .filter(id__in={s.gpu_id for p in placements for part in p.parts for s in part.shares})
                 .order_by("id")
             }
-            placed = [p for p in placements if p.workload.pk in queued and _take(p, nodes.get(p.node_id), cards)]
+            ports = _ports_in_use([p.node_id for p in placements if p.rest])
+            placed = [p for p in placements if p.workload.pk in queued and _take(p, nodes, cards, ports)]
             if placed:
                 _write(placed, nodes, cards)
     except IntegrityError:
@@ -86,51 +105,83 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
     return placed
 
 
-def _take(placement: Placement, node: Node | None, cards: dict) -> bool:
-    """Subtract the placement from the locked rows in memory if it fits; False (nothing taken) if not."""
+def _ports_in_use(node_ids: list[int]) -> dict[int, set[int]]:
+    """Rendezvous ports taken on these nodes by the gangs whose rank 0 they hold (call holding the node locks)."""
+    taken: dict[int, set[int]] = {node_id: set() for node_id in node_ids}
+    holding = Workload.objects.filter(node_id__in=node_ids, status__in=S.holding_resources(), master_port__isnull=False)
+    for node_id, port in holding.values_list("node_id", "master_port"):
+        taken[node_id].add(port)
+    return taken
+
+
+def _take(placement: Placement, nodes: dict, cards: dict, ports: dict) -> bool:
+    """Subtract every part of the placement from the locked rows in memory if all fit; False (nothing
+    taken) if any does not. A gang's rank 0 also takes a free rendezvous port on its node."""
     workload = placement.workload
-    if node is None:
+    parts = placement.parts
+    if len({part.node_id for part in parts}) != len(parts):
+        return False  # one member per node
+    if len(parts) > 1 and (workload.no_gpu or workload.gpu_milli != WHOLE_CARD or not all(p.shares for p in parts)):
+        return False  # a gang takes whole cards on every member's node
+    if workload.nodes and len(parts) != workload.nodes:
         return False
-    if node.cpu_cores - node.allocated_cpu < workload.held_cpu_cores:
-        return False
-    if node.memory_mb - node.allocated_memory_mb < workload.held_memory_mb:
-        return False
+    shares = [s for part in parts for s in part.shares]
     cards_asked = 0 if workload.no_gpu else workload.gpu_count
-    if len({s.gpu_id for s in placement.shares}) != cards_asked or len(placement.shares) != cards_asked:
+    if len({s.gpu_id for s in shares}) != cards_asked or len(shares) != cards_asked:
         return False
-    if any(s.milli != workload.gpu_milli for s in placement.shares):
+    if any(s.milli != workload.gpu_milli for s in shares):
         return False  # exactly the share asked for (and billed), on as many distinct cards as asked
-    for share in placement.shares:
-        card = cards.get(share.gpu_id)
-        if card is None or card.node_id != node.pk or card.model != workload.gpu_model:
+    for part in parts:
+        node = nodes.get(part.node_id)
+        if node is None:
             return False
-        if card.allocated_milli + share.milli > WHOLE_CARD:
+        if node.cpu_cores - node.allocated_cpu < workload.held_cpu_cores:
             return False
-        if card.allocated_memory_mb + share.memory_mb > card.memory_mb:
+        if node.memory_mb - node.allocated_memory_mb < workload.held_memory_mb:
             return False
-    for share in placement.shares:
-        cards[share.gpu_id].allocated_milli += share.milli
-        cards[share.gpu_id].allocated_memory_mb += share.memory_mb
-    node.allocated_cpu += workload.held_cpu_cores
-    node.allocated_memory_mb += workload.held_memory_mb
+        for share in part.shares:
+            card = cards.get(share.gpu_id)
+            if card is None or card.node_id != node.pk or card.model != workload.gpu_model:
+                return False
+            if card.allocated_milli + share.milli > WHOLE_CARD:
+                return False
+            if card.allocated_memory_mb + share.memory_mb > card.memory_mb:
+                return False
+    port = None
+    if len(parts) > 1:
+        taken = ports[placement.node_id]
+        port = next((p for p in range(settings.GANG_PORT_MIN, settings.GANG_PORT_MAX + 1) if p not in taken), None)
+        if port is None:
+            return False  # every rendezvous port of rank 0's host is taken
+        taken.add(port)
+    workload.master_port = port
+    for part in parts:
+        for share in part.shares:
+            cards[share.gpu_id].allocated_milli += share.milli
+            cards[share.gpu_id].allocated_memory_mb += share.memory_mb
+        nodes[part.node_id].allocated_cpu += workload.held_cpu_cores
+        nodes[part.node_id].allocated_memory_mb += workload.held_memory_mb
     return True
 
 
 def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
-    touched_cards = {s.gpu_id for p in placed for s in p.shares}
+    touched_cards = {s.gpu_id for p in placed for part in p.parts for s in part.shares}
     rows_update(Gpu, [cards[i] for i in touched_cards], ["allocated_milli", "allocated_memory_mb"])
-    touched_nodes = {p.node_id for p in placed}
+    touched_nodes = {part.node_id for p in placed for part in p.parts}
     rows_update(Node, [nodes[i] for i in touched_nodes], ["allocated_cpu", "allocated_memory_mb"])
     Allocation.objects.bulk_create(
         Allocation(workload_id=p.workload.pk, gpu_id=s.gpu_id, milli=s.milli, memory_mb=s.memory_mb)
         for p in placed
-        for s in p.shares
+        for part in p.parts
+        for s in part.shares
     )
+    _members_write(placed, nodes)
     now = timezone.now()
     workloads = []
     for p in placed:
         w = p.workload
-        w.status, w.status_reason, w.status_changed_at = S.STARTING, f"placed on {nodes[p.node_id].name}", now
+        where = ", ".join(nodes[part.node_id].name for part in p.parts)
+        w.status, w.status_reason, w.status_changed_at = S.STARTING, f"placed on {where}", now
         w.node, w.started_at, w.finished_at, w.queue_position = nodes[p.node_id], None, None, None
         if p.queue_level is not None:
             w.queue_level = p.queue_level
@@ -138,5 +189,16 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
     Workload.objects.filter(pk__in=[w.pk for w in workloads]).update(
         status=S.STARTING, status_changed_at=Now(), started_at=None, finished_at=None, queue_position=None
     )
-    rows_update(Workload, workloads, ["status_reason", "node", "queue_level"])
+    rows_update(Workload, workloads, ["status_reason", "node", "queue_level", "master_port"])
     transitions_recorded(workloads, from_status=S.QUEUED)
+
+
+def _members_write(placed: list[Placement], nodes: dict) -> None:
+    """A gang's members, rank by rank, replacing those of its last placement (single-node work has none)."""
+    WorkloadMember.objects.filter(workload_id__in=[p.workload.pk for p in placed]).delete()
+    WorkloadMember.objects.bulk_create(
+        WorkloadMember(workload_id=p.workload.pk, rank=rank, node_id=part.node_id, node_name=nodes[part.node_id].name)
+        for p in placed
+        if p.rest
+        for rank, part in enumerate(p.parts)
+    )

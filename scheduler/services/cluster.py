@@ -12,7 +12,8 @@ from django.conf import settings
 
 from config.messages import ToNode, send
 from scheduler.clock import db_now
-from scheduler.models import Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.models import MemberStatus, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
+from scheduler.services.gangs import gangs_step_all
 from scheduler.services.moves import moves_stalled_fail
 from scheduler.services.node_loss import nodes_mark_lost
 from scheduler.services.nodes import nodes_drain_step
@@ -24,6 +25,7 @@ def cluster_reconcile() -> None:
     nodes_mark_lost(silent_for=timedelta(seconds=settings.NODE_LOST_AFTER_S))
     nodes_drain_step()
     launches_resend()
+    gangs_step_all()
     moves_stalled_fail()
     for node in Node.objects.filter(status__in=IN_SERVICE):
         send(ToNode.RECONCILE, node.name, node=node.name)
@@ -43,6 +45,9 @@ def launches_resend() -> list[int]:
     ).select_related("node")
     resent = []
     for workload in stale:
-        send(ToNode.LAUNCH, workload.pk, node=workload.node.name)
+        # A gang's members still starting, each on its node; other work on its node.
+        members = WorkloadMember.objects.filter(workload=workload, status=MemberStatus.STARTING)
+        for node_name in [m.node_name for m in members] or ([] if workload.members.exists() else [workload.node.name]):
+            send(ToNode.LAUNCH, workload.pk, node_name, node=node_name)
         resent.append(workload.pk)
     return resent

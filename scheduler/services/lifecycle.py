@@ -93,7 +93,9 @@ def workload_changed_send(payload: dict) -> None:
 
 
 def allocations_free(workload_id: int, *, node_id: int | None = None) -> None:
-    """Give back every share the workload holds (on ``node_id``, default its node). Call inside a transaction."""
+    """Give back every share the workload holds, and its CPU and memory on each node that holds its cards
+    (a gang's members: one per node), or on ``node_id`` (default its node) when it holds no card.
+    Call inside a transaction."""
     allocations = list(Allocation.objects.filter(workload_id=workload_id).select_related("gpu"))
     workload = Workload.objects.only("node_id", "cpu_cores", "memory_mb", "no_gpu").get(pk=workload_id)
     if node_id is not None:
@@ -102,14 +104,15 @@ def allocations_free(workload_id: int, *, node_id: int | None = None) -> None:
     # leaving the holding states (the caller's compare-and-swap), so it is freed once.
     if not allocations and not (workload.no_gpu and workload.node_id):
         return
-    # Lock order everywhere: the workload row (updated by the caller), its node, its cards by id.
-    list(Node.objects.select_for_update().filter(pk=workload.node_id))
+    node_ids = sorted({a.gpu.node_id for a in allocations} or {workload.node_id})
+    # Lock order everywhere: the workload row (updated by the caller), its nodes by id, its cards by id.
+    list(Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk"))
     list(Gpu.objects.select_for_update().filter(id__in=[a.gpu_id for a in allocations]).order_by("id"))
     for a in allocations:
         Gpu.objects.filter(id=a.gpu_id).update(
             allocated_milli=F("allocated_milli") - a.milli, allocated_memory_mb=F("allocated_memory_mb") - a.memory_mb
         )
-    Node.objects.filter(pk=workload.node_id).update(
+    Node.objects.filter(pk__in=node_ids).update(
         allocated_cpu=F("allocated_cpu") - workload.held_cpu_cores,
         allocated_memory_mb=F("allocated_memory_mb") - workload.held_memory_mb,
     )

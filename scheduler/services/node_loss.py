@@ -5,6 +5,8 @@ the control plane was watching (``ClusterWatch``): a node is lost once it has
 been silent for ``NODE_LOST_AFTER_S`` while the control plane was up to see it.
 
 What a lost node's work becomes:
+- a gang with a member there stops on its other hosts (SIGTERM, the grace to
+  checkpoint) and is requeued as one (``gangs``);
 - jobs are requeued to run anywhere; the node's agent has stopped them itself by
   then (``scheduler.node.selffence``: it fences its jobs well before this
   deadline), so a requeued job never runs twice;
@@ -27,6 +29,7 @@ from django.db.models.functions import Now
 
 from scheduler.clock import db_now
 from scheduler.models import ClusterWatch, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
+from scheduler.services.gangs import gangs_of_lost_node
 from scheduler.services.lifecycle import workload_transition
 
 S = WorkloadStatus
@@ -69,7 +72,8 @@ def nodes_mark_lost(*, silent_for: timedelta) -> list[str]:
 
 
 def work_of_lost_node_settle(node: Node, *, why: str) -> None:
-    for workload in Workload.objects.filter(node=node, status__in=S.holding_resources()):
+    gangs_of_lost_node(node, why=why)  # each stops on its other hosts and is requeued as one
+    for workload in Workload.objects.filter(node=node, status__in=S.holding_resources(), members__isnull=True):
         if workload.kind == WorkloadKind.JOB:
             workload_transition(
                 workload,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from scheduler.clock import db_now
@@ -153,7 +153,10 @@ def nodes_drain_step() -> list[str]:
     drained = []
     now = db_now()
     for node in Node.objects.filter(status=NodeStatus.DRAINING):
-        holding = Workload.objects.filter(node=node, status__in=S.holding_resources())
+        # Its own work and the gangs with a member there (which stop and are requeued whole).
+        holding = Workload.objects.filter(
+            Q(node=node) | Q(members__node=node), status__in=S.holding_resources()
+        ).distinct()
         if node.drain_deadline and node.drain_deadline <= now:
             reason = f"stopped: node {node.name} was drained for maintenance"
             for workload in holding.filter(status=S.RUNNING):

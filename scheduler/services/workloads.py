@@ -15,9 +15,20 @@ from django.utils import timezone
 
 from config.messages import ToNode, ToScheduler, send, send_after_commit
 from scheduler.errors import Conflict, InvalidInput, TooMany
-from scheduler.models import Node, NodeStatus, Workload, WorkloadEvent, WorkloadGroup, WorkloadKind, WorkloadStatus
+from scheduler.models import (
+    WHOLE_CARD,
+    Node,
+    NodeStatus,
+    Workload,
+    WorkloadEvent,
+    WorkloadGroup,
+    WorkloadKind,
+    WorkloadMember,
+    WorkloadStatus,
+)
 from scheduler.selectors import fit_problem
 from scheduler.services.allocation import Placement, allocations_create
+from scheduler.services.gangs import gang_stop
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.node_loss import workload_release_on_lost_node, workload_stop_on_lost_node
 
@@ -46,13 +57,21 @@ def workload_submit(
     env: dict | None = None,
     pinned_node=None,
     group: WorkloadGroup | None = None,
+    nodes: int | None = None,
 ) -> Workload:
     """Queue new work. Refuses work that no registered node could ever run.
 
     ``pinned_node``: the only node it may run on (its image exists only there).
     ``group``: work submitted together; at most its ``max_running`` members run at once.
+    ``nodes``: a job (whole cards) may span nodes, a gang: exactly this many with gpu_count / nodes cards
+    each, or (None) as many as it takes when no node has them all; ``cpu_cores`` and ``memory_mb`` are per node.
     """
-    problem = fit_problem(gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb)
+    gang = kind == WorkloadKind.JOB and gpu_milli == WHOLE_CARD and pinned_node is None
+    if nodes is not None and nodes > 1 and not gang:
+        raise InvalidInput("only batch jobs of whole cards from a registry image may span nodes", field="nodes")
+    problem = fit_problem(
+        gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb, nodes=nodes, gang=gang
+    )
     if problem:
         raise InvalidInput(problem[1], field=problem[0])
     with transaction.atomic():
@@ -84,6 +103,7 @@ def workload_submit(
             env=env or {},
             pinned_node=pinned_node,
             group=group,
+            nodes=nodes,
             status=S.QUEUED,
             queued_at=timezone.now(),  # a control-plane time, compared by the control plane only
         )
@@ -159,6 +179,11 @@ def workload_stop(workload: Workload, *, reason: str = "") -> Workload:
     queued_reason = f"stopped while queued: {reason}" if reason else "stopped while queued"
     if workload_transition(workload, to=S.STOPPED, allowed_from=[S.QUEUED], reason=queued_reason):
         return workload
+    if WorkloadMember.objects.filter(workload_id=workload.pk).exists():
+        # A gang: every member stops, and it ends stopped once the last one has.
+        if not gang_stop(workload, reason=reason or "stopped", requeue=False):
+            raise Conflict(f"cannot stop: the {workload.kind} is {workload.status}")
+        return workload
     node = workload.node
     if node is not None and Node.objects.filter(pk=node.pk, status=NodeStatus.LOST).exists():
         if workload_stop_on_lost_node(workload, node, reason=reason):
@@ -228,8 +253,15 @@ def launches_send(workloads: list[Workload]) -> None:
     from config.celery import app
 
     by_node: dict[str, list[int]] = {}
+    members = WorkloadMember.objects.filter(workload_id__in=[w.pk for w in workloads]).values_list(
+        "workload_id", "node_name"
+    )
+    gangs: dict[int, list[str]] = {}
+    for workload_id, node_name in members:
+        gangs.setdefault(workload_id, []).append(node_name)
     for w in workloads:
-        by_node.setdefault(w.node.name, []).append(w.pk)
+        for node_name in gangs.get(w.pk, [w.node.name]):  # a gang: each member's node launches its member
+            by_node.setdefault(node_name, []).append(w.pk)
 
     def publish():
         with app.producer_or_acquire() as producer:
@@ -244,7 +276,11 @@ def tick_soon() -> None:
 
 
 def workload_preempt(workload: Workload, *, reason: str) -> bool:
-    """Evict running work: SIGTERM, PREEMPTION_GRACE_S to checkpoint, then stop. Call after the tick decided."""
+    """Evict running work: SIGTERM, PREEMPTION_GRACE_S to checkpoint, then stop. Call after the tick decided.
+
+    A gang is evicted whole: every member stops, and it is requeued as one."""
+    if WorkloadMember.objects.filter(workload_id=workload.pk).exists():
+        return gang_stop(workload, reason=f"preempted: {reason}", requeue=True)
     if not workload_transition(
         workload, to=S.STOPPING, allowed_from=[S.RUNNING], reason=f"preempted: {reason}", preempt_requested=True
     ):

@@ -29,7 +29,7 @@ DATABASE_URL at its role: the web tier at ``<prefix>_web``, host ``<name>``'s ag
 from dataclasses import dataclass
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import connection, transaction
 from psycopg import sql
 
 from billing.models import MeterSegment
@@ -44,6 +44,7 @@ from scheduler.models import (
     WorkloadCode,
     WorkloadEvent,
     WorkloadGpuMinute,
+    WorkloadMember,
     WorkloadRun,
 )
 from scheduler.telemetry.rollups import FIELDS as ROLLUP_FIELDS
@@ -54,6 +55,8 @@ OWN_NODE = "(SELECT n.id FROM scheduler_node n WHERE n.name = {name})"
 # (a stopped instance's disk, a preempted job's checkpoint): what the agent settles and releases.
 OWN_WORK = "(SELECT w.id FROM scheduler_workload w WHERE coalesce(w.node_id, w.pinned_node_id) = {own})"
 OWN_CARDS = "(SELECT g.id FROM scheduler_gpu g WHERE g.node_id = {own})"
+# Gangs with a member on the node: it launches that member (reading the gang's code), nothing more.
+MEMBER_OF = "(SELECT m.workload_id FROM scheduler_workloadmember m WHERE m.node_id = {own})"
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,15 @@ NODE_ACCESS = {
     Instance: NodeAccess("SELECT"),
     Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
     # A job's code, extracted into its container at launch: the host of that job's only.
-    WorkloadCode: NodeAccess("SELECT", rows="workload_id IN " + OWN_WORK, read_own=True),
+    WorkloadCode: NodeAccess(
+        "SELECT", rows="workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF, read_own=True
+    ),
+    # A gang's member on this node: its container's state, written by this node's agent only.
+    WorkloadMember: NodeAccess(
+        "SELECT",
+        update=("status", "container_id", "address", "exit_code", "reason", "changed_at"),
+        rows="node_id = {own}",
+    ),
     # Minute rollups, upserted (an agent restarted mid-minute).
     GpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
     WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
@@ -247,39 +258,50 @@ class Command(BaseCommand):
         # The node a session is: its login role's name, past "<prefix>_node_".
         name = f"substr(current_user, {len(node_role(prefix, '')) + 1})"
         own = OWN_NODE.format(name=name)
+        granted = {model._meta.db_table for model in NODE_ACCESS}
         for table in tables:
-            cursor.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(table), role))
+            if table not in granted:
+                cursor.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(table), role))
         for model, access in NODE_ACCESS.items():
-            table = sql.Identifier(model._meta.db_table)
-            cursor.execute(sql.SQL("GRANT " + access.privileges + " ON {} TO {}").format(table, role))
-            if access.update:
-                columns = sql.SQL(", ").join(sql.Identifier(c) for c in access.update)
-                cursor.execute(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(columns, table, role))
-            if "INSERT" in access.privileges:
-                cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [model._meta.db_table])
-                sequence = cursor.fetchone()[0]
-                cursor.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE " + sequence + " TO {}").format(role))
-            if not access.rows:
-                continue
-            rows = sql.SQL(access.rows.format(name=name, own=own))
-            check = sql.SQL((access.check or access.rows).format(name=name, own=own))
-            writes = [p.strip() for p in access.privileges.split(",") if p.strip() != "SELECT"]
-            writes += ["UPDATE"] if access.update else []
-            policies = {
-                f"{group}_read": sql.SQL("FOR SELECT TO {} USING ({})").format(
-                    role, rows if access.read_own else sql.SQL("true")
-                ),
-                f"{web}_all": sql.SQL("FOR ALL TO {} USING (true) WITH CHECK (true)").format(sql.Identifier(web)),
-            }
-            for command in writes:
-                clause = {
-                    "INSERT": sql.SQL("WITH CHECK ({})").format(check),
-                    "UPDATE": sql.SQL("USING ({}) WITH CHECK ({})").format(rows, check),
-                    "DELETE": sql.SQL("USING ({})").format(rows),
-                }[command]
-                policies[f"{group}_{command.lower()}"] = sql.SQL("FOR " + command + " TO {} {}").format(role, clause)
-            for policy, body in policies.items():
-                cursor.execute(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(sql.Identifier(policy), table))
-                cursor.execute(sql.SQL("CREATE POLICY {} ON {} ").format(sql.Identifier(policy), table) + body)
-            # The owner (migrations, this command) is not subject to it; every other role needs a policy.
-            cursor.execute(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table))
+            # Each table's grants and policies are replaced in a transaction of its own: an agent at work
+            # meanwhile (another host being added) never sees the table without them, and no lock is held
+            # on one table while another's is taken (an agent's query would deadlock on that).
+            with transaction.atomic():
+                Command._grant_node_table(cursor, model, access, role, web, group, name, own)
+
+    @staticmethod
+    def _grant_node_table(cursor, model, access, role, web: str, group: str, name: str, own: str) -> None:
+        table = sql.Identifier(model._meta.db_table)
+        cursor.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(table, role))
+        cursor.execute(sql.SQL("GRANT " + access.privileges + " ON {} TO {}").format(table, role))
+        if access.update:
+            columns = sql.SQL(", ").join(sql.Identifier(c) for c in access.update)
+            cursor.execute(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(columns, table, role))
+        if "INSERT" in access.privileges:
+            cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [model._meta.db_table])
+            sequence = cursor.fetchone()[0]
+            cursor.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE " + sequence + " TO {}").format(role))
+        if not access.rows:
+            return
+        rows = sql.SQL(access.rows.format(name=name, own=own))
+        check = sql.SQL((access.check or access.rows).format(name=name, own=own))
+        writes = [p.strip() for p in access.privileges.split(",") if p.strip() != "SELECT"]
+        writes += ["UPDATE"] if access.update else []
+        policies = {
+            f"{group}_read": sql.SQL("FOR SELECT TO {} USING ({})").format(
+                role, rows if access.read_own else sql.SQL("true")
+            ),
+            f"{web}_all": sql.SQL("FOR ALL TO {} USING (true) WITH CHECK (true)").format(sql.Identifier(web)),
+        }
+        for command in writes:
+            clause = {
+                "INSERT": sql.SQL("WITH CHECK ({})").format(check),
+                "UPDATE": sql.SQL("USING ({}) WITH CHECK ({})").format(rows, check),
+                "DELETE": sql.SQL("USING ({})").format(rows),
+            }[command]
+            policies[f"{group}_{command.lower()}"] = sql.SQL("FOR " + command + " TO {} {}").format(role, clause)
+        for policy, body in policies.items():
+            cursor.execute(sql.SQL("DROP POLICY IF EXISTS {} ON {}").format(sql.Identifier(policy), table))
+            cursor.execute(sql.SQL("CREATE POLICY {} ON {} ").format(sql.Identifier(policy), table) + body)
+        # The owner (migrations, this command) is not subject to it; every other role needs a policy.
+        cursor.execute(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table))

@@ -1,0 +1,72 @@
+"""The live tick with gangs: the policy's parts become one placement of several members, all or nothing; a
+running gang is seen on every node it holds; it is evicted whole."""
+
+import pytest
+
+from scheduler import policy, tick
+from scheduler.models import Allocation, WorkloadMember, WorkloadStatus
+from scheduler.services import gangs
+from tests.conftest import make_node
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db
+S = WorkloadStatus
+
+
+@pytest.fixture
+def nodes():
+    return [make_node("sim:2xRTX3090", cpu_cores=8, memory_mb=16384) for _ in range(2)]
+
+
+def test_a_job_wider_than_a_node_is_placed_over_two_nodes_with_its_members(user, nodes):
+    job = workload(user, kind="job", gpu_count=4, preemptible=True)
+    result = tick.schedule_tick()
+    assert result.placed == [job.pk]
+    job.refresh_from_db()
+    members = gangs.gang_members(job)
+    assert job.status == S.STARTING and [m.rank for m in members] == [0, 1]
+    assert {m.node_id for m in members} == {n.pk for n in nodes} and job.node_id == members[0].node_id
+    held = Allocation.objects.filter(workload=job).values_list("gpu__node_id", flat=True)
+    assert sorted(held) == sorted([nodes[0].pk] * 2 + [nodes[1].pk] * 2)
+
+
+def test_a_gang_that_does_not_fit_whole_takes_nothing(user, nodes):
+    workload(user, gpu_count=1, status=S.QUEUED, priority=0)  # one card goes to an instance first
+    job = workload(user, kind="job", gpu_count=4, preemptible=True, priority=2)
+    tick.schedule_tick()
+    job.refresh_from_db()
+    assert job.status == S.QUEUED and not Allocation.objects.filter(workload=job).exists()
+    assert not WorkloadMember.objects.filter(workload=job).exists()
+
+
+def test_a_running_gang_is_seen_on_every_node_it_holds(user, nodes):
+    job = workload(user, kind="job", gpu_count=4, preemptible=True)
+    tick.schedule_tick()
+    job.refresh_from_db()
+    cluster = policy.ClusterState(tick.cluster_capacity())
+    [work] = tick._running_works(
+        [type(job).objects.prefetch_related("allocations").get(pk=job.pk)], cluster, job.created_at
+    )
+    assert work.node == cluster.node_index[job.node_id]
+    assert len(work.cards) == 2 and len(work.rest) == 1 and len(work.rest[0][1]) == 2
+
+
+def test_a_spot_gang_is_evicted_whole_for_on_demand_work(user, nodes):
+    job = workload(user, kind="job", gpu_count=4, preemptible=True, spot=True)
+    tick.schedule_tick()
+    for member in gangs.gang_members(job):
+        gangs.member_running(member, container_id="c", address="")
+    gangs.gang_step(job.pk)
+    job.refresh_from_db()
+    assert job.status == S.RUNNING
+    urgent = workload(user, gpu_count=2, priority=0)
+    result = tick.schedule_tick()
+    assert job.pk in result.preempted
+    job.refresh_from_db()
+    assert job.status == S.STOPPING and job.preempt_requested
+    for member in gangs.gang_members(job):
+        gangs.member_stopped(member, exit_code=0)
+    assert gangs.gang_step(job.pk) == S.QUEUED
+    tick.schedule_tick()
+    urgent.refresh_from_db()
+    assert urgent.status == S.STARTING
