@@ -190,7 +190,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--closed-seconds", type=float, default=8)
-    args = parser.parse_args()
+    args = _setup.parse(parser, seconds=3, closed_seconds=1)
     port = free_port()
     env = server_env(port)
     data = prepare(env)
@@ -232,10 +232,8 @@ def main():
         "requests": len(latencies),
         "p50_ms": round(1000 * percentile(latencies, 0.50), 1),
         "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
-        "errors": len(errors),
-        "commit": _setup.commit(),
     }
-    print(json.dumps(result))
+    _setup.report(result, errors=len(errors))
 
 
 if __name__ == "__main__":
