@@ -100,16 +100,27 @@ def main():
     submitted = args.running + args.queue
     ticks, placed = [], 0
     queued = []
+    profile = os.environ.get("BENCH_PROFILE")  # a file: cProfile's stats of the timed ticks
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
     for _ in range(args.ticks):
         departures(args.churn, rng)
         queue_add(args.churn, users, rng, SHAPES, first=submitted)
         submitted += args.churn
         queued.append(Workload.objects.filter(status=WorkloadStatus.QUEUED).count())
+        if profile:
+            profiler.enable()
         started = time.perf_counter()
         result = schedule_tick()
         ticks.append(time.perf_counter() - started)
+        if profile:
+            profiler.disable()
         placed += len(result.placed)
         running_mark(result.placed, rng)
+    if profile:
+        profiler.dump_stats(profile)
     running = Workload.objects.filter(status=WorkloadStatus.RUNNING).count()
     with connection.cursor() as cursor:
         cursor.execute(ACCOUNTING_ERRORS)

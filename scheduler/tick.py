@@ -8,19 +8,20 @@ launches and stops go to node queues after their commit.
 
 import contextlib
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import redis
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Prefetch
 from django.utils import timezone
 
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.selectors import cluster_capacity
 from scheduler.services.allocation import Placement, Share, allocations_create
+from scheduler.services.bulk import rows_update
 from scheduler.services.lifecycle import HOLDING
 from scheduler.services.workloads import launches_send, workload_preempt
 
@@ -114,7 +115,7 @@ def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
             seconds = max((now - since).total_seconds(), 0.0)
             w.attained_service += w.gpu_share * seconds * (config.idle_weight if idle else 1.0)
         w.accrued_at = now
-    Workload.objects.bulk_update(running, ["attained_service", "accrued_at"])
+    rows_update(Workload, running, ["attained_service", "accrued_at"])  # every holder, every tick: one statement
 
 
 def _as_work(w: Workload, epoch) -> policy.Work:
@@ -197,11 +198,7 @@ def _tick() -> TickResult:
     result = TickResult()
     now = timezone.now()
     config = mlfq_config()
-    holding = list(
-        Workload.objects.filter(status__in=HOLDING)
-        .select_related("group")
-        .prefetch_related(Prefetch("allocations", Allocation.objects.order_by("gpu_id")))
-    )
+    holding = list(Workload.objects.filter(status__in=HOLDING).select_related("group"))
     _accrue(holding, now, config)
     queued = list(Workload.objects.filter(status=S.QUEUED).select_related("group"))
     if not queued:
@@ -211,7 +208,7 @@ def _tick() -> TickResult:
     by_id = {w.pk: w for w in [*queued, *holding]}
     decisions = policy.decide(
         [_as_work(w, epoch) for w in queued],
-        _running_works(holding, cluster, epoch),
+        _running_works(holding, cluster, epoch, _cards_held()),
         cluster,
         now=(now - epoch).total_seconds(),
         discipline=policy.DISCIPLINES["mlfq"](config),
@@ -264,7 +261,17 @@ def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
     return Placement(workload, cluster.node_ids[place.node], shares, levels[workload.pk])
 
 
-def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]:
+def _cards_held() -> dict[int, list[int]]:
+    """The cards each holding workload has shares on, by card id: one query and no model objects
+    (a prefetch of the allocation rows of 5,000 running workloads took a second of every tick)."""
+    held: dict[int, list[int]] = defaultdict(list)
+    rows = Allocation.objects.filter(workload__status__in=HOLDING).order_by("gpu_id")
+    for workload_id, gpu_id in rows.values_list("workload_id", "gpu_id"):
+        held[workload_id].append(gpu_id)
+    return held
+
+
+def _running_works(holding: list[Workload], cluster, epoch, cards_held: dict[int, list[int]]) -> list[policy.Work]:
     running = []
     for w in holding:
         if w.no_gpu:
@@ -274,7 +281,7 @@ def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]
         if work.node is None:
             continue  # its node is not active: reconciliation deals with it
         card_ids = cluster.card_ids[work.node]
-        work.cards = [card_ids.index(a.gpu_id) for a in w.allocations.all() if a.gpu_id in card_ids]
+        work.cards = [card_ids.index(gpu_id) for gpu_id in cards_held.get(w.pk, ()) if gpu_id in card_ids]
         running.append(work)
     return running
 
