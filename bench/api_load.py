@@ -65,6 +65,7 @@ def prepare(env: dict) -> dict:
     subprocess.run(["psql", database[0] + "/postgres", "-qc", f"CREATE DATABASE {database[1]}"], check=True)
     manage = [sys.executable, str(_setup.ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "--no-input", "-v0"], env=env, check=True)
+    subprocess.run([*manage, "make_signing_keys"], env=env, check=True)  # creating sends signed messages
     script = """
 from decimal import Decimal
 from django.contrib.auth import get_user_model

@@ -115,7 +115,7 @@ def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
             seconds = max((now - since).total_seconds(), 0.0)
             w.attained_service += w.gpu_share * seconds * (config.idle_weight if idle else 1.0)
         w.accrued_at = now
-    rows_update(Workload, running, ["attained_service", "accrued_at"])  # every holder, every tick: one statement
+    rows_update(Workload, running, ["attained_service"], accrued_at=now)  # every holder, every tick: one statement
 
 
 def _as_work(w: Workload, epoch) -> policy.Work:

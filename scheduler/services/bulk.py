@@ -10,12 +10,16 @@ of rows); other databases (SQLite in development) use ``bulk_update``.
 from django.db import connection
 
 
-def rows_update(model, objects: list, fields: list[str]) -> None:
-    """Write ``fields`` of each object (all of the same model) to its row, in one statement."""
+def rows_update(model, objects: list, fields: list[str], **same) -> None:
+    """Write ``fields`` of each object (all of the same model) to its row, and ``same`` (field=value, one
+    value for every row) as well, in one statement."""
     if not objects:
         return
     if connection.vendor != "postgresql":
-        model.objects.bulk_update(objects, fields)
+        for obj in objects:
+            for name, value in same.items():
+                setattr(obj, name, value)
+        model.objects.bulk_update(objects, [*fields, *same])
         return
     columns = [model._meta.get_field(name) for name in fields]
     pk = model._meta.pk
@@ -23,8 +27,12 @@ def rows_update(model, objects: list, fields: list[str]) -> None:
     table = quote(model._meta.db_table)
     names = ", ".join(quote(c.column) for c in [pk, *columns])
     arrays = ", ".join(f"%s::{c.db_type(connection)}[]" for c in [pk, *columns])
-    assignments = ", ".join(f"{quote(c.column)} = v.{quote(c.column)}" for c in columns)
-    params = [[pk.get_db_prep_value(obj.pk, connection) for obj in objects]] + [
+    shared = [model._meta.get_field(name) for name in same]
+    assignments = ", ".join(
+        [f"{quote(c.column)} = v.{quote(c.column)}" for c in columns] + [f"{quote(c.column)} = %s" for c in shared]
+    )
+    params = [c.get_db_prep_save(same[c.name], connection) for c in shared]
+    params += [[pk.get_db_prep_value(obj.pk, connection) for obj in objects]] + [
         [c.get_db_prep_save(getattr(obj, c.attname), connection) for obj in objects] for c in columns
     ]
     sql = (
