@@ -27,6 +27,16 @@ def commit() -> str:
     )
 
 
+# make test's settings (a connection per request, a fast password hasher): the servers a bench starts
+# run with production's, whatever the shell that started the bench had set.
+TEST_ONLY = ("DB_CONN_MAX_AGE", "TEST_FAST_PASSWORD_HASHER")
+
+
+def production_environ() -> dict:
+    """This process's environment without make test's settings, for the servers a bench starts."""
+    return {name: value for name, value in os.environ.items() if name not in TEST_ONLY}
+
+
 def parse(parser: argparse.ArgumentParser, **quick) -> argparse.Namespace:
     """The command line, with ``--quick``: the small sizes given here (``make bench-smoke``), unless set."""
     sizes = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in quick.items())

@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def server_env(port: int) -> dict:
     return {
-        **os.environ,
+        **_setup.production_environ(),
         "DATABASE_URL": DATABASE_URL,
         "REDIS_URL": REDIS_URL,
         "SECRET_KEY": secrets.token_urlsafe(40),

@@ -193,7 +193,8 @@ def main():
         DATABASE_URL, DEPLOYMENT_ID=deployment, SCHEDULER_QUEUE="bench-relay-scheduler", SIGNUP_CREDIT="1000"
     )
     env = {
-        **os.environ,  # the database, Redis, a fresh SECRET_KEY (and so RELAY_SECRET) for every process
+        # the database, Redis, a fresh SECRET_KEY (and so RELAY_SECRET) for every process
+        **_setup.production_environ(),
         "DEBUG": "false",
         "SCHEDULER_TICK_S": "1",
         "GPU_BACKEND": "sim:1xRTX3090",
