@@ -208,8 +208,8 @@ def main():
     from portal.demo import catalog_load
     from scheduler.node.launcher import LABEL, docker_client
 
-    call_command("build_images", verbosity=0)
     catalog_load()
+    call_command("build_images", verbosity=0)  # after the catalog: it tags the catalog's images on this engine
     user = get_user_model().objects.create_user("bench", password="bench-pass-123")
     client = Client()
     client.force_login(user)
