@@ -44,6 +44,7 @@ SMOKE = {
     "elastic.py": Smoke(),
     "fgd_allocation.py": Smoke(),
     "io_mlfq.py": Smoke(),
+    "io_neighbour.py": Smoke(),
     "launch_latency.py": Smoke(timeout_s=600),
     "log_flood.py": Smoke(),
     "philly_jct.py": Smoke(),

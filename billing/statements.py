@@ -21,6 +21,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from billing.models import ZERO, Account, Posting, PostingKind
+from billing.rating import CENT
 from scheduler.models import Allocation, WorkloadGpuMinute
 
 
@@ -106,7 +107,7 @@ def statement(account: Account, month: str) -> list[StatementLine]:
             seconds=row["seconds"] or 0.0,
             gpu_seconds_billed=row["gpu_seconds"] or 0.0,
             gpu_seconds_busy=busy.get(row["segment__workload"]),
-            amount=row["amount"] or ZERO,
+            amount=(row["amount"] or ZERO).quantize(CENT),  # SQLite sums decimals as floats
             group_id=row["segment__workload__group"],
             group=row["segment__workload__group__name"] or "",
         )
@@ -117,7 +118,16 @@ def statement(account: Account, month: str) -> list[StatementLine]:
     if storage["days"]:
         lines.append(
             StatementLine(
-                None, f"data disks ({storage['days']} days)", "storage", "", 0, "", 0, 0, None, storage["amount"]
+                None,
+                f"data disks ({storage['days']} days)",
+                "storage",
+                "",
+                0,
+                "",
+                0,
+                0,
+                None,
+                storage["amount"].quantize(CENT),
             )
         )
     return lines

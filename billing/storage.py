@@ -1,7 +1,11 @@
-"""Storage: data disks and shared file storage per GB-day above the free allowance, charged per UTC day.
+"""Storage: data disks, jobs' checkpoint volumes, saved images and shared file storage per GB-day above the free
+allowance, charged per UTC day.
 
 A disk is charged for every day it exists — also while its instance is
-stopped — until the instance is released. A user's shared file storage
+stopped — until the instance is released; a job's checkpoint volume likewise
+(it is kept, at the job's ``disk_gb``, until the job is released). A saved
+image (a private image, ready) is charged to its owner at its size for every
+day it exists. A user's shared file storage
 (``/root/autodl-fs``, ``scheduler.sharedfs``) is charged for what it held:
 ``shared_usage_sample`` reads every user's usage from JuiceFS (beat, every
 ``SHARED_FS_USAGE_S``) and keeps each day's peak; a day without a sample is
@@ -29,6 +33,7 @@ from billing.ledger import payer_for, platform_account, transfer
 from billing.models import AccountKind, PostingKind, SharedStorageUsage
 from billing.prices import rate_card_now
 from billing.rating import CENT
+from portal.models import Image, ImageStatus, ImageVisibility
 from scheduler import sharedfs
 from scheduler.models import Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 
@@ -37,14 +42,14 @@ HUNDREDTH = Decimal("0.01")
 
 
 def disks_on(day_start) -> dict[tuple[int, str], int]:
-    """(owner id, team) -> GB of instance disks that existed during the day."""
+    """(owner id, team) -> GB of instance disks and job checkpoint volumes that existed during the day."""
     day_end = day_start + timedelta(days=1)
     released_before = WorkloadEvent.objects.filter(to_status=WorkloadStatus.RELEASED, created_at__lt=day_start).values(
         "workload_id"
     )
     disks: dict[tuple[int, str], int] = defaultdict(int)
     rows = (
-        Workload.objects.filter(kind=WorkloadKind.INSTANCE, created_at__lt=day_end)
+        Workload.objects.filter(kind__in=[WorkloadKind.INSTANCE, WorkloadKind.JOB], created_at__lt=day_end)
         .exclude(pk__in=released_before)
         .values_list("owner_id", "team", "disk_gb")
     )
@@ -95,6 +100,23 @@ def shared_storage_on(day_start) -> dict[int, Decimal]:
     return charged
 
 
+def images_on(day_start) -> dict[int, Decimal]:
+    """Owner id -> GB of saved images (private, ready) made before the day's end."""
+    rows = Image.objects.filter(
+        visibility=ImageVisibility.PRIVATE,
+        status=ImageStatus.READY,
+        created_at__lt=day_start + timedelta(days=1),
+        size_bytes__gt=0,
+    ).values_list("owner_id", "size_bytes")
+    held: dict[int, int] = defaultdict(int)
+    for owner_id, size in rows:
+        held[owner_id] += size
+    return {
+        owner: (Decimal(size) / sharedfs.GIB).quantize(HUNDREDTH, rounding=ROUND_HALF_UP)
+        for owner, size in held.items()
+    }
+
+
 def storage_settle(now=None) -> int:
     """Charge every finished day of the last week not charged yet; returns the postings made."""
     now = now or timezone.now()
@@ -111,12 +133,17 @@ def storage_settle(now=None) -> int:
             account = payer_for(owner_id=owner_id, team_slug=team)
             _, disk, shared = per_account.get(account.pk, (account, 0, Decimal(0)))
             per_account[account.pk] = (account, disk + gb, shared)
+        images = images_on(day)
         for user_id, gb in shared_storage_on(day).items():
             account = payer_for(owner_id=user_id, team_slug="")
             _, disk, shared = per_account.get(account.pk, (account, 0, Decimal(0)))
             per_account[account.pk] = (account, disk, shared + gb)
+        for user_id in images:  # a saved image is its owner's, as the shared storage
+            account = payer_for(owner_id=user_id, team_slug="")
+            per_account.setdefault(account.pk, (account, 0, Decimal(0)))
         for account, disk, shared in per_account.values():
-            gb = disk + shared
+            image_gb = images.get(account.user_id, Decimal(0)) if account.user_id else Decimal(0)
+            gb = disk + shared + image_gb
             billable = max(gb - card.free_storage_gb, 0)
             amount = (Decimal(billable) * card.storage_gb_day).quantize(CENT, rounding=ROUND_HALF_UP)
             if amount <= 0:
@@ -125,6 +152,7 @@ def storage_settle(now=None) -> int:
                 "gb": str(gb),
                 "disk_gb": disk,
                 "shared_gb": str(shared),
+                "images_gb": str(image_gb),
                 "free_gb": card.free_storage_gb,
                 "gb_day": str(card.storage_gb_day),
             }

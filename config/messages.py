@@ -13,7 +13,11 @@ name (``tests/test_messages.py`` holds the two sides together).
                                                           (quotas, usage), image deletion from the
                                                           registry, node agents' replies
     node.<name>                that host's node agent     ToNode: launch, stop, restart, release,
-                                                          reconcile, image commit / remove, disk growth
+                               (threads)                  reconcile
+    node.<name>.slow           that host's slow worker    ToNode in SLOW: image pull / commit (+ push) /
+                               (processes, started by     remove, disk growth, moves: minutes to hours,
+                               the agent)                 each killed at its time limit; a tenant's
+                                                          hour-long commit never holds a stop back
 
     channel-layer group        written by                 read by (message type -> handler)
     user-<id>                  any process that changes   the owner's console pages
@@ -62,6 +66,8 @@ class ToScheduler(StrEnum):
     IMAGE_SAVED = "portal.tasks.image_saved"
     IMAGE_REMOVED = "portal.tasks.image_removed"
     DISK_GROWN = "portal.tasks.disk_grown"
+    # Saves, deletions of images and disk growths that got no answer by their deadline (beat).
+    OPERATIONS_OVERDUE = "portal.tasks.operations_overdue"
     # Moving a stopped instance to another host: the agents' reports (move id, fields).
     MOVE_REPORT = "scheduler.tasks.move_report"
 
@@ -81,14 +87,32 @@ class ToNode(StrEnum):
     MOVE_EXPORT = "scheduler.node.tasks.agent_move_export"  # the source: the system disk to the registry
     MOVE_IMPORT = "scheduler.node.tasks.agent_move_import"  # the target: pull it, fetch the data disk
     MOVE_CLEANUP = "scheduler.node.tasks.agent_move_cleanup"  # a copy that is not the instance's any more
+    IMAGE_PULL = "scheduler.node.tasks.agent_image_pull"  # a starting work's image, then its launch again
 
 
-def node_queue(node_name: str) -> str:
-    return f"node.{node_name}"
+# What can take minutes or hours goes to the node's slow queue, served by worker processes of its own
+# (Celery's prefork pool, which kills a task at its hard time limit), so it never holds the threads that
+# launch, stop and restart: a billing stop does not wait behind a tenant's hour-long image commit.
+SLOW = frozenset(
+    {
+        ToNode.IMAGE_PULL,
+        ToNode.IMAGE_COMMIT,
+        ToNode.IMAGE_REMOVE,
+        ToNode.DISK_GROW,
+        ToNode.MOVE_EXPORT,
+        ToNode.MOVE_IMPORT,
+        ToNode.MOVE_CLEANUP,
+    }
+)
+
+
+def node_queue(node_name: str, *, slow: bool = False) -> str:
+    return f"node.{node_name}.slow" if slow else f"node.{node_name}"
 
 
 def send(task: ToScheduler | ToNode, *args, node: str | None = None, **options) -> None:
-    """Send ``task`` now: to the scheduler queue, or for a ``ToNode`` task to node ``node``'s queue.
+    """Send ``task`` now: to the scheduler queue, or for a ``ToNode`` task to node ``node``'s queue
+    (its slow queue for a task in ``SLOW``).
 
     ``options`` go to Celery's ``send_task`` (``expires``, ``producer``).
     """
@@ -99,7 +123,7 @@ def send(task: ToScheduler | ToNode, *args, node: str | None = None, **options) 
     if isinstance(task, ToNode):
         if not node:
             raise ValueError(f"{task.name} goes to a node's queue: name the node")
-        queue = node_queue(node)
+        queue = node_queue(node, slow=task in SLOW)
     else:
         queue = settings.SCHEDULER_QUEUE
     app.send_task(task, args=list(args), queue=queue, **options)

@@ -230,6 +230,15 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 # Work in starting / stopping / releasing longer than this had its task die (no task outlives
 # the time limit): reconciliation settles it from what Docker reports.
 TRANSITION_DEADLINE_S = env.int("TRANSITION_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
+# Saving an instance as an image (commit, then push), and growing a data disk, may take this long on
+# its node's slow queue, and no longer (its worker process is killed then).
+IMAGE_SAVE_TIME_LIMIT_S = env.int("IMAGE_SAVE_TIME_LIMIT_S", default=3600)
+DISK_GROW_TIME_LIMIT_S = env.int("DISK_GROW_TIME_LIMIT_S", default=CELERY_TASK_TIME_LIMIT)
+# Slow operations the control plane waits on a node's answer for: past these, one that got no answer
+# has failed, saying so (portal.tasks.operations_overdue). Each is longer than its task may run.
+IMAGE_SAVE_DEADLINE_S = env.int("IMAGE_SAVE_DEADLINE_S", default=IMAGE_SAVE_TIME_LIMIT_S + 60)
+IMAGE_DELETE_DEADLINE_S = env.int("IMAGE_DELETE_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
+DISK_GROW_DEADLINE_S = env.int("DISK_GROW_DEADLINE_S", default=DISK_GROW_TIME_LIMIT_S + 60)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Signed messages (Celery's "auth" serializer): a task a tenant or anyone else writes into Redis
@@ -278,12 +287,18 @@ CELERY_BEAT_SCHEDULE = {
     "arrays-supervise": {"task": ToScheduler.ARRAYS_SUPERVISE, "schedule": timedelta(seconds=ARRAY_SUPERVISE_S)},
     "idle-stop": {"task": ToScheduler.IDLE_STOP, "schedule": timedelta(seconds=env.int("IDLE_CHECK_S", default=60))},
     "housekeeping": {"task": ToScheduler.RELEASE_LONG_STOPPED, "schedule": timedelta(hours=1)},
+    "operations-overdue": {"task": ToScheduler.OPERATIONS_OVERDUE, "schedule": timedelta(seconds=RECONCILE_S)},
 }
 # Files through the portal (portal/files.py): the largest upload or download, per file.
 FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
 # An instance started without its cards (as AutoDL's no-card mode): at most this much CPU and memory.
 NO_GPU_CPU_CORES = env.int("NO_GPU_CPU_CORES", default=1)
 NO_GPU_MEMORY_MB = env.int("NO_GPU_MEMORY_MB", default=2048)
+# Slow operations (saving or deleting an image, growing a disk, moving an instance) one user may have
+# under way at once; more is refused (429). They share each node's slow queue with every other tenant.
+MAX_SLOW_OPERATIONS_PER_USER = env.int("MAX_SLOW_OPERATIONS_PER_USER", default=2)
+# Worker processes of each node's slow queue (config.messages.SLOW), beside the agent's own threads.
+NODE_SLOW_CONCURRENCY = env.int("NODE_SLOW_CONCURRENCY", default=2)
 # Saved images per user (each is a full image on its node's disk).
 MAX_SAVED_IMAGES = env.int("MAX_SAVED_IMAGES", default=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # non-file form data; files stream to temporary files
@@ -301,6 +316,14 @@ SIGNUP_CREDIT = env.str("SIGNUP_CREDIT", default="0")
 # GPU hosts. GPU_BACKEND is "nvml", "sim:<N>x<MODEL>,..." or "auto" (NVML, else simulated).
 GPU_BACKEND = env.str("GPU_BACKEND", default="auto")
 SIM_GPU_DEFAULT = env.str("SIM_GPU_DEFAULT", default="sim:4xRTX3090,4xA100-80GB")
+# How a fraction of a card is enforced (scheduler/node/mps.py): "mps" (an MPS daemon per shared card, limits
+# set in the server), "off" (the share is only advertised to the container), "auto" (mps on real cards).
+GPU_SHARE_ENFORCE = env.str("GPU_SHARE_ENFORCE", default="auto")
+if GPU_SHARE_ENFORCE not in ("auto", "mps", "off"):
+    raise environ.ImproperlyConfigured(f"GPU_SHARE_ENFORCE must be auto, mps or off, got {GPU_SHARE_ENFORCE!r}")
+MPS_DIR = env.str("MPS_DIR", default="/run/gpucloud/mps")
+MPS_CONTROL = env.str("MPS_CONTROL", default="nvidia-cuda-mps-control")
+NVIDIA_SMI = env.str("NVIDIA_SMI", default="nvidia-smi")
 NODE_NAME = env.str("NODE_NAME", default="")
 NODE_CPUS = env.int("NODE_CPUS", default=0)  # 0: the host's own count
 NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memory
@@ -423,10 +446,29 @@ FENCE_CHECK_S = env.int("FENCE_CHECK_S", default=10)
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)
+# What a container sees of its host (scheduler/node/hostview.py): pinned to as many cores as it holds, so
+# nproc says so; LXCFS's /proc files ("auto": where LXCFS is mounted at LXCFS_DIR, "on": required, "off").
+INSTANCE_CPUSET = env.bool("INSTANCE_CPUSET", default=True)
+INSTANCE_LXCFS = env.str("INSTANCE_LXCFS", default="auto")
+if INSTANCE_LXCFS not in ("auto", "on", "off"):
+    raise environ.ImproperlyConfigured(f"INSTANCE_LXCFS must be auto, on or off, got {INSTANCE_LXCFS!r}")
+LXCFS_DIR = env.str("LXCFS_DIR", default="/var/lib/lxcfs")
+# Disk I/O caps per card held (scheduler/node/diskio.py; 0: none) on INSTANCE_IO_DEVICES (default: the disks
+# under Docker's data root and VOLUMES_DIR); the I/O weight (100 per card) is set where the kernel has one.
+INSTANCE_IO_READ_MBPS = env.int("INSTANCE_IO_READ_MBPS", default=0)
+INSTANCE_IO_WRITE_MBPS = env.int("INSTANCE_IO_WRITE_MBPS", default=0)
+INSTANCE_IO_READ_IOPS = env.int("INSTANCE_IO_READ_IOPS", default=0)
+INSTANCE_IO_WRITE_IOPS = env.int("INSTANCE_IO_WRITE_IOPS", default=0)
+INSTANCE_IO_DEVICES = env.list("INSTANCE_IO_DEVICES", default=[])
 # Data volumes of exactly disk_gb (loop-mounted ext4 in sparse files under VOLUMES_DIR; the agent
 # needs root). Off by default in development; production turns it on (docker-compose does).
 INSTANCE_DISK_QUOTA = env.bool("INSTANCE_DISK_QUOTA", default=False)
 VOLUMES_DIR = env.str("VOLUMES_DIR", default=str(VAR_DIR / "volumes"))
+# The system disk (the container's writable layer), as AutoDL sizes it; set where the engine's storage driver
+# takes a size per container (btrfs, zfs: scheduler/node/disks.py). 0: unlimited.
+INSTANCE_SYSTEM_DISK_GB = env.int("INSTANCE_SYSTEM_DISK_GB", default=30)
+# A host whose disk (the engine's data root, measured at each heartbeat) has less free than this takes no new work.
+NODE_DISK_MIN_FREE_GB = env.int("NODE_DISK_MIN_FREE_GB", default=20)
 INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
 # The users' shared file storage (scheduler/sharedfs.py): one JuiceFS volume that every GPU host
 # mounts at SHARED_FS_MOUNT; each user's directory users/<id> (with a quota of SHARED_FS_QUOTA_GB)

@@ -11,18 +11,25 @@ then a best-effort removal from every host's engine) or from its node, then hide
 row (released instances still name it in their history).
 """
 
+import logging
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from config.messages import ToNode, ToScheduler, send, send_after_commit
 from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
+from portal.slow import slow_operation_admit, slow_operations_lock
 from scheduler import registry
+from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import Node, NodeStatus, WorkloadStatus
 
 REPOSITORY = "gpucloud-saved"
+log = logging.getLogger(__name__)
 
 
 def saved_image_list(*, user):
@@ -41,6 +48,7 @@ def image_save(*, instance: Instance, name: str) -> Image:
     if not name or len(name) > limits.NAME_CHARS:
         raise InvalidInput(f"give the image a name of 1 to {limits.NAME_CHARS} characters", field="name")
     with transaction.atomic():
+        slow_operation_admit(instance.owner)
         workload = instance.workload.__class__.objects.select_for_update().get(pk=instance.workload_id)
         if workload.status != WorkloadStatus.STOPPED:
             raise Conflict(f"stop the instance before saving it as an image; it is {workload.status}")
@@ -62,6 +70,7 @@ def image_save(*, instance: Instance, name: str) -> Image:
             visibility=ImageVisibility.PRIVATE,
             owner=instance.owner,
             status=ImageStatus.SAVING,
+            status_changed_at=Now(),
             node=node,
             source_instance=instance,
         )
@@ -89,6 +98,7 @@ def image_saved(image_id: int, size_bytes: int, error: str) -> None:
 def image_delete(*, image: Image) -> Image:
     """Remove a saved image from the registry or its node (refused while instances that are not released use it)."""
     with transaction.atomic():
+        slow_operations_lock(image.owner)
         image = Image.objects.select_for_update().get(pk=image.pk)
         if image.status in (ImageStatus.SAVING, ImageStatus.DELETING):
             raise Conflict(f"the image is {image.status}; wait until that is done")
@@ -101,8 +111,11 @@ def image_delete(*, image: Image) -> Image:
         # Nothing on a node to wait for (it is gone, or the commit failed): deleted now. A failed commit may
         # still have left a tag behind, so its node is told too; the reply finds nothing "deleting" to change.
         gone_already = not from_registry and (image.node is None or image.status == ImageStatus.FAILED)
+        if not gone_already:
+            slow_operation_admit(image.owner)
         image.status = ImageStatus.DELETED if gone_already else ImageStatus.DELETING
-        image.save(update_fields=["status"])
+        image.status_changed_at = Now()
+        image.save(update_fields=["status", "status_changed_at"])
         if from_registry:
             send_after_commit(ToScheduler.IMAGE_DELETE, image.pk)
         elif image.node is not None:
@@ -139,6 +152,35 @@ def image_removed(image_id: int, size_bytes: int, error: str) -> None:
     if error:
         update = {"status": ImageStatus.READY, "status_reason": f"could not delete: {error}"[:255]}
     Image.objects.filter(pk=image_id, status=ImageStatus.DELETING).update(**update)
+
+
+def images_overdue() -> list[int]:
+    """Saves and deletions that got no answer by their deadline have failed, saying so; returns their ids.
+
+    Their node task may not outlive its time limit, which each deadline exceeds, so a late
+    answer cannot change them back (one that comes anyway finds nothing saving or deleting).
+    """
+    now = db_now()
+    changed = []
+    for status, deadline, update in [
+        (
+            ImageStatus.SAVING,
+            settings.IMAGE_SAVE_DEADLINE_S,
+            {"status": ImageStatus.FAILED, "status_reason": "saving failed: its node did not finish within {} s"},
+        ),
+        (
+            ImageStatus.DELETING,
+            settings.IMAGE_DELETE_DEADLINE_S,
+            {"status": ImageStatus.READY, "status_reason": "could not delete: no answer within {} s; delete it again"},
+        ),
+    ]:
+        cutoff = now - timedelta(seconds=deadline)
+        for image_id in Image.objects.filter(status=status, status_changed_at__lt=cutoff).values_list("pk", flat=True):
+            reason = update["status_reason"].format(deadline)
+            if Image.objects.filter(pk=image_id, status=status).update(**{**update, "status_reason": reason}):
+                log.warning("image %s was %s for over %s s: %s", image_id, status, deadline, reason)
+                changed.append(image_id)
+    return changed
 
 
 def image_busy(instance: Instance) -> bool:

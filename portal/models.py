@@ -81,6 +81,9 @@ class Image(models.Model):
     )
     size_bytes = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    status_changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it began saving or deleting (the database's time): each has a deadline."
+    )
 
     class Meta:
         ordering = ["framework", "-framework_version", "cuda_version"]
@@ -117,6 +120,9 @@ class Instance(models.Model):
     disk_gb = models.PositiveIntegerField()
     disk_growing_to = models.PositiveIntegerField(
         null=True, blank=True, help_text="Its node is growing the data disk to this size (GB)."
+    )
+    disk_growing_since = models.DateTimeField(
+        null=True, blank=True, help_text="When the growth was asked for (the database's time): it has a deadline."
     )
     billing_mode = models.CharField(max_length=16, choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
     workload = models.OneToOneField(Workload, on_delete=models.PROTECT, related_name="instance")

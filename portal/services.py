@@ -2,9 +2,12 @@
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models.functions import Now
 
 from billing.enforcement import may_start, member_may_start
 from billing.ledger import payer_for
@@ -13,6 +16,8 @@ from config.messages import ToNode, ToScheduler, send_after_commit
 from portal import images, limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
+from portal.slow import slow_operation_admit, slow_operations_lock
+from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services import moves
@@ -170,6 +175,8 @@ def instance_act(*, instance: Instance, action: str) -> Instance:
     if action in ("start", "start-no-gpu"):
         check_payable(instance.workload)
     with transaction.atomic():
+        if action in ("move", "restart"):
+            slow_operation_admit(instance.owner)
         ACTIONS[action](instance.workload)
     return instance
 
@@ -330,6 +337,7 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
     The node grows the filesystem online, so a running instance keeps running.
     """
     with transaction.atomic():
+        slow_operations_lock(instance.owner)
         instance = Instance.objects.select_for_update().select_related("workload").get(pk=instance.pk)
         workload = instance.workload
         if workload.status in (WorkloadStatus.RELEASING, WorkloadStatus.RELEASED):
@@ -344,14 +352,15 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
         if node is None:  # never ran: its disk is made at the new size when it starts
             _disk_recorded(instance, disk_gb)
             return instance
-        instance.disk_growing_to = disk_gb
-        instance.save(update_fields=["disk_growing_to"])
+        slow_operation_admit(instance.owner)
+        instance.disk_growing_to, instance.disk_growing_since = disk_gb, Now()
+        instance.save(update_fields=["disk_growing_to", "disk_growing_since"])
         send_after_commit(ToNode.DISK_GROW, workload.pk, disk_gb, ToScheduler.DISK_GROWN, instance.pk, node=node.name)
     return instance
 
 
 def _disk_recorded(instance: Instance, disk_gb: int) -> None:
-    Instance.objects.filter(pk=instance.pk).update(disk_gb=disk_gb, disk_growing_to=None)
+    Instance.objects.filter(pk=instance.pk).update(disk_gb=disk_gb, disk_growing_to=None, disk_growing_since=None)
     type(instance.workload).objects.filter(pk=instance.workload_id).update(disk_gb=disk_gb)
     instance.refresh_from_db()
 
@@ -363,7 +372,7 @@ def disk_grown(instance_id: int, disk_gb: int, error: str) -> None:
         if instance is None:
             return
         if error:
-            Instance.objects.filter(pk=instance_id).update(disk_growing_to=None)
+            Instance.objects.filter(pk=instance_id).update(disk_growing_to=None, disk_growing_since=None)
             reason = f"growing the data disk to {disk_gb} GB failed: {error}"
         else:
             _disk_recorded(instance, disk_gb)
@@ -372,3 +381,16 @@ def disk_grown(instance_id: int, disk_gb: int, error: str) -> None:
         WorkloadEvent.objects.create(
             workload_id=instance.workload_id, from_status=status, to_status=status, reason=reason[:255]
         )
+
+
+def disks_overdue() -> list[int]:
+    """Disk growths with no answer by DISK_GROW_DEADLINE_S have failed, saying so (the size stays as
+    it was); returns the instances. The node's task may not run longer than that deadline."""
+    deadline = settings.DISK_GROW_DEADLINE_S
+    cutoff = db_now() - timedelta(seconds=deadline)
+    overdue = Instance.objects.filter(disk_growing_to__isnull=False, disk_growing_since__lt=cutoff)
+    changed = []
+    for instance_id, disk_gb in overdue.values_list("pk", "disk_growing_to"):
+        disk_grown(instance_id, disk_gb, f"its node did not answer within {deadline} s")
+        changed.append(instance_id)
+    return changed

@@ -45,6 +45,13 @@ def image_delete(image_id: int):
     images.image_delete_from_registry(image_id)
 
 
+@shared_task(name=ToScheduler.OPERATIONS_OVERDUE, ignore_result=True, time_limit=120, soft_time_limit=90)
+def operations_overdue():
+    """Saves, deletions of images and disk growths past their deadline: failed, saying why."""
+    images.images_overdue()
+    services.disks_overdue()
+
+
 @shared_task(name=ToScheduler.DISK_GROWN, ignore_result=True)
 def disk_grown(instance_id: int, size_gb: int, error: str):
     services.disk_grown(instance_id, size_gb, error)

@@ -57,6 +57,15 @@ class Node(models.Model):
     drain_deadline = models.DateTimeField(
         null=True, blank=True, help_text="While draining: work still running then is stopped (jobs are requeued)."
     )
+    disk_total_gb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Size of the disk holding its containers and data disks (agent's report)."
+    )
+    disk_free_gb = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Free on that disk at the last heartbeat; below NODE_DISK_MIN_FREE_GB "
+        "the scheduler places nothing new here.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -73,6 +82,10 @@ class Node(models.Model):
     @property
     def queue(self) -> str:
         return node_queue(self.name)
+
+    @property
+    def slow_queue(self) -> str:
+        return node_queue(self.name, slow=True)
 
 
 class ClusterWatch(models.Model):
@@ -220,6 +233,11 @@ class Workload(models.Model):
         default=False, help_text="Running without its cards (CPU only, at the no-GPU price), as started last."
     )
     preempt_requested = models.BooleanField(default=False)
+    # A restart claims running work before its node stops the container, so that exit is not read as the
+    # work's end (scheduler.node.reconcile); ``restarts`` counts the claims, so a reconcile that read the
+    # container before a restart began and ended acts on nothing.
+    restarting = models.BooleanField(default=False, help_text="Its node is restarting the container.")
+    restarts = models.PositiveIntegerField(default=0, help_text="Restarts asked for so far.")
     preemptions = models.PositiveIntegerField(default=0)
     log_tail = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=WorkloadStatus.choices, default=WorkloadStatus.QUEUED)

@@ -139,7 +139,7 @@ def node_worker(transactional_db, sim_node, node_relay, base_image):
 
 @contextlib.contextmanager
 def worker_for(*nodes):
-    """A real Celery worker on Redis serving the scheduler queue and the queues of ``nodes``."""
+    """A real Celery worker on Redis serving the scheduler queue and the queues (and slow queues) of ``nodes``."""
     from celery.contrib.testing.worker import start_worker
     from celery.signals import task_postrun
 
@@ -154,7 +154,7 @@ def worker_for(*nodes):
             app,
             pool="threads",
             concurrency=2,
-            queues=[settings.SCHEDULER_QUEUE, *(node.queue for node in nodes)],
+            queues=[settings.SCHEDULER_QUEUE, *(q for node in nodes for q in (node.queue, node.slow_queue))],
             perform_ping_check=False,
             shutdown_timeout=20,
         ):

@@ -46,3 +46,17 @@ def test_nothing_is_sent_when_the_transaction_rolls_back(monkeypatch):
     with transaction.atomic():
         send_after_commit(ToNode.STOP, 7, node="gpu-1")
     assert sent == [(ToNode.STOP, "node.gpu-1")]
+
+
+def test_slow_node_tasks_go_to_the_nodes_slow_queue_and_the_rest_to_its_own(monkeypatch):
+    from config.messages import SLOW
+
+    sent = {}
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: sent.__setitem__(name, kw["queue"]))
+    for task in ToNode:
+        send(task, 1, node="gpu-1")
+    assert {task for task, queue in sent.items() if queue == "node.gpu-1.slow"} == SLOW
+    assert {task for task, queue in sent.items() if queue == "node.gpu-1"} == set(ToNode) - SLOW
+    # What a billing or user stop needs never waits behind an hour-long commit, pull or copy.
+    assert {ToNode.STOP, ToNode.LAUNCH, ToNode.RESTART, ToNode.RELEASE, ToNode.RECONCILE}.isdisjoint(SLOW)
+    assert {ToNode.IMAGE_COMMIT, ToNode.IMAGE_PULL, ToNode.DISK_GROW, ToNode.MOVE_IMPORT} <= SLOW

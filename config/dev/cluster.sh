@@ -21,7 +21,9 @@
 # Settings (environment): CLUSTER_PREFIX, CLUSTER_NET, CLUSTER_DIR (state and logs, default
 # var/cluster), CLUSTER_WEB_PORT, CLUSTER_CARDS_<I> (host I's cards), CLUSTER_NODE_CPUS and
 # CLUSTER_NODE_MEMORY_MB (what each simulated host advertises: they share this machine's),
-# CLUSTER_AGENT_CONCURRENCY (tasks each agent runs at once, default 2), N, PYTHON. Any other setting of the platform (NODE_HEARTBEAT_S, ...) the caller sets reaches
+# CLUSTER_AGENT_CONCURRENCY (tasks each agent runs at once, default 2), CLUSTER_DOCKER_DISK_GB (each
+# host's Docker data root: a btrfs filesystem with quotas in a sparse loop file of this size, default 64,
+# so containers' system disks have a size; 0: a plain directory), N, PYTHON. Any other setting of the platform (NODE_HEARTBEAT_S, ...) the caller sets reaches
 # every process.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -276,14 +278,30 @@ host_net_up() {
   ip -n "$ns" route add default via "$CP"
 }
 
+host_data_root() { # host_data_root <i>: a btrfs filesystem with quotas for the engine's data (loop file, sparse)
+  local i=$1 gb=${CLUSTER_DOCKER_DISK_GB:-64} root=$DIR/h$i/docker image=$DIR/h$i/docker.btrfs
+  mkdir -p "$root"
+  ((gb > 0)) || return 0
+  mountpoint -q "$root" && return 0
+  if [ ! -e "$image" ]; then
+    [ -z "$(ls -A "$root")" ] || die "host h$i has a plain data root from before: cluster.sh down --purge first"
+    truncate -s "${gb}G" "$image"
+    mkfs.btrfs -q "$image" >/dev/null
+  fi
+  mount -o loop "$image" "$root"
+  btrfs quota enable "$root" # the btrfs storage driver's --storage-opt size= is a quota group limit
+}
+
 host_dockerd_up() {
-  local i=$1 ns
+  local i=$1 ns driver=()
   ns=$(host_ns "$i")
-  mkdir -p "$DIR/h$i/docker" "$RUN/h$i"
+  mkdir -p "$RUN/h$i"
+  host_data_root "$i"
+  mountpoint -q "$DIR/h$i/docker" && driver=(--storage-driver btrfs)
   # nsenter --net, not `ip netns exec`: the latter remounts /sys and dockerd then finds no devices cgroup.
   spawn "h$i-dockerd" nsenter --net="/var/run/netns/$ns" dockerd --data-root "$DIR/h$i/docker" \
     --exec-root "$RUN/h$i" --pidfile "$RUN/h$i/dockerd.pid" -H "unix://$(host_sock "$i")" \
-    --bip "10.$((NET + 1)).$i.1/24" --iptables=true
+    --bip "10.$((NET + 1)).$i.1/24" --iptables=true "${driver[@]}"
 }
 
 host_images() { # the catalog pushed to the registry once, through the first host's engine; the others pull
@@ -299,7 +317,8 @@ host_agent_up() {
   local -a environment
   mapfile -t environment < <(host_env "$i" "$cards")
   spawn "h$i-agent" nsenter --net="/var/run/netns/$ns" env "${environment[@]}" \
-    "$PY" manage.py node_agent --name "h$i" --concurrency "${CLUSTER_AGENT_CONCURRENCY:-2}"
+    "$PY" manage.py node_agent --name "h$i" --concurrency "${CLUSTER_AGENT_CONCURRENCY:-2}" \
+    --slow-concurrency "${CLUSTER_SLOW_CONCURRENCY:-1}"
 }
 
 host_registered() { # the node is active and its agent reached the database from the host's address
@@ -453,6 +472,7 @@ preflight() {
   need redis-server redis-server
   need redis-cli redis-tools
   need curl curl
+  ((${CLUSTER_DOCKER_DISK_GB:-64} == 0)) || need mkfs.btrfs btrfs-progs
   [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need busybox busybox-static
   [ -n "$PG_BIN" ] || { need psql postgresql; PG_BIN=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -1); }
   mkdir -p "$DIR" "$LOG" "$RUN"

@@ -66,6 +66,10 @@ fi
 # tests start one, `make run` does when REGISTRY is set, config/dev/registry.sh configures it.
 need_pkg docker-registry docker-registry
 need_pkg htpasswd apache2-utils
+# LXCFS (a container's own /proc/meminfo, cpuinfo: scheduler/node/hostview.py; the tests run their own) and
+# btrfs (each several-host test host's Docker data root, so a system disk has a size: config/dev/cluster.sh).
+need_pkg lxcfs lxcfs
+need_pkg mkfs.btrfs btrfs-progs
 
 # Chromium for the browser tests (Debian's; no browser download is possible); faketime for the fault
 # tests' node agent whose clock is off (tests/faults).

@@ -10,16 +10,17 @@ import os
 import socket
 import threading
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 from django.db.models.functions import Now
 
-from config.messages import ToScheduler, send
+from config.messages import ToNode, ToScheduler, send
 from scheduler import sharedfs
 from scheduler.errors import ServiceError
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
-from scheduler.node import collector, disks, launcher, network, worklogs
+from scheduler.node import collector, disks, launcher, mps, network, worklogs
 from scheduler.node.gpus import discover
 from scheduler.node.sharedfs import user_dir_ready
 from scheduler.registry import RegistryError, image_name
@@ -33,7 +34,7 @@ S = WorkloadStatus
 
 def _shares(workload: Workload) -> list[launcher.CardShare]:
     allocations = Allocation.objects.filter(workload=workload).select_related("gpu").order_by("gpu__index")
-    return [launcher.CardShare(a.gpu.uuid, a.milli, a.memory_mb) for a in allocations]
+    return [launcher.CardShare(a.gpu.uuid, a.milli, a.memory_mb, a.gpu.memory_mb) for a in allocations]
 
 
 _launching: set[int] = set()
@@ -60,25 +61,27 @@ def _launch(workload_id: int) -> None:
         return
     run = None
     try:
+        if launcher.image_missing(workload):
+            # A pull can take many minutes: it goes to the slow queue, which sends the launch back here.
+            send(ToNode.IMAGE_PULL, workload.pk, node=workload.node.name)
+            return
         if settings.INSTANCE_NETWORK_MODE == "fenced":
             network.fence_check()
         if sharedfs.enabled():
             user_dir_ready(workload.owner_id)  # the owner's files, under its quota on this host too
         code = workload_code_archive(workload.pk) if workload.kind == WorkloadKind.JOB else None
-        spec = launcher.container_spec(
-            workload, node=workload.node, shares=_shares(workload), with_code=code is not None
-        )
+        shares = _shares(workload)
+        spec = launcher.container_spec(workload, node=workload.node, shares=shares, with_code=code is not None)
+        mps.cards_prepare(workload.node, shares)
         collector.settle(workload.container_name)  # the last run's output is stored before this run begins
         run = _run_begin(workload)
         container_id = launcher.container_launch(workload, spec, code=code)
         ports = launcher.container_ports(workload.container_name) if "ports" in spec else {}
     except Exception as exc:  # Docker, HTTP timeouts, a refused spec: the work fails, never hangs in starting
         log.warning("launch of workload %s failed: %s", workload_id, exc)
-        # An image this host cannot pull says so itself ("cannot pull image X from the registry Y: why").
-        reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+        reason = _launch_failed(workload, exc)
         if run is not None:
             worklogs.run_close(workload.pk, run, f"… {reason}")
-        workload_transition(workload, to=S.FAILED, allowed_from=[S.STARTING], reason=reason, finished_at=Now())
         return
     if not workload_transition(
         workload,
@@ -92,6 +95,29 @@ def _launch(workload_id: int) -> None:
         # Stopped, released or lost while it launched: do not leave its container running.
         log.info("workload %s left starting while it launched; stopping its container", workload_id)
         launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+
+
+def _launch_failed(workload: Workload, exc: Exception) -> str:
+    """Fail a launch, saying why; returns the reason."""
+    # An image this host cannot pull says so itself ("cannot pull image X from the registry Y: why").
+    reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+    workload_transition(workload, to=S.FAILED, allowed_from=[S.STARTING], reason=reason, finished_at=Now())
+    return reason
+
+
+def agent_image_pull(workload_id: int) -> None:
+    """Pull a starting work's image into this host's engine (slow queue), then send its launch back to
+    the node's queue; a pull that fails fails the launch, saying why."""
+    workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
+    if workload is None or workload.status != S.STARTING:
+        return
+    try:
+        launcher.image_pull(workload.image_ref)
+    except Exception as exc:  # the registry refused or is unreachable; out of time (soft limit)
+        log.warning("pulling %s for workload %s failed: %s", workload.image_ref, workload_id, exc)
+        _launch_failed(workload, exc)
+        return
+    send(ToNode.LAUNCH, workload.pk, node=workload.node.name)
 
 
 def _run_begin(workload: Workload) -> int:
@@ -157,10 +183,36 @@ def agent_stop(workload_id: int) -> None:
 
 
 def agent_restart(workload_id: int) -> None:
+    """Restart the container of work its restart claimed (``workload_restart``), then end the claim.
+
+    The claim keeps the exit watcher from taking the restart's stop for the work's end. If the
+    claim was lost meanwhile (the work was stopped, released, or its claim expired and the work
+    was settled as ended), the container this restart started again is stopped: it may not run
+    on cards the work no longer holds.
+    """
     workload = Workload.objects.filter(pk=workload_id).first()
-    if workload is None or workload.status != S.RUNNING:
+    if workload is None or workload.status != S.RUNNING or not workload.restarting:
         return
-    launcher.container_restart(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+    reason = "container restarted"
+    try:
+        if not launcher.container_restart(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S):
+            reason = "restart failed: its container is gone"
+    except Exception as exc:  # Docker or HTTP errors: the claim ends; reconciliation reads what runs
+        log.warning("restart of workload %s failed: %s", workload_id, exc)
+        reason = f"restart failed: {_short(exc)}"
+    ended = workload_transition(
+        workload,
+        to=S.RUNNING,
+        allowed_from=[S.RUNNING],
+        where={"restarting": True, "restarts": workload.restarts},
+        reason=reason,
+        restarting=False,
+    )
+    if not ended:
+        workload.refresh_from_db(fields=["status"])
+        if workload.status != S.RUNNING:
+            log.info("workload %s left running while it restarted; stopping its container", workload_id)
+            launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
 
 
 def agent_release(workload_id: int) -> None:
@@ -220,6 +272,8 @@ def _reply(task: str, *args) -> None:
 
 
 def _short(exc: Exception) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "it did not finish within its time limit"
     text = exc.message if isinstance(exc, ServiceError) else str(exc)
     return (text.splitlines() or [type(exc).__name__])[0][:200]
 

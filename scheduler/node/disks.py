@@ -7,8 +7,11 @@ so a volume costs what is written into it. Docker mounts the filesystem into the
 container as a bind-backed local volume. The node agent mounts it again when
 needed (after a host reboot), and removes it with the volume.
 
-Not limited here: the container's writable layer (overlay2's size limit needs
-XFS with project quotas under /var/lib/docker).
+The container's writable layer (the system disk, AutoDL's 30 GB) is limited where the engine's storage
+driver takes a size per container: ``btrfs`` (a btrfs data root with quotas: config/dev/cluster.sh gives
+each development host one, in a loop file) and ``zfs``; the size is INSTANCE_SYSTEM_DISK_GB, and a write
+past it fails with "Disk quota exceeded". overlay2 could only with XFS project quotas under the data
+root, which this kernel lacks, so on overlay2 the layer stays unlimited.
 """
 
 import os
@@ -16,6 +19,25 @@ import subprocess
 from pathlib import Path
 
 from django.conf import settings
+
+SIZED_DRIVERS = ("btrfs", "zfs")  # storage drivers whose containers take --storage-opt size=
+
+
+def system_disk_options(driver: str) -> dict:
+    """Docker's create options that size the writable layer, for an engine with storage driver ``driver``."""
+    if not settings.INSTANCE_SYSTEM_DISK_GB or driver not in SIZED_DRIVERS:
+        return {}
+    return {"storage_opt": {"size": f"{settings.INSTANCE_SYSTEM_DISK_GB}G"}}
+
+
+def host_disk_gb(data_root) -> tuple[int, int] | None:
+    """(total, free) GB of the filesystem holding the engine's data root (layers, volumes, saved images), where
+    ``data_root()`` says; None when it cannot be read (the engine is down: the last report stands)."""
+    try:
+        stat = os.statvfs(data_root())
+    except Exception:  # noqa: BLE001  (an engine that does not answer, a path not visible from here)
+        return None
+    return stat.f_blocks * stat.f_frsize // 1024**3, stat.f_bavail * stat.f_frsize // 1024**3
 
 
 def _paths(volume: str) -> tuple[Path, Path]:

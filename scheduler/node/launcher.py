@@ -21,7 +21,7 @@ from django.conf import settings
 from scheduler import registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
-from scheduler.node import collector, disks
+from scheduler.node import collector, diskio, disks, hostview, mps
 from scheduler.node.sharedfs import user_dir_on_host
 
 LABEL = "gpucloud"
@@ -36,11 +36,23 @@ class CardShare:
     uuid: str
     milli: int
     memory_mb: int
+    card_memory_mb: int = 0
 
 
 @functools.cache
 def docker_client() -> docker.DockerClient:
     return docker.DockerClient(base_url=settings.DOCKER_BASE_URL, timeout=120)
+
+
+@functools.cache
+def engine_info() -> dict:
+    """The engine's own description (data root, storage driver), read once."""
+    return docker_client().info()
+
+
+def docker_root() -> str:
+    """The engine's data root (its layers and volumes), as the host sees it."""
+    return engine_info()["DockerRootDir"]
 
 
 def container_spec(workload, *, node, shares: list[CardShare], with_code: bool = False) -> dict:
@@ -86,6 +98,11 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
     if shares:
         environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, workload.gpu_milli // 10))
         environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={s.memory_mb}M" for i, s in enumerate(shares))
+    # ...and the card's MPS server enforces it, where the tenant cannot unset it (scheduler/node/mps.py).
+    mps_volumes, mps_environment = mps.client_spec(node, shares)
+    volumes.update(mps_volumes)
+    volumes.update(hostview.lxcfs_volumes())  # free and /proc show the container's own limits
+    environment.update(mps_environment)
     host_cpus = os.cpu_count() or 1
     cpu_cores, memory_mb = workload.held_cpu_cores, workload.held_memory_mb
     if cpu_cores > host_cpus:
@@ -119,6 +136,8 @@ def container_spec(workload, *, node, shares: list[CardShare], with_code: bool =
         volumes=volumes,
         log_config=log_config(),
     )
+    spec.update(diskio.io_options(workload.gpu_share, diskio.devices(docker_root())))
+    spec.update(disks.system_disk_options(engine_info()["Driver"]))  # the writable layer's size, where it can be set
     if with_code:
         spec["working_dir"] = settings.JOB_CODE_PATH
     if settings.INSTANCE_NETWORK_MODE == "fenced":
@@ -206,7 +225,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None) -> str:
         existing = None
     if existing is not None and _same_setup(existing, spec):
         if existing.status != "running":
-            existing.start()
+            hostview.container_start(client, existing, spec)
         return existing.id
     if existing is not None:
         existing.stop(timeout=settings.INSTANCE_STOP_GRACE_S)
@@ -215,7 +234,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None) -> str:
         spec = {**spec, "image": snapshot.id}
     data_volume_ensure(workload, node_name=spec["labels"][f"{LABEL}.node"])
     _ensure_image(spec["image"])
-    container = client.containers.create(**spec)
+    container = hostview.container_create(client, spec)  # pinned to its own cores
     if code is not None:
         _code_extract(container, code)
     container.start()
@@ -251,6 +270,18 @@ def _ensure_image(ref: str) -> None:
         docker_client().images.get(ref)
     except docker.errors.ImageNotFound:
         image_pull(ref)
+
+
+def image_missing(workload) -> bool:
+    """Whether launching the work needs its image pulled first: no container of it to start again (an
+    instance's disk; a job starts afresh each time) and no ``image_ref`` on this engine."""
+    if workload.kind != WorkloadKind.JOB and _find(workload.container_name) is not None:
+        return False
+    try:
+        docker_client().images.get(workload.image_ref)
+    except docker.errors.ImageNotFound:
+        return True
+    return False
 
 
 def image_pull(ref: str) -> None:

@@ -6,7 +6,8 @@
 - records the end of running work whose container stopped (exit code, logs),
   and stops jobs past their maximum runtime;
 - settles work stuck in a transitional state past ``TRANSITION_DEADLINE_S``
-  (its task died: worker killed, time limit, a timeout) from what Docker shows;
+  (its task died: worker killed, time limit, a timeout) from what Docker shows,
+  and leaves work a restart claimed to that restart until the same deadline;
 - fences the node: a running container whose workload is not assigned to this
   node in a holding state is stopped (its disk stays), and containers and
   volumes of released or unknown work are removed.
@@ -27,7 +28,7 @@ from django.db.models.functions import Now
 
 from scheduler.clock import AgentClock, db_now
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadStatus
-from scheduler.node import launcher
+from scheduler.node import disks, launcher
 from scheduler.node.agent import agent_release, agent_stop
 from scheduler.node.selffence import SelfFence, report_pending
 from scheduler.services.lifecycle import workload_transition
@@ -43,7 +44,8 @@ def agent_reconcile(node_name: str) -> list[int]:
     containers = launcher.containers_on_node(node_name)
     volumes = launcher.volumes_on_node(node_name)
     now = db_now()
-    changed = _settle_running(node_name, containers, now)
+    changed = _restarts_overdue(node_name, now)
+    changed += _settle_running(node_name, containers, now)
     changed += _settle_overdue(node_name, containers, now)
     _fence(node_name, containers, volumes)
     return changed
@@ -64,10 +66,12 @@ def agent_reconcile_periodic(node_name: str) -> None:
 def _settle_running(node_name: str, containers: dict, now) -> list[int]:
     changed = []
     for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING):
+        if workload.restarting:
+            continue  # its container's exit is its restart's (an unfinished restart expires: _restarts_overdue)
         state = containers.get(workload.uid)
-        if state is None:
-            # Not in the snapshot: its launch may have started the container and committed "running"
-            # between the Docker read and this database read (short jobs make that common). Ask again.
+        if state is None or not state.running:
+            # Not running in the snapshot: its launch, or a restart, may have started the container and
+            # committed between the Docker read and this database read (short jobs make that common). Ask again.
             state = launcher.container_state(workload.container_name)
         if state is not None and state.running:
             if _over_runtime(workload, now) and _end_over_runtime(workload):
@@ -77,7 +81,9 @@ def _settle_running(node_name: str, containers: dict, now) -> list[int]:
         fields = dict(exit_code=code, finished_at=now)
         if workload.kind == WorkloadKind.JOB and state is not None:
             fields["log_tail"] = launcher.container_logs_tail(state.name)
-        if workload_transition(workload, to=to, allowed_from=[S.RUNNING], reason=reason, **fields):
+        # Only if no restart was asked for since the row was read: that restart's container is not this one.
+        unclaimed = {"restarting": False, "restarts": workload.restarts}
+        if workload_transition(workload, to=to, allowed_from=[S.RUNNING], where=unclaimed, reason=reason, **fields):
             changed.append(workload.pk)
             if workload.kind == WorkloadKind.JOB and state is not None:
                 launcher.container_delete(state.name)  # logs are kept; the checkpoint volume stays
@@ -124,6 +130,28 @@ def _end_over_runtime(workload: Workload) -> bool:
     )
     launcher.container_delete(workload.container_name)
     return True
+
+
+def _restarts_overdue(node_name: str, now) -> list[int]:
+    """End restart claims older than TRANSITION_DEADLINE_S (their task died): the work is then
+    settled from what Docker shows, like any running work."""
+    deadline = settings.TRANSITION_DEADLINE_S
+    overdue = Workload.objects.filter(
+        node__name=node_name, status=S.RUNNING, restarting=True, status_changed_at__lt=now - timedelta(seconds=deadline)
+    )
+    changed = []
+    for workload in overdue:
+        log.warning("the restart of workload %s did not finish within %s s; settling it", workload.pk, deadline)
+        if workload_transition(
+            workload,
+            to=S.RUNNING,
+            allowed_from=[S.RUNNING],
+            where={"restarting": True, "restarts": workload.restarts},
+            reason=f"its restart did not finish within {deadline} s",
+            restarting=False,
+        ):
+            changed.append(workload.pk)
+    return changed
 
 
 def _settle_overdue(node_name: str, containers: dict, now) -> list[int]:
@@ -226,7 +254,7 @@ def heartbeat_forever(
     """
     while not stop.wait(settings.NODE_HEARTBEAT_S):
         try:
-            status = node_heartbeat(name=node_name, epoch=epoch)
+            status = node_heartbeat(name=node_name, epoch=epoch, disk=disks.host_disk_gb(launcher.docker_root))
             if clock is not None:
                 clock.measure()
             if fence is not None:

@@ -5,11 +5,18 @@ the control plane sends them without importing node-side code.
 """
 
 from celery import shared_task
+from django.conf import settings
 
 from config.messages import ToNode, send
 from scheduler.node import agent, moves, reconcile
 
 NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
+
+
+def limits(seconds: int) -> dict:
+    """A slow task's hard time limit (its worker process is killed then) and a soft one a little earlier
+    (the task says it ran out of time, and answers)."""
+    return dict(time_limit=seconds, soft_time_limit=max(1, seconds - max(1, min(60, seconds // 10))))
 
 
 @shared_task(name=ToNode.LAUNCH, **NODE_TASK)
@@ -44,10 +51,18 @@ def agent_release(workload_id: int):
     agent.agent_release(workload_id)
 
 
-# Committing a large disk takes longer than the default task limit.
-@shared_task(name=ToNode.IMAGE_COMMIT, **NODE_TASK, time_limit=3600, soft_time_limit=3500)
+# The slow queue's tasks (config.messages.SLOW): run by processes that are killed at the hard limit.
+# Committing a large disk takes longer than the default task limit (the control plane's deadline for
+# the answer, IMAGE_SAVE_DEADLINE_S, is longer still).
+@shared_task(name=ToNode.IMAGE_COMMIT, **NODE_TASK, **limits(settings.IMAGE_SAVE_TIME_LIMIT_S))
 def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int):
     agent.agent_image_commit(workload_id, ref, reply_to, reply_id)
+
+
+# Within the launch's own deadline (TRANSITION_DEADLINE_S): the default limit.
+@shared_task(name=ToNode.IMAGE_PULL, **NODE_TASK)
+def agent_image_pull(workload_id: int):
+    agent.agent_image_pull(workload_id)
 
 
 @shared_task(name=ToNode.IMAGE_REMOVE, **NODE_TASK)
@@ -55,7 +70,7 @@ def agent_image_remove(ref: str, reply_to: str, reply_id: int):
     agent.agent_image_remove(ref, reply_to, reply_id)
 
 
-@shared_task(name=ToNode.DISK_GROW, **NODE_TASK)
+@shared_task(name=ToNode.DISK_GROW, **NODE_TASK, **limits(settings.DISK_GROW_TIME_LIMIT_S))
 def agent_disk_grow(workload_id: int, size_gb: int, reply_to: str, reply_id: int):
     agent.agent_disk_grow(workload_id, size_gb, reply_to, reply_id)
 
@@ -66,12 +81,12 @@ def agent_reconcile(node_name: str):
 
 
 # Copying a data disk takes as long as it takes (the relay's own limit, MOVE_TRANSFER_TIMEOUT_S, bounds it).
-@shared_task(name=ToNode.MOVE_EXPORT, **NODE_TASK, time_limit=3600, soft_time_limit=3500)
+@shared_task(name=ToNode.MOVE_EXPORT, **NODE_TASK, **limits(3600))
 def agent_move_export(move_id: int):
     moves.agent_move_export(move_id)
 
 
-@shared_task(name=ToNode.MOVE_IMPORT, **NODE_TASK, time_limit=6 * 3600, soft_time_limit=6 * 3600 - 100)
+@shared_task(name=ToNode.MOVE_IMPORT, **NODE_TASK, **limits(6 * 3600))
 def agent_move_import(move_id: int):
     moves.agent_move_import(move_id)
 

@@ -30,6 +30,8 @@ class NodeSpec:
     cpu_free: int
     memory_free_mb: int
     cards: list[CardSpec] = field(default_factory=list)
+    # Where the node sits (a rack or switch label) when the inventory says so: a gang prefers one group.
+    group: object = None
 
 
 class ClusterState:
@@ -49,6 +51,9 @@ class ClusterState:
         self.card_mem_free = np.zeros((count, width), dtype=np.int64)
         self.model = np.full((count, width), ANY_MODEL - 1, dtype=np.int64)
         self.card_ids: list[list[object]] = []
+        labels: dict[object, int] = {}
+        # Group code per node (-1: no label); gangs keep to one group when one can hold them.
+        self.group = np.array([-1 if n.group is None else labels.setdefault(n.group, len(labels)) for n in nodes])
         # Bumped whenever a node's free capacity changes: scores cached per node stay valid until then.
         self.version = np.zeros(count, dtype=np.int64)
         self.score_cache: dict = {}
@@ -74,6 +79,14 @@ class ClusterState:
         if name is None:
             return ANY_MODEL
         return self.models.setdefault(name, len(self.models))
+
+    def width(self, model: str | None) -> int:
+        """Most cards of ``model`` (any model: None) that one node has: wider work is a gang across nodes."""
+        key = ("width", model)
+        if key not in self.score_cache:
+            cards = self.exists if model is None else self.exists & (self.model == self.model_code(model))
+            self.score_cache[key] = int(cards.sum(axis=1).max()) if len(self.node_ids) else 0
+        return self.score_cache[key]
 
     @property
     def total_cards(self) -> int:

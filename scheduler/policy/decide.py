@@ -4,26 +4,96 @@
 person can read; the live tick and the trace simulator call it alike. The
 order of queued work and who may evict whom come from a ``Discipline``:
 MLFQ (the product), and the FIFO, SRTF and LAS baselines.
+
+Gangs (work across nodes) are placed all or nothing and may evict allowed
+victims on several nodes at once; every part of a gang victim is given back.
+
+Reservation and backfill (as Slurm's): multi-card work that does not fit and
+has waited ``reserve_after_s`` gets a reservation, at most
+``config.reservations`` works at a time in queue order. Its nodes are those
+expected to free up earliest: a node's time is when enough of its running work
+has ended for the request's share of it (now, if it has that free already),
+known only where running work says its ``remaining`` time (the simulator's
+oracle); where it is unknown, the nodes with the most free cards now. Work
+behind it in the queue backfills only outside the reserved nodes, or on them
+when its own ``remaining`` says it ends before the reservation's start. With
+no new work landing on them, reserved nodes drain; a waiting work is promoted
+to the top queue after ``starvation_s``, so its wait is bounded by
+``starvation_s`` plus the running time of what it waits behind on its reserved
+nodes, less where it may evict that work.
+
+Elastic work (``Work.elastic_min``..``elastic_max`` cards) starts at its asked
+size if that fits, else at ``elastic_min``. It grows (up to ``elastic_max``)
+into idle cards: those still free once every queued work has had its turn this
+tick, so no queued work could take them (all of them when nothing waits),
+outside reserved nodes. When queued work that outranks it (a higher queue, or
+on-demand work against spot work) does not fit, it shrinks toward
+``elastic_min`` (never below) if that lets the queued work fit. At most one
+resize per ``resize_interval_s``. A resize is a restart from checkpoint with
+the new world size: ``Decisions.resize`` carries the new parts, and ``decide``
+updates the resized running ``Work`` and the cluster's free capacity.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from scheduler.policy.cluster import WHOLE_CARD, ClusterState
 from scheduler.policy.mlfq import MlfqConfig, Work, level_of
-from scheduler.policy.placement import TaskType, choose
+from scheduler.policy.placement import (
+    Choice,
+    Request,
+    TaskType,
+    _eligible,
+    _relevant_cards,
+    choose_gang,
+    choose_parts,
+    gang_plan,
+    is_gang,
+)
+from scheduler.policy.shortage import host_shortage
+
+
+@dataclass
+class Part:
+    """One member of a placement: its node row, card columns and the GPU memory taken on each card."""
+
+    node: int
+    cards: list[int]
+    memory_mb: list[int]
 
 
 @dataclass
 class Place:
+    """Where queued work starts: ``node``/``cards``/``memory_mb`` are rank 0's part, ``rest`` the others."""
+
     work_id: object
     node: int  # row in the ClusterState
     cards: list[int]
     memory_mb: list[int]
+    rest: list[Part] = field(default_factory=list)
+
+    @property
+    def parts(self) -> list[Part]:
+        return [Part(self.node, self.cards, self.memory_mb), *self.rest]
+
+    @property
+    def gpu_count(self) -> int:
+        """Whole cards over every part (elastic work may start below the size it asked)."""
+        return sum(len(p.cards) for p in self.parts)
+
+
+@dataclass
+class Resize:
+    """Elastic running work restarted from its checkpoint on ``gpu_count`` cards, at ``parts``."""
+
+    work_id: object
+    gpu_count: int
+    reason: str
+    parts: list[Part] = field(default_factory=list)
 
 
 @dataclass
@@ -50,6 +120,9 @@ class Decisions:
     demoted: list[object] = field(default_factory=list)
     # Waiting spot work that runs on-demand from now on (preempted too often, or past its deadline).
     on_demand: list[object] = field(default_factory=list)
+    # Work holding a reservation, with what it holds ("2 nodes (n1, n2) for this 16-card job ...").
+    reserved: dict[object, str] = field(default_factory=dict)
+    resize: list[Resize] = field(default_factory=list)
 
 
 @dataclass
@@ -66,6 +139,8 @@ class Discipline:
 
     name = "mlfq"
     head_of_line_blocking = False
+    # Whether who may evict whom depends only on the waiter's level and spot flag (so it can be cached per tick).
+    preempt_by_level = True
 
     def __init__(self, config: MlfqConfig | None = None):
         self.config = config or MlfqConfig()
@@ -107,6 +182,7 @@ class Srtf(Discipline):
     """Shortest remaining time first, preemptive: the oracle bound (it knows durations)."""
 
     name = "srtf"
+    preempt_by_level = False
 
     def level(self, work, now, *, waiting):
         return 0
@@ -128,21 +204,31 @@ class Las(Discipline):
     name = "las"
 
     def __init__(self, config: MlfqConfig | None = None):
-        base = config or MlfqConfig()
-        super().__init__(MlfqConfig(base.thresholds, base.idle_util, 1.0, base.starvation_s, base.preemption, False))
+        super().__init__(replace(config or MlfqConfig(), idle_weight=1.0, fair_share=False))
 
 
 DISCIPLINES = {d.name: d for d in (Discipline, Fifo, Srtf, Las)}
 
 
-def _no_room(work: Work) -> str:
-    r = work.request
+def _no_room(request: Request, gang: bool) -> str:
+    r = request
     model = r.gpu_model or "GPU"
+    if r.nodes is not None and r.nodes > 1:
+        return f"no {r.nodes} nodes with {r.gpu_count // r.nodes} free {model} cards each"
+    if gang:
+        return f"not enough free {model} cards across nodes for this {r.gpu_count}-card job"
     if r.gpu_milli < WHOLE_CARD:
         return f"no {model} card has {r.gpu_milli / WHOLE_CARD:g} free"
     if r.gpu_count == 1:
         return f"no free {model} card"
     return f"no node has {r.gpu_count} free {model} cards"
+
+
+@dataclass
+class _Reservation:
+    work_id: object
+    nodes: np.ndarray  # mask of node rows
+    start: float  # when they are expected to be free (inf: unknown)
 
 
 def decide(
@@ -157,8 +243,9 @@ def decide(
     quotas: Quotas | None = None,
     rng: np.random.Generator | None = None,
 ) -> Decisions:
-    """Decide one tick. ``cluster`` is the free capacity and is updated for the placements made."""
+    """Decide one tick. ``cluster`` is the free capacity and is updated for the placements (and resizes) made."""
     discipline = discipline or Discipline()
+    config = discipline.config
     out = Decisions()
     for work in waiting:
         if work.spot and falls_back(work, now):
@@ -191,7 +278,7 @@ def decide(
     active = [*running, *waiting]
     fair = cluster.total_cards / max(len({w.user for w in active}), 1)
     team_fair = cluster.total_cards / max(len({w.team for w in active if w.team}), 1)
-    fair_share = getattr(discipline.config, "fair_share", False)
+    fair_share = getattr(config, "fair_share", False)
 
     # Projected holdings: a user's (and team's) earlier queued work counts against their later work.
     projected, team_projected = defaultdict(float, held), defaultdict(float, team_held)
@@ -211,18 +298,37 @@ def decide(
     positions: dict[int, int] = defaultdict(int)
     blocked: dict[tuple, str] = {}
     freeing = [w for w in running if w.stopping]
-    victims_by_node: dict[int, list[Work]] = defaultdict(list)
-    for work in running:
-        if not work.stopping and work.node is not None:
-            victims_by_node[work.node].append(work)
+    victims = _Victims(running, run_levels, discipline)
+    ends: dict[int, list] = {}  # per node: (expected end, cards) of its running work, filled on first use
+    elastic = [w for w in running if w.elastic_min is not None and not w.stopping]
     head_blocked = False
     no_victims: set[tuple] = set()  # (shape, level, preemptible) that found no one to evict this tick
     fits_after: dict[tuple, bool] = {}  # shape -> fits once the work being evicted has left
+    reservations: list[_Reservation] = []
+    placed_elastic: list[tuple[Place, Work]] = []
 
     def wait(work: Work, level: int, why: str) -> None:
         positions[level] += 1
         where = f"position {positions[level]} in queue {level}"
         out.waiting[work.id] = Wait(level, positions[level], f"waiting: {why}; {where}")
+
+    def outside_reservations(work: Work) -> tuple[np.ndarray | None, tuple]:
+        """Nodes the work may use (None: all) and a key for them: reserved nodes are out unless it ends first."""
+        binding = [i for i, res in enumerate(reservations) if not _ends_before(work, now, res.start)]
+        if not binding:
+            return None, ()
+        return ~np.logical_or.reduce([reservations[i].nodes for i in binding]), tuple(binding)
+
+    def place(work: Work, request: Request, choices: list[Choice]) -> None:
+        parts = _take_parts(cluster, request, choices)
+        placed = Place(work.id, parts[0].node, parts[0].cards, parts[0].memory_mb, parts[1:])
+        out.place.append(placed)
+        if work.elastic_min is not None:
+            placed_elastic.append((placed, work))
+        if work.group is not None:
+            group_running[work.group] += 1
+        held[work.user] += request.gpus
+        team_held[work.team] += request.gpus
 
     for _, work in keyed:
         level = wait_levels[work.id]
@@ -236,43 +342,162 @@ def decide(
         if quota_reason:
             wait(work, level, quota_reason)
             continue
-        r = work.request
-        shape = (r.gpu_model, r.gpu_count, r.gpu_milli, r.cpu, r.memory_mb, r.pinned_node)
-        choice = None if shape in blocked else choose(cluster, r, strategy, mix=mix, rng=rng)
-        if choice is not None:
-            memory = cluster.take(choice.node, choice.cards, r.gpu_milli, r.cpu, r.memory_mb)
-            out.place.append(Place(work.id, choice.node, choice.cards, memory))
-            if work.group is not None:
-                group_running[work.group] += 1
-            held[work.user] += r.gpus
-            team_held[work.team] += r.gpus
-            continue
-        blocked.setdefault(shape, _no_room(work))
-        reason = blocked[shape]
-        search = (shape, level, work.preemptible)
-        if freeing and shape not in fits_after:
-            fits_after[shape] = _fits_after(cluster, r, freeing)
-        if freeing and fits_after[shape]:
-            reason = "waiting for preempted work to stop"
-        elif search in no_victims:
-            pass
+        allowed, mask_key = outside_reservations(work)
+        sizes = _start_sizes(work)
+        for r in sizes:
+            gang = is_gang(cluster, r)
+            key = (_shape(r), mask_key)
+            choices = None if key in blocked else choose_parts(cluster, r, strategy, mix=mix, rng=rng, allowed=allowed)
+            if choices is not None:
+                place(work, r, choices)
+                break
+            blocked.setdefault(
+                key, (host_shortage(cluster, r) or _no_room(r, gang)) + (" outside reserved nodes" if mask_key else "")
+            )
         else:
-            victims = _choose_victims(cluster, work, level, victims_by_node, run_levels, discipline)
-            if not victims:
-                no_victims.add(search)
-            if victims:
-                node = victims[0].node
-                fits_after.clear()
-                for victim in victims:
-                    victim.stopping = True
-                    victims_by_node[node].remove(victim)
-                    freeing.append(victim)
-                    out.preempt.append(Preempt(victim.id, work.id, f"preempted for higher-priority work {work.id}"))
-                reason = f"preempting {len(victims)} lower-priority run{'s' if len(victims) != 1 else ''}"
-        wait(work, level, reason)
-        if discipline.head_of_line_blocking:
-            head_blocked = True
+            reason = blocked[key]
+            shape = _shape(r)
+            search = (shape, level, work.preemptible)
+            if freeing and shape not in fits_after:
+                fits_after[shape] = _fits_after(cluster, r, freeing, strategy)
+            if freeing and fits_after[shape]:
+                reason = "waiting for preempted work to stop"
+            else:
+                outranked = [w for w in elastic if _may_shrink(work, level, w, run_levels[w.id])]
+                shrunk = _shrink_for(cluster, work, r, outranked, now, config, strategy, out, allowed)
+                if shrunk:
+                    blocked.clear()
+                    fits_after.clear()
+                    choices = choose_parts(cluster, r, strategy, mix=mix, rng=rng, allowed=allowed)
+                    if choices is not None:
+                        place(work, r, choices)
+                        continue
+                if search not in no_victims:
+                    allowed_victims = victims.allowed(work, level)
+                    if gang:
+                        chosen = _choose_gang_victims(cluster, r, allowed_victims)
+                    else:
+                        chosen = _choose_victims(cluster, r, allowed_victims, run_levels)
+                    if not chosen:
+                        no_victims.add(search)
+                    if chosen:
+                        fits_after.clear()
+                        for victim in chosen:
+                            victim.stopping = True
+                            victims.remove(victim)
+                            freeing.append(victim)
+                            out.preempt.append(
+                                Preempt(victim.id, work.id, f"preempted for higher-priority work {work.id}")
+                            )
+                        reason = f"preempting {len(chosen)} lower-priority run{'s' if len(chosen) != 1 else ''}"
+                if not reason.startswith("preempting") and _may_reserve(work, r, now, config, discipline):
+                    if len(reservations) < config.reservations:
+                        if not ends:
+                            ends.update(_ends_by_node(running, now))
+                        res = _reserve(cluster, r, work.id, ends, reservations, now)
+                        if res is not None:
+                            reservations.append(res)
+                            reason = _reservation_text(cluster, r, res, now)
+                            out.reserved[work.id] = reason
+            wait(work, level, reason)
+            if discipline.head_of_line_blocking:
+                head_blocked = True
+
+    if not head_blocked:
+        reserved = np.logical_or.reduce([res.nodes for res in reservations]) if reservations else None
+        _grow(cluster, elastic, placed_elastic, now, config, strategy, out, reserved)
     return out
+
+
+def _shape(r: Request) -> tuple:
+    return (r.gpu_model, r.gpu_count, r.gpu_milli, r.cpu, r.memory_mb, r.pinned_node, r.nodes)
+
+
+def _start_sizes(work: Work) -> list[Request]:
+    """The sizes to try, largest first: elastic work starts below its asked size (at its minimum) if it must."""
+    r = work.request
+    if work.elastic_min is None or work.elastic_min >= r.gpu_count:
+        return [r]
+    return [r, replace(r, gpu_count=work.elastic_min, nodes=None)]
+
+
+def _ends_before(work: Work, now: float, start: float) -> bool:
+    return work.remaining is not None and now + work.remaining <= start
+
+
+def _may_reserve(work: Work, request: Request, now: float, config: MlfqConfig, discipline: Discipline) -> bool:
+    """Multi-card on-demand work that has waited long enough (FIFO's head blocks everything anyway)."""
+    return (
+        not discipline.head_of_line_blocking
+        and not work.spot
+        and request.gpu_count > 1
+        and request.gpu_milli == WHOLE_CARD
+        and request.pinned_node is None
+        and now - work.waiting_since >= config.reserve_after_s
+    )
+
+
+def _ends_by_node(running: list[Work], now: float) -> dict[int, list[tuple[float, int]]]:
+    """Per node, (expected end, cards held there) of its running work, soonest first (unknown: inf)."""
+    ends: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for work in running:
+        end = now + work.remaining if work.remaining is not None else np.inf
+        for node, held in work.parts:
+            ends[node].append((end, len(held)))
+    for items in ends.values():
+        items.sort()
+    ends.setdefault(-1, [])  # filled, even with nothing running
+    return ends
+
+
+def _reserve(cluster: ClusterState, r: Request, work_id, ends: dict, taken: list, now: float):
+    """The nodes the request will take, expected to free up earliest (see the module's text), or None."""
+    total = _relevant_cards(cluster, r, slice(None)).sum(axis=1)
+    _, cards = _eligible(cluster, r)
+    free = cards.sum(axis=1)
+    usable = total > 0
+    for res in taken:
+        usable &= ~res.nodes
+    gang = is_gang(cluster, r)
+    per = r.gpu_count // r.nodes if r.nodes else (None if gang else r.gpu_count)
+    when = np.full(len(total), np.inf)
+    for node in np.flatnonzero(usable):
+        need = int(total[node] if per is None else min(per, total[node]))
+        have = int(free[node])
+        when[node] = now if have >= need else np.inf
+        for end, count in ends.get(node, ()):
+            if have >= need:
+                break
+            have += count
+            when[node] = end
+        if have < need:
+            when[node] = np.inf
+    order = [int(n) for n in np.lexsort((np.arange(len(total)), -free, when)) if usable[n]]
+    if per is not None:
+        chosen = [n for n in order if total[n] >= per][: r.nodes or 1]
+        if len(chosen) < (r.nodes or 1):
+            return None
+    else:
+        chosen, reach = [], 0
+        for n in order:
+            chosen.append(n)
+            reach += int(total[n])
+            if reach >= r.gpu_count:
+                break
+        if reach < r.gpu_count:
+            return None
+    mask = np.zeros(len(total), dtype=bool)
+    mask[chosen] = True
+    return _Reservation(work_id, mask, float(max(when[chosen])))
+
+
+def _reservation_text(cluster: ClusterState, r: Request, res: _Reservation, now: float) -> str:
+    nodes = [str(cluster.node_ids[n]) for n in np.flatnonzero(res.nodes)]
+    count = len(nodes)
+    text = f"reserved {count} node{'s' if count != 1 else ''} ({', '.join(nodes)}) for this {r.gpu_count}-card job"
+    if np.isfinite(res.start):
+        text += f", free in about {max(res.start - now, 0):.0f} s"
+    return text + "; smaller work backfills around it"
 
 
 def falls_back(work: Work, now: float) -> bool:
@@ -309,6 +534,136 @@ def _over_quota(work, held, team_held, quotas) -> str:
     return ""
 
 
+def _give_parts(cluster: ClusterState, request: Request, parts) -> None:
+    for node, cards in parts:
+        cluster.give(node, cards, request.gpu_milli, request.cpu, request.memory_mb)
+
+
+def _take_parts(cluster: ClusterState, request: Request, choices: list[Choice]) -> list[Part]:
+    return [
+        Part(c.node, c.cards, cluster.take(c.node, c.cards, request.gpu_milli, request.cpu, request.memory_mb))
+        for c in choices
+    ]
+
+
+def _trim(parts: list[tuple[int, list[int]]], count: int) -> tuple[list, list, int]:
+    """Keep the first ``count`` cards (rank 0's first): (kept parts, dropped cards per node, members dropped)."""
+    kept, dropped, members_dropped = [], [], 0
+    for node, cards in parts:
+        keep = cards[: max(count, 0)]
+        count -= len(keep)
+        if keep:
+            kept.append((node, list(keep)))
+        else:
+            members_dropped += 1
+        if len(keep) < len(cards):
+            dropped.append((node, list(cards[len(keep) :]), not keep))
+    return kept, dropped, members_dropped
+
+
+def _give_dropped(cluster: ClusterState, request: Request, dropped: list) -> None:
+    """Give back trimmed cards; a member left with none gives back its CPU and memory too."""
+    for node, cards, whole_member in dropped:
+        cpu, memory = (request.cpu, request.memory_mb) if whole_member else (0, 0)
+        cluster.give(node, cards, request.gpu_milli, cpu, memory)
+
+
+def _resizable(work: Work, now: float, config: MlfqConfig) -> bool:
+    return not work.stopping and now - work.resized_at >= config.resize_interval_s
+
+
+def _apply_resize(work: Work, parts: list[Part], now: float, reason: str, out: Decisions) -> None:
+    count = sum(len(p.cards) for p in parts)
+    work.request = replace(work.request, gpu_count=count, nodes=None)
+    work.node, work.cards = parts[0].node, parts[0].cards
+    work.rest = [(p.node, p.cards) for p in parts[1:]]
+    work.resized_at = now
+    out.resize.append(Resize(work.id, count, reason, parts))
+
+
+def _may_shrink(waiter: Work, waiter_level: int, work: Work, level: int) -> bool:
+    """Queued work outranks elastic work's cards above its minimum as it would outrank it for eviction:
+    a higher queue, or on-demand work against spot work (spot work never takes on-demand cards)."""
+    if waiter.spot and not work.spot:
+        return False
+    return (work.spot and not waiter.spot) or waiter_level < level
+
+
+def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, config, strategy, out, allowed) -> bool:
+    """Shrink elastic running work toward its minimum if that lets ``r`` fit (then it is placed at once)."""
+    candidates = [
+        w for w in elastic if w.request.gpu_count > w.elastic_min and _resizable(w, now, config) and w.id != waiter.id
+    ]
+    if not candidates:
+        return False
+    candidates.sort(key=lambda w: (-w.level, -w.priority, -w.started, str(w.id)))
+    scratch = cluster.copy()
+    plan = []
+    for work in candidates:
+        count = max(work.elastic_min, work.request.gpu_count - r.gpu_count)
+        kept, dropped, _ = _trim(work.parts, count)
+        _give_dropped(scratch, work.request, dropped)
+        plan.append((work, count, kept, dropped))
+        if choose_parts(scratch, r, strategy, allowed=allowed) is not None:
+            break
+    else:
+        return False
+    for work, count, kept, dropped in plan:
+        old = work.request.gpu_count
+        _give_dropped(cluster, work.request, dropped)
+        parts = [Part(n, c, [cluster.memory_for(n, card, WHOLE_CARD) for card in c]) for n, c in kept]
+        _apply_resize(work, parts, now, f"shrunk from {old} to {count} cards for queued work {waiter.id}", out)
+    return True
+
+
+def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, config, strategy, out, reserved) -> None:
+    """Elastic work grows into idle cards: those still free once every queued work has had its turn this
+    tick (no queued work could take them), outside reserved nodes. Work placed this tick grows before it
+    starts (no resize); running work restarts at its new size. ``reserved``: mask of reserved nodes or None."""
+    allowed = None if reserved is None else ~reserved
+    for place, work in placed:
+        request = replace(work.request, gpu_count=place.gpu_count, nodes=None)
+        current = [(p.node, p.cards) for p in place.parts]
+        if reserved is not None and any(reserved[node] for node, _ in current):
+            continue
+        parts = _largest_fit(cluster, request, current, work.elastic_max, strategy, allowed)
+        if parts is not None:
+            place.node, place.cards, place.memory_mb = parts[0].node, parts[0].cards, parts[0].memory_mb
+            place.rest = parts[1:]
+    for work in sorted(elastic, key=lambda w: (w.level, w.started, str(w.id))):
+        if work.request.gpu_count >= (work.elastic_max or 0) or not _resizable(work, now, config):
+            continue
+        if reserved is not None and any(reserved[node] for node, _ in work.parts):
+            continue
+        old = work.request.gpu_count
+        parts = _largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
+        if parts is not None:
+            count = sum(len(p.cards) for p in parts)
+            _apply_resize(work, parts, now, f"grown from {old} to {count} cards into idle capacity", out)
+
+
+def _largest_fit(cluster, request: Request, parts, most: int, strategy: str, allowed=None) -> list[Part] | None:
+    """Re-place work holding ``parts`` at the largest size up to ``most`` that fits; None if it cannot grow."""
+    scratch = cluster.copy()
+    _give_parts(scratch, request, parts)
+
+    def fits(count):
+        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy, allowed=allowed)
+
+    low, high, best = request.gpu_count, most, None
+    while low < high:  # the largest count that fits, above the current one (fitting is monotone in the count)
+        mid = (low + high + 1) // 2
+        choices = fits(mid)
+        if choices is not None:
+            low, best = mid, (mid, choices)
+        else:
+            high = mid - 1
+    if best is None:
+        return None
+    _give_parts(cluster, request, parts)
+    return _take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
+
+
 def _row_fits(cluster: ClusterState, node: int, free, card_mem, cpu: int, mem: int, request) -> bool:
     """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, cpu, mem)?"""
     if cpu < request.cpu or mem < request.memory_mb:
@@ -331,49 +686,120 @@ class _NodeRow:
         self.mem = int(cluster.mem_free[node])
 
     def give(self, work: Work) -> None:
+        """Give back the work's part on this node (a gang's other parts are on other rows)."""
         r = work.request
-        for card in work.cards:
-            self.free[card] += r.gpu_milli
-            self.card_mem[card] += self.cluster.memory_for(self.node, card, r.gpu_milli)
-        self.cpu += r.cpu
-        self.mem += r.memory_mb
+        for node, cards in work.parts:
+            if node != self.node:
+                continue
+            for card in cards:
+                self.free[card] += r.gpu_milli
+                self.card_mem[card] += self.cluster.memory_for(self.node, card, r.gpu_milli)
+            self.cpu += r.cpu
+            self.mem += r.memory_mb
 
     def fits(self, request) -> bool:
         return _row_fits(self.cluster, self.node, self.free, self.card_mem, self.cpu, self.mem, request)
 
 
-def _fits_after(cluster: ClusterState, request, leaving: list[Work]) -> bool:
-    """Would the request fit on some node once the given running work has left it?"""
+def _fits_after(cluster: ClusterState, request, leaving: list[Work], strategy: str = "bestfit") -> bool:
+    """Would the request fit once the given running work has left (every part of it)?"""
+    if is_gang(cluster, request):
+        scratch = cluster.copy()
+        for work in leaving:
+            _give_parts(scratch, work.request, work.parts)
+        return choose_gang(scratch, request) is not None
     by_node: dict[int, _NodeRow] = {}
     for work in leaving:
-        by_node.setdefault(work.node, _NodeRow(cluster, work.node)).give(work)
+        for node, _ in work.parts:
+            by_node.setdefault(node, _NodeRow(cluster, node)).give(work)
     pinned = cluster.node_index.get(request.pinned_node) if request.pinned_node is not None else None
     return any(row.fits(request) for node, row in by_node.items() if pinned is None or node == pinned)
 
 
-def _choose_victims(cluster, waiter, waiter_level, victims_by_node, run_levels, discipline):
-    """The fewest, lowest-priority running works on one node whose eviction lets ``waiter`` fit."""
+def _victim_order(victim: Work, run_levels: dict):
+    """Lowest priority first: deepest queue, lowest user priority, least work lost (latest start)."""
+    return (-run_levels[victim.id], -victim.priority, -victim.started)
+
+
+class _Victims:
+    """Running work that may still be evicted this tick, by node (a gang on each of its nodes)."""
+
+    def __init__(self, running: list[Work], run_levels: dict, discipline: Discipline):
+        self.by_node: dict[int, list[Work]] = defaultdict(list)
+        for work in running:
+            if not work.stopping:
+                for node, _ in work.parts:
+                    self.by_node[node].append(work)
+        self.run_levels, self.discipline = run_levels, discipline
+        self.cache: dict[tuple, dict] = {}
+
+    def remove(self, victim: Work) -> None:
+        for node, _ in victim.parts:
+            if victim in self.by_node[node]:
+                self.by_node[node].remove(victim)
+        self.cache.clear()
+
+    def allowed(self, waiter: Work, level: int) -> dict[int, list[Work]]:
+        """Per node, the work ``waiter`` may evict, lowest priority first."""
+        key = (waiter.spot, level) if self.discipline.preempt_by_level else None
+        if key in self.cache:
+            return self.cache[key]
+        result = {}
+        for node, candidates in self.by_node.items():
+            allowed = [v for v in candidates if self.discipline.may_preempt(waiter, level, v, self.run_levels[v.id])]
+            if allowed:
+                result[node] = sorted(allowed, key=lambda v: _victim_order(v, self.run_levels))
+        if key is not None:
+            self.cache[key] = result
+        return result
+
+
+def _choose_victims(cluster, request: Request, allowed: dict, run_levels: dict) -> list[Work]:
+    """The fewest, lowest-priority running works on one node whose eviction lets ``request`` fit."""
     best = None
-    pinned = waiter.request.pinned_node
+    pinned = request.pinned_node
     pinned_row = cluster.node_index.get(pinned) if pinned is not None else None
-    for node, candidates in victims_by_node.items():
+    for node, candidates in allowed.items():
         if pinned is not None and node != pinned_row:
             continue
-        allowed = [v for v in candidates if discipline.may_preempt(waiter, waiter_level, v, run_levels[v.id])]
-        if not allowed:
-            continue
-        # Lowest priority first: deepest queue, lowest user priority, least work lost (latest start).
-        allowed.sort(key=lambda v: (-run_levels[v.id], -v.priority, -v.started))
         row = _NodeRow(cluster, node)
         chosen = []
-        for victim in allowed:
+        for victim in candidates:
             row.give(victim)
             chosen.append(victim)
             if best is not None and len(chosen) > len(best[1]):
                 break
-            if row.fits(waiter.request):
+            if row.fits(request):
                 cost = (len(chosen), -sum(run_levels[v.id] for v in chosen))
                 if best is None or cost < best[0]:
                     best = (cost, list(chosen))
                 break
     return best[1] if best else []
+
+
+def _choose_gang_victims(cluster, request: Request, allowed: dict) -> list[Work]:
+    """Running works on several nodes whose eviction lets the gang fit, all of them or none.
+
+    The nodes are planned as placement plans them, on what each node would have free if every victim
+    allowed there left; on each, the lowest-priority victims go first until its member's cards are free.
+    """
+    if not allowed:
+        return []
+    relevant = _relevant_cards(cluster, request, slice(None))
+    whole = (relevant & (cluster.free == WHOLE_CARD)).sum(axis=1)
+    freeable = whole.copy()
+    for node, victims in allowed.items():
+        freeable[node] += sum(len(cards) for v in victims for n, cards in v.parts if n == node)
+    plan = gang_plan(freeable, relevant.sum(axis=1), cluster.group, request)
+    if plan is None:
+        return []
+    scratch = cluster.copy()
+    chosen: list[Work] = []
+    for node, count in plan:
+        for victim in allowed.get(node, []):
+            if int((relevant[node] & (scratch.free[node] == WHOLE_CARD)).sum()) >= count:
+                break
+            if victim not in chosen:
+                _give_parts(scratch, victim.request, victim.parts)
+                chosen.append(victim)
+    return chosen if choose_gang(scratch, request) is not None else []

@@ -5,6 +5,10 @@
   ``idle_util``) accrues service at ``idle_weight`` of the rate, so I/O-bound
   and interactive work stays high.
 - Work that has waited ``starvation_s`` is promoted back to the top queue.
+- Multi-card work (gangs above all) that has waited ``reserve_after_s`` and
+  still does not fit gets a reservation (``decide``): the nodes it will take
+  accept no other work unless it ends before they free up (Slurm's backfill).
+- Elastic work is resized at most once per ``resize_interval_s``.
 - Within a queue: fair share first (a user holding less than an equal share of
   the cluster goes before one holding more, as Slurm's fair-share factor
   does), then first come first served, where a user's priority (high, normal, low)
@@ -30,6 +34,12 @@ class MlfqConfig:
     starvation_s: float = 24 * 3600.0
     preemption: bool = True
     fair_share: bool = True
+    # Reservation and backfill: multi-card work waiting this long (from its last queueing) that does
+    # not fit gets nodes reserved; at most ``reservations`` works hold one at a time, in queue order.
+    reserve_after_s: float = 3600.0
+    reservations: int = 1
+    # Elastic work: the least time between two resizes of one work (each is a restart from checkpoint).
+    resize_interval_s: float = 600.0
 
     @property
     def queues(self) -> int:
@@ -62,9 +72,23 @@ class Work:
     # Running work only: where it is, and whether it is already being stopped.
     node: int | None = None
     cards: list[int] = field(default_factory=list)
+    # A gang's further members: (node row, card columns) each, rank 1 first; empty for single-node work.
+    rest: list[tuple[int, list[int]]] = field(default_factory=list)
     stopping: bool = False
     started: float = 0.0
     remaining: float | None = None  # known only to the oracle (SRTF) baseline
+    # Elastic work runs on elastic_min..elastic_max cards (None: rigid). request.gpu_count is its size now
+    # (running) or the size it asks first (waiting: placed at that size if it fits, else at elastic_min).
+    elastic_min: int | None = None
+    elastic_max: int | None = None
+    resized_at: float = -float("inf")  # when it last started or changed size
+
+    @property
+    def parts(self) -> list[tuple[int, list[int]]]:
+        """Every member's (node, cards) while running, rank 0 first."""
+        if self.node is None:
+            return []
+        return [(self.node, self.cards), *self.rest] if self.rest else [(self.node, self.cards)]
 
 
 def level_of(work: Work, now: float, config: MlfqConfig, *, waiting: bool) -> int:

@@ -1,8 +1,16 @@
 """Where one request goes: first fit, best fit, random, or fragmentation-aware (FGD).
 
 Rules shared by every strategy: only cards of the requested model (or any,
-when none is asked for); multi-card work takes whole cards, all on one node;
-GPU share, GPU memory, CPU and host memory are checked together.
+when none is asked for); multi-card work takes whole cards; GPU share, GPU
+memory, CPU and host memory are checked together.
+
+Work wider than any node of its model (or that asks for ``nodes`` > 1) is a
+gang: ``choose_gang`` places all of it or none, on the fewest nodes, whole
+(fully free) nodes first and then the best-fitting partial node, inside one
+node group (rack) when one can hold it with no more nodes than the best plan
+overall. CPU and memory are per member (per node). Work that fits on one node
+never spreads over several by itself: it waits for one node (``nodes`` asks
+for a spread explicitly).
 
 FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23) scores a
 placement by how much it grows the cluster's expected fragmentation for a
@@ -41,6 +49,19 @@ class Request:
     cpu: int = 0
     memory_mb: int = 0
     pinned_node: object = None
+    # Gangs: None = one node if the work fits on one, else the fewest nodes the policy finds; an int =
+    # exactly that many nodes with gpu_count / nodes cards each. cpu and memory_mb are per member.
+    nodes: int | None = None
+
+    def __post_init__(self):
+        if self.nodes is None:
+            return
+        if self.nodes < 1:
+            raise ValueError(f"Request.nodes: must be at least 1, got {self.nodes}")
+        if self.gpu_count % self.nodes:
+            raise ValueError(f"Request.nodes: {self.gpu_count} cards do not split evenly over {self.nodes} nodes")
+        if self.nodes > 1 and self.gpu_milli != WHOLE_CARD:
+            raise ValueError("Request.nodes: work across nodes takes whole cards (gpu_milli 1000)")
 
     @cached_property
     def gpus(self) -> float:
@@ -71,8 +92,10 @@ class Choice:
     cards: list[int]
 
 
-def _eligible_nodes(cluster: ClusterState, request: Request) -> np.ndarray:
+def _eligible_nodes(cluster: ClusterState, request: Request, allowed: np.ndarray | None = None) -> np.ndarray:
     nodes = (cluster.cpu_free >= request.cpu) & (cluster.mem_free >= request.memory_mb)
+    if allowed is not None:
+        nodes &= allowed
     if request.pinned_node is not None:
         pinned = np.zeros_like(nodes)
         index = cluster.node_index.get(request.pinned_node)
@@ -90,9 +113,9 @@ def _eligible_cards(cluster: ClusterState, request: Request, rows=slice(None), r
     return relevant & (cluster.free[rows] >= request.gpu_milli) & (cluster.card_mem_free[rows] >= need_memory)
 
 
-def _eligible(cluster: ClusterState, request: Request) -> tuple[np.ndarray, np.ndarray]:
+def _eligible(cluster: ClusterState, request: Request, allowed=None) -> tuple[np.ndarray, np.ndarray]:
     """(node mask, card mask) of what could host the request on its own terms."""
-    nodes = _eligible_nodes(cluster, request)
+    nodes = _eligible_nodes(cluster, request, allowed)
     return nodes, _eligible_cards(cluster, request) & nodes[:, None]
 
 
@@ -111,11 +134,15 @@ def choose(
     *,
     mix: list[TaskType] | None = None,
     rng: np.random.Generator | None = None,
+    allowed: np.ndarray | None = None,
 ) -> Choice | None:
-    """The node and cards for one request under ``strategy``, or None if nothing fits now."""
+    """The node and cards for one request under ``strategy``, or None if nothing fits now.
+
+    ``allowed``: node mask to keep to (others are reserved), None for every node.
+    """
     if strategy == "fgd" and mix:
-        return _fgd_choose(cluster, request, _eligible_nodes(cluster, request), mix)
-    nodes, cards = _eligible(cluster, request)
+        return _fgd_choose(cluster, request, _eligible_nodes(cluster, request, allowed), mix)
+    nodes, cards = _eligible(cluster, request, allowed)
     fraction = 0 < request.gpu_milli < WHOLE_CARD
     if fraction:
         rows, cols = np.nonzero(cards)
@@ -140,6 +167,80 @@ def choose(
         return _whole_choice(cards, node, request.gpu_count)
     best = int(np.argmin(count_per_node[candidates] - request.gpu_count))
     return _whole_choice(cards, candidates[best], request.gpu_count)
+
+
+def is_gang(cluster: ClusterState, request: Request) -> bool:
+    """Whether the request spans nodes: it asks for more than one, or is wider than any node of its model."""
+    if request.nodes is not None:
+        return request.nodes > 1
+    return request.gpu_count > 1 and request.gpu_count > cluster.width(request.gpu_model)
+
+
+def choose_parts(cluster: ClusterState, request: Request, strategy: str = "fgd", **options) -> list[Choice] | None:
+    """Every member's node and cards (rank 0 first): one for single-node work, several for a gang.
+
+    ``options`` are ``choose``'s (mix, rng, allowed); a gang uses only ``allowed``.
+    """
+    if is_gang(cluster, request):
+        return choose_gang(cluster, request, options.get("allowed"))
+    choice = choose(cluster, request, strategy, **options)
+    return None if choice is None else [choice]
+
+
+def choose_gang(cluster: ClusterState, request: Request, allowed: np.ndarray | None = None) -> list[Choice] | None:
+    """All members of a gang, or None when the whole gang does not fit now (nothing is held half-placed)."""
+    nodes, cards = _eligible(cluster, request, allowed)
+    free = np.where(nodes, cards.sum(axis=1), 0)
+    total = _relevant_cards(cluster, request, slice(None)).sum(axis=1)
+    plan = gang_plan(free, total, cluster.group, request)
+    if plan is None:
+        return None
+    return [Choice(node, [int(c) for c in np.flatnonzero(cards[node])[:count]]) for node, count in plan]
+
+
+def gang_plan(free: np.ndarray, total: np.ndarray, groups: np.ndarray, request: Request) -> list | None:
+    """(node, cards) per member given each node's usable cards ``free`` (of ``total``), or None.
+
+    Fewest nodes first; inside one group when a group can hold the gang on no more nodes than the
+    best plan over every node (ties: the group left with the least unused capacity on the chosen nodes).
+    """
+    everywhere = _plan_within(free, total, np.arange(len(free)), request)
+    if everywhere is None:
+        return None
+    best, best_key = everywhere, None
+    for group in np.unique(groups[groups >= 0]):
+        plan = _plan_within(free, total, np.flatnonzero(groups == group), request)
+        if plan is None or len(plan) > len(everywhere):
+            continue
+        key = (len(plan), sum(int(free[n]) - c for n, c in plan))
+        if best_key is None or key < best_key:
+            best, best_key = plan, key
+    return best
+
+
+def _plan_within(free: np.ndarray, total: np.ndarray, members: np.ndarray, request: Request) -> list | None:
+    if request.nodes is not None:
+        per = request.gpu_count // request.nodes
+        fit = members[free[members] >= per]
+        if fit.size < request.nodes:
+            return None
+        # Best fit: the least left over, so whole nodes go to gangs that fill them.
+        fit = fit[np.lexsort((fit, free[fit] - per))]
+        return [(int(n), per) for n in fit[: request.nodes]]
+    # The fewest nodes: most free first (fully free nodes ahead of partial ones with as many free cards).
+    order = members[np.lexsort((members, ~(free[members] == total[members]), -free[members]))]
+    order = order[free[order] > 0]
+    reach = np.cumsum(free[order])
+    if reach.size == 0 or reach[-1] < request.gpu_count:
+        return None
+    k = int(np.searchsorted(reach, request.gpu_count)) + 1
+    taken = [(int(n), int(free[n])) for n in order[: k - 1]]
+    rest = request.gpu_count - sum(c for _, c in taken)
+    # The last member goes to the best-fitting node left: the fewest free cards that still hold the rest.
+    left = order[k - 1 :]
+    left = left[free[left] >= rest]
+    last = left[np.lexsort((left, free[left]))][0]
+    return [*taken, (int(last), rest)]
 
 
 @dataclass

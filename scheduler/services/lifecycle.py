@@ -20,22 +20,32 @@ log = logging.getLogger(__name__)
 
 
 def workload_transition(
-    workload: Workload, *, to: str, allowed_from, reason: str = "", at: datetime | None = None, **fields
+    workload: Workload,
+    *,
+    to: str,
+    allowed_from,
+    reason: str = "",
+    at: datetime | None = None,
+    where: dict | None = None,
+    **fields,
 ) -> bool:
-    """Move ``workload`` to ``to`` if it is in one of ``allowed_from``.
+    """Move ``workload`` to ``to`` if it is in one of ``allowed_from`` (and its row matches ``where``).
 
     Returns False (and changes nothing) when the row is in another state,
     including when a concurrent writer moved it first. On success the
     in-memory object is refreshed. The change is recorded at the database's
     time, or at ``at`` (a database time) when it happened earlier than it can be
     written: a node cut off from the control plane reports when it stopped work.
+    Work that leaves running ends any restart's claim on it.
     """
     row = Workload.objects.filter(pk=workload.pk).values_list("status", "node_id").first()
     current, held_on = row or (None, None)
     if current not in set(allowed_from):
         return False
+    if current == WorkloadStatus.RUNNING and to != WorkloadStatus.RUNNING:
+        fields.setdefault("restarting", False)
     with transaction.atomic():
-        updated = Workload.objects.filter(pk=workload.pk, status=current).update(
+        updated = Workload.objects.filter(pk=workload.pk, status=current, **(where or {})).update(
             status=to, status_reason=reason[:255], status_changed_at=at or Now(), **fields
         )
         if not updated:

@@ -84,14 +84,16 @@ def node_register(
     return node
 
 
-def node_heartbeat(*, name: str, epoch: int) -> str | None:
-    """Record that the node's agent (of this epoch) is alive; returns the node's status.
+def node_heartbeat(*, name: str, epoch: int, disk: tuple[int, int] | None = None) -> str | None:
+    """Record that the node's agent (of this epoch) is alive, with its disk's (total, free) GB when measured;
+    returns the node's status.
 
     None: a newer agent registered this node, so this one must stop. A lost node
     stays lost here: it rejoins through ``node_rejoin`` once it has fenced itself.
     A removed node's agent stops.
     """
-    updated = Node.objects.filter(name=name, epoch=epoch).update(last_heartbeat=Now())
+    measured = {"disk_total_gb": disk[0], "disk_free_gb": disk[1]} if disk else {}
+    updated = Node.objects.filter(name=name, epoch=epoch).update(last_heartbeat=Now(), **measured)
     if not updated:
         return None
     return Node.objects.filter(name=name).values_list("status", flat=True).first()

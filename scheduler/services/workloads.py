@@ -9,6 +9,7 @@ import logging
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -174,10 +175,25 @@ def workload_stop(workload: Workload, *, reason: str = "") -> Workload:
 def workload_restart(workload: Workload) -> Workload:
     """Restart the container of running work in place (same cards, same disk).
 
-    A compare-and-swap like every transition: it records the request only if the
-    work is still running at the moment of the write.
+    A compare-and-swap like every transition: it claims the work (``restarting``) only if it
+    is still running, and not restarting already, at the moment of the write. The claim comes
+    before the node stops the container, so that exit is not taken for the work's end by the
+    node's exit watcher (which would free the cards the restarted container then runs on);
+    the node ends the claim once the container runs again (``scheduler.node.agent``).
     """
-    if not workload_transition(workload, to=S.RUNNING, allowed_from=[S.RUNNING], reason="restart requested"):
+    claimed = workload_transition(
+        workload,
+        to=S.RUNNING,
+        allowed_from=[S.RUNNING],
+        where={"restarting": False},
+        reason="restart requested",
+        restarting=True,
+        restarts=F("restarts") + 1,
+    )
+    if not claimed:
+        workload.refresh_from_db(fields=["status", "restarting"])
+        if workload.status == S.RUNNING and workload.restarting:
+            raise Conflict(f"the {workload.kind} is restarting already; wait until it runs again")
         raise Conflict(f"cannot restart: the {workload.kind} is {workload.status}")
     send_after_commit(ToNode.RESTART, workload.pk, node=workload.node.name)
     return workload

@@ -11,6 +11,13 @@ time starts (bench/cluster_live.py sets it to what the live cluster measured).
 Spot jobs, groups with a running cap and the spot fallback come from the trace jobs' fields
 and are honoured by ``decide`` itself; each job's runs (start, end, on spot) are kept so a
 benchmark can price them (bench/sweep_cost.py).
+
+Every job is kept: work wider than a node runs as a gang across nodes (``decide`` places it
+all or nothing; eviction and completion give back every part). Elastic jobs (a trace job's
+``elastic_min``..``elastic_max``) run at whatever size ``decide`` gives them. Assumption: linear
+speedup, so a job's duration is its running time at its trace size and it advances at
+cards / trace cards of that rate. A resize is a restart from checkpoint: the job holds its new
+cards for ``restart_s`` seconds before it advances again (the same as the launch overhead).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -41,15 +48,41 @@ class SimResult:
     gpu_allocation_pct: float
     makespan: float
     preemptions: int
+    resizes: int = 0
     timeline: list[tuple[float, int, float]] = field(default_factory=list, repr=False)
     # Per job: each run as (placed at, stopped at, on spot), when it finished, how often it was preempted.
     runs: dict[int, list[tuple[float, float, bool]]] = field(default_factory=dict, repr=False)
     done: dict[int, float] = field(default_factory=dict, repr=False)
     preempted: dict[int, int] = field(default_factory=dict, repr=False)
+    first_start: dict[int, float] = field(default_factory=dict, repr=False)
 
     def summary(self) -> dict:
-        hidden = {"timeline", "runs", "done", "preempted"}
+        hidden = {"timeline", "runs", "done", "preempted", "first_start"}
         return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k not in hidden}
+
+
+def _push_completion(completions, now, job_id, duration, executed, speed, version) -> None:
+    """(Re)schedule the job's end at its current speed; an earlier entry is void once its version is old."""
+    version[job_id] = version.get(job_id, 0) + 1
+    end = now + (duration[job_id] - executed[job_id]) / speed[job_id]
+    heapq.heappush(completions, (end, version[job_id], job_id))
+
+
+def _may_grow(running, now: float, config: MlfqConfig) -> bool:
+    """Whether some elastic running work is below its largest size and may be resized now."""
+    return any(
+        w.elastic_max is not None
+        and w.request.gpu_count < w.elastic_max
+        and now - w.resized_at >= config.resize_interval_s
+        for w in running
+    )
+
+
+def _give_back(cluster: ClusterState, work: Work) -> None:
+    """Every part of the work's capacity (a gang's on each of its nodes)."""
+    r = work.request
+    for node, cards in work.parts:
+        cluster.give(node, cards, r.gpu_milli, r.cpu, r.memory_mb)
 
 
 def uniform_nodes(gpus: int, per_node: int = 8, model: str = "GPU") -> list[NodeSpec]:
@@ -76,6 +109,7 @@ def simulate(
     timeline_every: float = 0.0,
     seed: int = 0,
     launch_overhead: float = 0.0,
+    restart_s: float = 60.0,
 ) -> SimResult:
     discipline = DISCIPLINES[policy](config)
     config = discipline.config
@@ -90,6 +124,9 @@ def simulate(
     first_start: dict[int, float] = {}
     done: dict[int, float] = {}
     duration = {j.id: j.duration for j in jobs}
+    base = {j.id: j.gpu_count for j in jobs}
+    speed: dict[int, float] = {}  # seconds of trace time per second: cards now / trace cards (1 if rigid)
+    resizes = 0
     waiting: dict[int, Work] = {}
     running: dict[int, Work] = {}
     completions: list[tuple[float, int, int]] = []  # (time, version, id)
@@ -105,6 +142,7 @@ def simulate(
     now = arrivals[0].submit if arrivals else 0.0
     start = now
     last_tick = -math.inf
+    stalled = False  # nothing can change until capacity is given back (a blocked FIFO head)
     next_sample = now
 
     while next_arrival < len(arrivals) or waiting or running:
@@ -115,8 +153,9 @@ def simulate(
             candidates.append(completions[0][0])
         if evictions:
             candidates.append(evictions[0][0])
-        if waiting and running:
-            candidates.append(last_tick + quantum)
+        if running and (waiting or _may_grow(running.values(), now, config)):
+            if not stalled:
+                candidates.append(last_tick + quantum)
         if not candidates:
             break  # waiting work that can never run (bigger than any node)
         t = max(min(candidates), now)
@@ -124,7 +163,7 @@ def simulate(
         allocated_area += share * (t - now)
         for work in running.values():
             accrue(work, t - now, None, config)
-            executed[work.id] += t - now
+            executed[work.id] += (t - now) * speed[work.id]
         now = t
         if timeline_every and now >= next_sample:
             timeline.append((now, len(waiting), share))
@@ -134,8 +173,9 @@ def simulate(
             _, v, job_id = heapq.heappop(completions)
             if version.get(job_id) != v or job_id not in running:
                 continue
+            stalled = False
             work = running.pop(job_id)
-            cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            _give_back(cluster, work)
             done[job_id] = now
             runs.setdefault(job_id, []).append((*run_start.pop(job_id), now))
         while evictions and evictions[0][0] <= now:
@@ -143,12 +183,15 @@ def simulate(
             work = running.pop(job_id, None)
             if work is None:
                 continue  # finished during its grace period
-            cluster.give(work.node, work.cards, work.request.gpu_milli, work.request.cpu, work.request.memory_mb)
+            stalled = False
+            _give_back(cluster, work)
             runs.setdefault(job_id, []).append((*run_start.pop(job_id), now))
             work.preemptions += 1
             executed[job_id] = max(executed[job_id], executed_before_launch[job_id])  # evicted while launching
             version[job_id] = version.get(job_id, 0) + 1
-            work.node, work.cards, work.stopping = None, [], False
+            work.node, work.cards, work.rest, work.stopping = None, [], [], False
+            if work.elastic_max is not None:  # back in the queue it asks its largest size first again
+                work.request = replace(work.request, gpu_count=work.elastic_max)
             work.waiting_since = now
             waiting[job_id] = work
         while next_arrival < len(arrivals) and arrivals[next_arrival].submit <= now:
@@ -168,6 +211,8 @@ def simulate(
                 group_cap=job.group_cap,
                 fallback_after=job.fallback_after,
                 fallback_at=job.fallback_at,
+                elastic_min=job.elastic_min,
+                elastic_max=job.gpu_count if job.elastic_min is not None else None,
             )
             works[job.id] = work
             executed[job.id] = 0.0
@@ -175,11 +220,13 @@ def simulate(
             if progress and next_arrival % 5000 == 0:
                 progress(next_arrival, len(arrivals))
 
-        if not waiting:
+        if stalled or not waiting and not _may_grow(running.values(), now, config):
             continue
         last_tick = now
-        for work in [*waiting.values(), *running.values()]:
+        for work in waiting.values():
             work.remaining = duration[work.id] - executed[work.id]
+        for work in running.values():
+            work.remaining = (duration[work.id] - executed[work.id]) / speed[work.id]
         decisions = decide(
             list(waiting.values()),
             list(running.values()),
@@ -195,14 +242,26 @@ def simulate(
         for place in decisions.place:
             work = waiting.pop(place.work_id)
             work.node, work.cards, work.started = place.node, place.cards, now
+            work.rest = [(p.node, p.cards) for p in place.rest]
+            work.resized_at = now
+            if work.elastic_min is not None:
+                work.request = replace(work.request, gpu_count=place.gpu_count, nodes=None)
+            speed[work.id] = work.request.gpu_count / base[work.id]
             running[work.id] = work
             run_start[work.id] = (now, work.spot)
             first_start.setdefault(work.id, now)
-            version[work.id] = version.get(work.id, 0) + 1
             # Its cards are held through the launch before its own time runs (credited back as it passes).
             executed_before_launch[work.id] = executed[work.id]
-            executed[work.id] -= launch_overhead
-            heapq.heappush(completions, (now + duration[work.id] - executed[work.id], version[work.id], work.id))
+            executed[work.id] -= launch_overhead * speed[work.id]
+            _push_completion(completions, now, work.id, duration, executed, speed, version)
+        for resize in decisions.resize:
+            resizes += 1
+            work = running[resize.work_id]  # decide has moved it to its new parts and size
+            speed[work.id] = resize.gpu_count / base[work.id]
+            executed[work.id] -= restart_s * speed[work.id]  # the restart from checkpoint holds the new cards
+            _push_completion(completions, now, work.id, duration, executed, speed, version)
+        # FIFO's blocked head stays blocked until capacity is given back: later arrivals queue behind it.
+        stalled = discipline.head_of_line_blocking and bool(decisions.waiting)
         for preempt in decisions.preempt:
             preemptions += 1
             heapq.heappush(evictions, (now + grace, preempt.work_id))
@@ -223,8 +282,10 @@ def simulate(
         gpu_allocation_pct=100 * allocated_area / makespan if makespan else 0.0,
         makespan=makespan,
         preemptions=preemptions,
+        resizes=resizes,
         timeline=timeline,
         runs={job_id: [(start, end, spot) for (start, spot, end) in r] for job_id, r in runs.items()},
         done=done,
         preempted={j.id: works[j.id].preemptions for j in jobs if j.id in works},
+        first_start=first_start,
     )

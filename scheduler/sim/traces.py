@@ -30,6 +30,8 @@ class TraceJob:
     group_cap: int | None = None
     fallback_after: int | None = None  # preemptions after which spot work runs on-demand
     fallback_at: float | None = None  # trace time from which it does
+    # Elastic: it may run on elastic_min..gpu_count cards (None: rigid, always gpu_count).
+    elastic_min: int | None = None
 
 
 def detect(path: str | Path) -> str:
@@ -45,7 +47,10 @@ def detect(path: str | Path) -> str:
 
 
 def read_jobs(path: str | Path, *, min_duration: float = 0, max_gpus: int | None = None) -> list[TraceJob]:
-    """Jobs sorted by submit time; Philly's timestamps become seconds from the first submit."""
+    """Jobs sorted by submit time; Philly's timestamps become seconds from the first submit.
+
+    Every job is kept unless ``max_gpus`` is given (work wider than a node runs as a gang).
+    """
     kind = detect(path)
     rows = list(csv.DictReader(open(path, newline="")))
     jobs = []

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from billing import storage
-from billing.models import Posting, PostingKind, RateCard, SharedStorageUsage, Team
+from billing.models import Posting, PostingKind, SharedStorageUsage, Team
 from billing.storage import shared_storage_on, shared_usage_sample, storage_settle
 from scheduler import sharedfs
 from scheduler.models import Workload
@@ -15,18 +15,6 @@ from scheduler.sharedfs import GIB, Quota
 from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def today():
-    return timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
-
-
-@pytest.fixture
-def card(today):
-    return RateCard.objects.create(
-        gpu_model="", effective_from=today - timedelta(days=30), storage_gb_day=Decimal("0.50"), free_storage_gb=20
-    )
 
 
 @pytest.fixture

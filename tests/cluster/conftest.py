@@ -37,6 +37,8 @@ TIMINGS = {
     "DB_CONN_MAX_AGE": "60",
     "LOG_LEVEL": "INFO",
     "WEB_WORKERS": "2",
+    # Each host's data root is btrfs: a system disk of 1 GB is one a test can fill.
+    "INSTANCE_SYSTEM_DISK_GB": "1",
 }
 
 

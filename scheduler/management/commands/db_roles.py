@@ -88,6 +88,8 @@ NODE_ACCESS = {
             "allocated_memory_mb",
             "docker_version",
             "last_heartbeat",
+            "disk_total_gb",
+            "disk_free_gb",
             "epoch",
             "drain_deadline",  # cleared when its agent registers it again
             # Django's update_or_create rewrites every field with its own pre_save (dates), unchanged.
@@ -115,6 +117,7 @@ NODE_ACCESS = {
             "pinned_node_id",
             "preempt_requested",
             "preemptions",
+            "restarting",  # a restart's claim, ended by the node once the container runs again
             "log_tail",
             "gpu_utilization",
         ),

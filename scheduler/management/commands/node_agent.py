@@ -23,17 +23,27 @@ from scheduler.node.reconcile import agent_reconcile, heartbeat_forever, watch_c
 from scheduler.node.relay.server import RelayServer
 from scheduler.node.selffence import SelfFence
 from scheduler.node.sharedfs import mount_ensure
+from scheduler.node.slowworker import SlowWorker, worker_args
 from scheduler.telemetry.sampler import sampler_for
 
 
 class Command(BaseCommand):
-    help = "Run the node agent for this GPU host (a Celery worker on queue node.<name>)."
+    help = (
+        "Run the node agent for this GPU host (a Celery worker on queue node.<name>, and one of worker "
+        "processes on node.<name>.slow)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--name", default=settings.NODE_NAME or socket.gethostname().split(".")[0])
         parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument(
+            "--slow-concurrency",
+            type=int,
+            default=settings.NODE_SLOW_CONCURRENCY,
+            help="Worker processes of the slow queue node.<name>.slow (image pulls and commits, disks, moves).",
+        )
 
-    def handle(self, *args, name, concurrency, **options):
+    def handle(self, *args, name, concurrency, slow_concurrency, **options):
         # The terminal and files of this host's containers, for the web tier (which has no Docker).
         relay = RelayServer(name, api=launcher.docker_client().api)
         try:
@@ -89,28 +99,19 @@ class Command(BaseCommand):
         collector = Collector(node.name, launcher.docker_client().api).start()
         if settings.INSTANCE_NETWORK_MODE == "fenced":
             threading.Thread(target=fence_forever, args=(stop,), name="fence-check", daemon=True).start()
+        # Slow operations on worker processes of their own, killed at their time limits (slowworker.py).
+        slow = SlowWorker(node.name, concurrency=max(1, slow_concurrency))
+        threading.Thread(target=slow.run_forever, args=(stop,), name="slow-queue", daemon=True).start()
+        self.stdout.write(f"slow queue {node.slow_queue}: {max(1, slow_concurrency)} worker processes")
         # Start-up's objects live as long as the agent: kept out of the collector, whose full passes over
         # them stalled the relay's terminals by 80-280 ms on a busy host.
         gc.freeze()
         try:
             app.worker_main(
-                [
-                    "worker",
-                    "-Q",
-                    node.queue,
-                    "-n",
-                    f"{node.name}@%h",
-                    "--pool",
-                    "threads",
-                    "--concurrency",
-                    str(concurrency),
-                    "--loglevel",
-                    "INFO",
-                    "--without-gossip",
-                    "--without-mingle",
-                ]
+                worker_args(queue=node.queue, name=f"{node.name}@%h", pool="threads", concurrency=concurrency)
             )
         finally:
             stop.set()
+            slow.stop()
             collector.stop()
             relay.stop()

@@ -62,8 +62,9 @@ class Command(BaseCommand):
     ):
         try:
             cluster = uniform_nodes(gpus) if gpus else _nodes(nodes)
-            per_node = max(len(n.cards) for n in cluster)
-            jobs = read_jobs(trace, min_duration=min_duration, max_gpus=per_node)
+            # Work wider than a node runs as a gang across nodes; only work wider than the whole cluster is dropped.
+            total_cards = sum(len(n.cards) for n in cluster)
+            jobs = read_jobs(trace, min_duration=min_duration, max_gpus=total_cards)
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         if days is not None or start_day:

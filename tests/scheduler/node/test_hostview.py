@@ -1,0 +1,107 @@
+"""A container sees its own limits: nproc from its cpuset, free and /proc from LXCFS (real containers)."""
+
+import os
+import shutil
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+
+from scheduler.models import WorkloadStatus
+from scheduler.node import hostview, launcher
+from scheduler.node.agent import agent_launch
+from scheduler.services.allocation import Share, allocation_create
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node(sim_node):
+    """Two RTX 3090s (indexes 0, 1) and an A100 of simulated cards; its containers go afterwards."""
+    return sim_node
+
+
+@pytest.fixture
+def lxcfs(tmp_path, settings):
+    """Debian's lxcfs, run for this test on its own mount point."""
+    if shutil.which("lxcfs") is None:
+        pytest.fail("lxcfs is not installed (Debian package lxcfs)")
+    mount = tmp_path / "lxcfs"
+    mount.mkdir()
+    daemon = subprocess.Popen(["lxcfs", "-f", str(mount)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not (mount / "proc" / "meminfo").exists():
+        assert daemon.poll() is None and time.monotonic() < deadline, "lxcfs did not mount"
+        time.sleep(0.1)
+    settings.INSTANCE_LXCFS, settings.LXCFS_DIR = "on", str(mount)
+    yield mount
+    daemon.terminate()
+    daemon.wait(timeout=20)
+    if os.path.ismount(mount):  # lxcfs unmounts itself on SIGTERM; a lazy unmount if it could not
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def launched(user, node, image, *, cpu=1, memory_mb=256, card=0):
+    gpu = node.gpus.get(index=card)
+    w = workload(user, cpu=cpu, memory_mb=memory_mb, image_ref=image)
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(gpu.pk, 1000, gpu.memory_mb)])
+    agent_launch(w.pk)
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.RUNNING, w.status_reason
+    return launcher.docker_client().containers.get(w.container_name)
+
+
+def run(container, command: str) -> str:
+    return container.exec_run(["sh", "-c", command]).output.decode().strip()
+
+
+def test_a_one_core_instance_sees_one_core(user, node, base_image):
+    assert (os.cpu_count() or 1) >= 2, "this test needs a host with two cores or more"
+    container = launched(user, node, base_image, cpu=1)
+    assert run(container, "nproc") == "1"
+    assert len(hostview.cpu_list(container.attrs["HostConfig"]["CpusetCpus"])) == 1
+
+
+def test_two_one_core_instances_are_pinned_to_different_cores(user, node, base_image):
+    first = launched(user, node, base_image, cpu=1, card=0)
+    second = launched(user, node, base_image, cpu=1, card=1)
+    assert first.attrs["HostConfig"]["CpusetCpus"] != second.attrs["HostConfig"]["CpusetCpus"]
+
+
+def test_a_stopped_instance_started_again_is_pinned_again(user, node, base_image):
+    container = launched(user, node, base_image, cpu=1)
+    container.stop(timeout=1)
+    container.update(cpuset_cpus="0,1")  # as if its cores had been set otherwise while it was stopped
+    hostview.container_start(launcher.docker_client(), container, {"nano_cpus": 10**9, "labels": container.labels})
+    container.reload()
+    assert run(container, "nproc") == "1"
+
+
+def test_free_and_proc_show_the_containers_own_memory_and_cores_under_lxcfs(user, node, base_image, lxcfs):
+    container = launched(user, node, base_image, cpu=1, memory_mb=256)
+    assert run(container, "grep MemTotal /proc/meminfo").split()[1] == str(256 * 1024)
+    assert run(container, "grep -c ^processor /proc/cpuinfo") == "1"
+    assert run(container, "cat /sys/devices/system/cpu/online") in {"0", "1"}
+    mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
+    assert mounts["/proc/meminfo"]["Source"] == str(lxcfs / "proc" / "meminfo")
+    assert mounts["/proc/meminfo"]["RW"] is False
+
+
+def test_lxcfs_required_but_absent_fails_the_launch_saying_so(user, node, base_image, settings, tmp_path):
+    settings.INSTANCE_LXCFS, settings.LXCFS_DIR = "on", str(tmp_path / "nothing")
+    gpu = node.gpus.get(index=0)
+    w = workload(user, image_ref=base_image)
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(gpu.pk, 1000, gpu.memory_mb)])
+    agent_launch(w.pk)
+    w.refresh_from_db()
+    assert w.status == WorkloadStatus.FAILED
+    assert "LXCFS is not mounted" in w.status_reason
+
+
+def test_cores_are_chosen_least_used_first_then_lowest():
+    assert hostview.cpus_choose(2, 4, Counter({0: 1, 1: 1})) == "2,3"
+    assert hostview.cpus_choose(1, 4, Counter({0: 2, 1: 1, 2: 1, 3: 1})) == "1"
+    assert hostview.cpus_choose(3, 2, Counter()) == "0,1"  # never more cores than the host has
+    assert hostview.cpu_list("0-2,5") == [0, 1, 2, 5]

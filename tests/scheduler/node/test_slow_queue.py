@@ -1,0 +1,133 @@
+"""The node's slow queue: what takes minutes or hours runs on worker processes of its own, which end
+every task at its time limit, and a launch's image pull goes there too."""
+
+import contextlib
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from config.messages import ToNode
+from portal import services
+from portal.models import Instance
+from scheduler.models import WorkloadEvent, WorkloadStatus
+from scheduler.node import agent, launcher
+from scheduler.node import tasks as node_tasks
+from scheduler.node.slowworker import SlowWorker
+from scheduler.registry import RegistryError
+from scheduler.services.allocation import Share, allocation_create
+from tests.conftest import database_url, make_node, wait_for, worker_for
+from tests.portal.test_operation_deadlines import stopped_instance
+from tests.scheduler.factories import workload
+
+S = WorkloadStatus
+
+
+@contextlib.contextmanager
+def hanging_growth(instance, tmp_path):
+    """A real slow worker for the instance's node, on which growing its data disk hangs in an e2fsck
+    that never returns (the disk is grown offline here); yields the worker and the file that will
+    hold e2fsck's process id."""
+    volumes, tools, pid_file = tmp_path / "volumes", tmp_path / "bin", tmp_path / "e2fsck.pid"
+    volumes.mkdir()
+    tools.mkdir()
+    (volumes / f"{instance.workload.volume_name}.img").write_bytes(b"")
+    hanging = tools / "e2fsck"
+    hanging.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 3600\n")
+    hanging.chmod(0o755)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "SCHEDULER_QUEUE": settings.SCHEDULER_QUEUE,
+        "DEPLOYMENT_ID": settings.DEPLOYMENT_ID,
+        "INSTANCE_DISK_QUOTA": "true",
+        "VOLUMES_DIR": str(volumes),
+        "PATH": f"{tools}:{os.environ['PATH']}",
+    }
+    stop = threading.Event()
+    with open(tmp_path / "slow-worker.log", "w") as log:
+        slow = SlowWorker(instance.workload.node.name, concurrency=1, stdout=log, env=env)
+        thread = threading.Thread(target=slow.run_forever, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            with worker_for():  # the scheduler queue, where the node's answer goes
+                yield slow, pid_file
+        finally:
+            stop.set()
+            slow.stop()
+            thread.join(30)
+            if pid_file.exists() and Path(f"/proc/{pid_file.read_text().strip()}").exists():
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def with_limits(monkeypatch, *, hard: int, soft: int) -> None:
+    """A message carries its task's time limits as the sender defines the task."""
+    monkeypatch.setattr(node_tasks.agent_disk_grow, "time_limit", hard)
+    monkeypatch.setattr(node_tasks.agent_disk_grow, "soft_time_limit", soft)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_operation_that_hangs_is_ended_at_its_time_limit_and_answers_so(user, catalog, tmp_path, monkeypatch):
+    with_limits(monkeypatch, hard=4, soft=3)
+    instance = stopped_instance(user, catalog)
+    with hanging_growth(instance, tmp_path) as (slow, pid_file):
+        services.instance_grow_disk(instance=instance, disk_gb=20)
+        wait_for(
+            lambda: Instance.objects.get(pk=instance.pk).disk_growing_to is None,
+            timeout=90,
+            what="the slow worker's answer",
+        )
+        pid = int(pid_file.read_text())
+
+    reason = WorkloadEvent.objects.filter(workload=instance.workload).latest("id").reason
+    assert reason == "growing the data disk to 20 GB failed: it did not finish within its time limit"
+    assert not Path(f"/proc/{pid}").exists()  # what the task started did not outlive it either
+    assert slow.process.poll() is not None  # and the worker stopped with the agent
+
+
+def starting(user, image_ref: str):
+    node = make_node("sim:1xRTX3090")
+    w = workload(user, image_ref=image_ref)
+    card = node.gpus.get()
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    w.refresh_from_db()
+    assert w.status == S.STARTING
+    return w
+
+
+@pytest.mark.django_db
+def test_a_launch_whose_image_is_not_on_the_host_hands_the_pull_to_the_slow_queue(user, monkeypatch):
+    sent = []
+    monkeypatch.setattr(agent, "send", lambda task, *args, node: sent.append((task, args, node)))
+    w = starting(user, "gpucloud-test/not-here:1")
+
+    agent.agent_launch(w.pk)
+
+    assert sent == [(ToNode.IMAGE_PULL, (w.pk,), w.node.name)]
+    w.refresh_from_db()
+    assert w.status == S.STARTING and not w.runs.exists()  # nothing begun on the fast queue
+
+    monkeypatch.setattr(launcher, "image_pull", lambda ref: None)
+    agent.agent_image_pull(w.pk)  # pulled: the launch goes back to the node's queue
+    assert sent[-1] == (ToNode.LAUNCH, (w.pk,), w.node.name)
+
+
+@pytest.mark.django_db
+def test_a_pull_that_fails_fails_the_launch_saying_why(user, monkeypatch):
+    monkeypatch.setattr(agent, "send", lambda *args, **kwargs: None)
+
+    def refused(ref):
+        raise RegistryError(f"cannot pull image {ref} from the registry r:5000: unauthorized")
+
+    monkeypatch.setattr(launcher, "image_pull", refused)
+    w = starting(user, "r:5000/gpucloud-saved:x")
+
+    agent.agent_image_pull(w.pk)
+
+    w.refresh_from_db()
+    assert w.status == S.FAILED and w.status_reason.endswith("unauthorized")
+    assert w.node.gpus.get().allocated_milli == 0
