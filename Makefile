@@ -10,7 +10,7 @@ test: export WHITENOISE_USE_FINDERS = true
 test: export DB_CONN_MAX_AGE = 0
 test: export TEST_FAST_PASSWORD_HASHER = true
 
-.PHONY: run test services lint bench messages prod-smoke cluster cluster-down
+.PHONY: run test services lint bench bench-smoke messages prod-smoke cluster cluster-down
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@command -v python3 >/dev/null || { echo "ERROR: python3 is missing: install Python 3.11 (apt-get install python3 python3-venv)."; exit 1; }
@@ -54,6 +54,12 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/scheduler_throughput.py
+
+# Every bench/ script at a small size (bench/smoke.py): fails on any error, never on timing. Needs what
+# `make test` needs (PostgreSQL, Redis, Docker, root for the several-host benches).
+bench-smoke: $(VENV)/.installed
+	@DATABASE_URL=$(TEST_DATABASE_URL) bash config/dev/services.sh
+	$(PY) bench/smoke.py
 
 # After changing translatable text: collect it into locale/zh_Hans/LC_MESSAGES/django.po, translate
 # the new entries there, then run this again to compile the .mo (needs gettext: apt-get install gettext).

@@ -1,10 +1,16 @@
-"""Make the project importable from bench/ scripts (policy code needs no Django); set up a bench database."""
+"""Make the project importable from bench/ scripts (policy code needs no Django); set up a bench database;
+the ``--quick`` sizes of ``make bench-smoke`` and the one JSON line every bench ends with."""
 
+import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The benches' own instance of cluster.sh's address plan (a session running beside another picks its own).
+CLUSTER_PREFIX = os.environ.get("CLUSTER_PREFIX", "gcb")
+CLUSTER_NET = int(os.environ.get("CLUSTER_NET", "237"))
 TRACES = Path(os.environ.get("TRACES_DIR", ROOT.parent / "shared" / "traces"))  # TRACES_DIR: from a worktree
 sys.path.insert(0, str(ROOT))
 
@@ -19,6 +25,32 @@ def commit() -> str:
     return git("rev-parse", "--short", "HEAD") + (
         "-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
     )
+
+
+# make test's settings (a connection per request, a fast password hasher): the servers a bench starts
+# run with production's, whatever the shell that started the bench had set.
+TEST_ONLY = ("DB_CONN_MAX_AGE", "TEST_FAST_PASSWORD_HASHER")
+
+
+def production_environ() -> dict:
+    """This process's environment without make test's settings, for the servers a bench starts."""
+    return {name: value for name, value in os.environ.items() if name not in TEST_ONLY}
+
+
+def parse(parser: argparse.ArgumentParser, **quick) -> argparse.Namespace:
+    """The command line, with ``--quick``: the small sizes given here (``make bench-smoke``), unless set."""
+    sizes = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in quick.items())
+    parser.add_argument("--quick", action="store_true", help=f"a small run for make bench-smoke ({sizes})")
+    args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args()
+    return args
+
+
+def report(result: dict, *, errors: int) -> None:
+    """Print a bench's last line: its figures, how many errors it met (bench-smoke fails on any), the commit."""
+    print(json.dumps({**result, "errors": errors, "commit": commit()}), flush=True)
 
 
 def fresh_database(database_url: str, **environ: str) -> None:

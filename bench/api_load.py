@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def server_env(port: int) -> dict:
     return {
-        **os.environ,
+        **_setup.production_environ(),
         "DATABASE_URL": DATABASE_URL,
         "REDIS_URL": REDIS_URL,
         "SECRET_KEY": secrets.token_urlsafe(40),
@@ -65,6 +65,7 @@ def prepare(env: dict) -> dict:
     subprocess.run(["psql", database[0] + "/postgres", "-qc", f"CREATE DATABASE {database[1]}"], check=True)
     manage = [sys.executable, str(_setup.ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "--no-input", "-v0"], env=env, check=True)
+    subprocess.run([*manage, "make_signing_keys"], env=env, check=True)  # creating sends signed messages
     script = """
 from decimal import Decimal
 from django.contrib.auth import get_user_model
@@ -190,7 +191,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--closed-seconds", type=float, default=8)
-    args = parser.parse_args()
+    args = _setup.parse(parser, seconds=3, closed_seconds=1)
     port = free_port()
     env = server_env(port)
     data = prepare(env)
@@ -232,10 +233,8 @@ def main():
         "requests": len(latencies),
         "p50_ms": round(1000 * percentile(latencies, 0.50), 1),
         "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
-        "errors": len(errors),
-        "commit": _setup.commit(),
     }
-    print(json.dumps(result))
+    _setup.report(result, errors=len(errors))
 
 
 if __name__ == "__main__":

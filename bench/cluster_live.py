@@ -199,9 +199,14 @@ def main():
         "--arrivals", choices=["poisson", "philly"], default="poisson", help="Poisson, or Philly's own times scaled"
     )
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
-    args = parser.parse_args()
+    args = _setup.parse(parser, jobs=20)
     jobs = workload(args.jobs, args.load, args.arrivals)
-    cluster = Cluster(prefix="gcb", net=237, directory=_setup.ROOT / "var" / "cluster-bench", settings=SETTINGS)
+    cluster = Cluster(
+        prefix=_setup.CLUSTER_PREFIX,
+        net=_setup.CLUSTER_NET,
+        directory=_setup.ROOT / "var" / "cluster-bench",
+        settings=SETTINGS,
+    )
     errors: list[str] = []
     cluster.up(3)
     try:
@@ -230,38 +235,35 @@ def main():
     sim_launch = simulate(done, t0, overhead)
     sim_plain = simulate(done, t0, 0.0)
     sim_held = simulate(done, t0, reaction, held=True)
-    print(
-        json.dumps(
-            {
-                "setup": "cluster.sh: 3 hosts (netns + own dockerd + agent), 2x4 RTX3090 + 1x4 A100 simulated",
-                "jobs": len(results),
-                "succeeded": len(done),
-                "jobs_per_min": round(len(done) / makespan * 60, 1),
-                "avg_jct_s": round(avg_jct, 2),
-                "sim_avg_jct_s": sim["avg_jct"],
-                "jct_ratio_live_vs_sim": round(avg_jct / sim["avg_jct"], 3),
-                "gpu_used_pct": round(100 * held / (CARDS * makespan), 1),
-                "gpu_busy_pct": round(100 * busy / (CARDS * makespan), 1),
-                "sim_gpu_allocation_pct": sim["gpu_allocation_pct"],
-                "sim_overhead_s": round(overhead + reaction, 3),
-                "launch_s": round(statistics.mean(launch), 3),
-                "exit_s": round(statistics.mean(exit_), 3),
-                "reaction_s": round(reaction, 3),
-                "sim_avg_jct_s_launch_and_exit_only": sim_launch["avg_jct"],
-                "jct_ratio_launch_and_exit_only": round(avg_jct / sim_launch["avg_jct"], 3),
-                "sim_avg_jct_s_each_jobs_own_overhead": sim_held["avg_jct"],
-                "jct_ratio_each_jobs_own_overhead": round(avg_jct / sim_held["avg_jct"], 3),
-                "sim_avg_jct_s_without_overhead": sim_plain["avg_jct"],
-                "avg_job_s": round(statistics.mean(j["duration"] for j in done), 2),
-                "offered_load": args.load,
-                "arrivals": args.arrivals,
-                "makespan_s": round(makespan, 1),
-                "wall_s": round(wall, 1),
-                "errors": len(errors),
-                "error_examples": errors[:3],
-                "commit": _setup.commit(),
-            }
-        )
+    _setup.report(
+        {
+            "setup": "cluster.sh: 3 hosts (netns + own dockerd + agent), 2x4 RTX3090 + 1x4 A100 simulated",
+            "jobs": len(results),
+            "succeeded": len(done),
+            "jobs_per_min": round(len(done) / makespan * 60, 1),
+            "avg_jct_s": round(avg_jct, 2),
+            "sim_avg_jct_s": sim["avg_jct"],
+            "jct_ratio_live_vs_sim": round(avg_jct / sim["avg_jct"], 3),
+            "gpu_used_pct": round(100 * held / (CARDS * makespan), 1),
+            "gpu_busy_pct": round(100 * busy / (CARDS * makespan), 1),
+            "sim_gpu_allocation_pct": sim["gpu_allocation_pct"],
+            "sim_overhead_s": round(overhead + reaction, 3),
+            "launch_s": round(statistics.mean(launch), 3),
+            "exit_s": round(statistics.mean(exit_), 3),
+            "reaction_s": round(reaction, 3),
+            "sim_avg_jct_s_launch_and_exit_only": sim_launch["avg_jct"],
+            "jct_ratio_launch_and_exit_only": round(avg_jct / sim_launch["avg_jct"], 3),
+            "sim_avg_jct_s_each_jobs_own_overhead": sim_held["avg_jct"],
+            "jct_ratio_each_jobs_own_overhead": round(avg_jct / sim_held["avg_jct"], 3),
+            "sim_avg_jct_s_without_overhead": sim_plain["avg_jct"],
+            "avg_job_s": round(statistics.mean(j["duration"] for j in done), 2),
+            "offered_load": args.load,
+            "arrivals": args.arrivals,
+            "makespan_s": round(makespan, 1),
+            "wall_s": round(wall, 1),
+            "error_examples": errors[:3],
+        },
+        errors=len(errors),
     )
 
 

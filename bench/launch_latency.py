@@ -17,7 +17,6 @@ Ends with one JSON line: {"create_to_running_s", "docker_run_s", "overhead_s",
 """
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -118,9 +117,14 @@ def main():
     parser.add_argument("--repeat", type=int, default=5, help="one-at-a-time launches of each kind")
     parser.add_argument("--concurrent", type=int, default=50)
     parser.add_argument("--agent-concurrency", type=int, default=2, help="launches the node agent runs at once")
-    args = parser.parse_args()
+    args = _setup.parse(parser, repeat=1, concurrent=4)
     settings = SETTINGS | {"CLUSTER_AGENT_CONCURRENCY": str(args.agent_concurrency)}
-    cluster = Cluster(prefix="gcb", net=237, directory=_setup.ROOT / "var" / "cluster-bench", settings=settings)
+    cluster = Cluster(
+        prefix=_setup.CLUSTER_PREFIX,
+        net=_setup.CLUSTER_NET,
+        directory=_setup.ROOT / "var" / "cluster-bench",
+        settings=settings,
+    )
     errors: list[str] = []
     started = time.monotonic()
     cluster.up(1)
@@ -162,27 +166,24 @@ def main():
 
     create_s, docker_s = statistics.median(singles), statistics.median(plain)
     create_50, docker_50 = statistics.mean(many), statistics.mean(plain_many)
-    print(
-        json.dumps(
-            {
-                "setup": "cluster.sh, 1 host in its own netns + engine, fenced network, API over TCP",
-                "create_to_running_s": round(create_s, 3),
-                "docker_run_s": round(docker_s, 3),
-                "overhead_s": round(create_s - docker_s, 3),
-                "create_to_running_s_at_50": round(create_50, 3),
-                "create_to_running_p95_s_at_50": p(many, 95),
-                "docker_run_s_at_50": round(docker_50, 3),
-                "overhead_s_at_50": round(create_50 - docker_50, 3),
-                "phases": mean_phases(phases_one),
-                "phases_at_50": mean_phases(phases_many),
-                "repeat": args.repeat,
-                "concurrent": args.concurrent,
-                "agent_concurrency": args.agent_concurrency,
-                "errors": len(errors),
-                "error_examples": errors[:3],
-                "commit": _setup.commit(),
-            }
-        )
+    _setup.report(
+        {
+            "setup": "cluster.sh, 1 host in its own netns + engine, fenced network, API over TCP",
+            "create_to_running_s": round(create_s, 3),
+            "docker_run_s": round(docker_s, 3),
+            "overhead_s": round(create_s - docker_s, 3),
+            "create_to_running_s_at_50": round(create_50, 3),
+            "create_to_running_p95_s_at_50": p(many, 95),
+            "docker_run_s_at_50": round(docker_50, 3),
+            "overhead_s_at_50": round(create_50 - docker_50, 3),
+            "phases": mean_phases(phases_one),
+            "phases_at_50": mean_phases(phases_many),
+            "repeat": args.repeat,
+            "concurrent": args.concurrent,
+            "agent_concurrency": args.agent_concurrency,
+            "error_examples": errors[:3],
+        },
+        errors=len(errors),
     )
 
 

@@ -28,7 +28,6 @@ Ends with one JSON line.
 
 import argparse
 import io
-import json
 import os
 import secrets
 import statistics
@@ -182,7 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = _setup.parse(parser, seconds=2, rounds=1)
     with tempfile.TemporaryDirectory() as workdir:
         setup(Path(workdir))
         from django.conf import settings
@@ -237,9 +236,8 @@ def main() -> None:
             "collector_cpu_s": round(median(beside, "collector_cpu_s"), 2),
             "rate_kb_s": settings.WORKLOG_RATE_KB_S,
             "host_cpus": os.cpu_count(),
-            "commit": _setup.commit(),
         }
-    print(json.dumps(result))
+    _setup.report(result, errors=0)
 
 
 if __name__ == "__main__":

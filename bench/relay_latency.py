@@ -186,14 +186,15 @@ def main():
     parser.add_argument("--keys", type=int, default=500)
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = _setup.parse(parser, keys=20, mb=4, rounds=1)
     os.environ["BENCH_REDIS_URL"] = REDIS_URL
     deployment = f"bench-relay-{uuid.uuid4().hex[:6]}"
     _setup.fresh_database(
         DATABASE_URL, DEPLOYMENT_ID=deployment, SCHEDULER_QUEUE="bench-relay-scheduler", SIGNUP_CREDIT="1000"
     )
     env = {
-        **os.environ,  # the database, Redis, a fresh SECRET_KEY (and so RELAY_SECRET) for every process
+        # the database, Redis, a fresh SECRET_KEY (and so RELAY_SECRET) for every process
+        **_setup.production_environ(),
         "DEBUG": "false",
         "SCHEDULER_TICK_S": "1",
         "GPU_BACKEND": "sim:1xRTX3090",
@@ -207,8 +208,8 @@ def main():
     from portal.demo import catalog_load
     from scheduler.node.launcher import LABEL, docker_client
 
-    call_command("build_images", verbosity=0)
     catalog_load()
+    call_command("build_images", verbosity=0)  # after the catalog: it tags the catalog's images on this engine
     user = get_user_model().objects.create_user("bench", password="bench-pass-123")
     client = Client()
     client.force_login(user)
@@ -254,20 +255,16 @@ def main():
             stale.remove(force=True)
     relay_mb_s = args.mb / statistics.median(relay_s) if all(relay_s) else 0.0
     direct_mb_s = args.mb / statistics.median(direct_s)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=_setup.ROOT)
-    print(
-        json.dumps(
-            {
-                "echo_p99_ms": round(percentile(relayed, 0.99), 2) if relayed else None,
-                "echo_p50_ms": round(percentile(relayed, 0.5), 2) if relayed else None,
-                "direct_echo_p99_ms": round(percentile(direct, 0.99), 2) if direct else None,
-                "download_mb_s": round(relay_mb_s, 1),
-                "direct_mb_s": round(direct_mb_s, 1),
-                "download_ratio_vs_direct": round(relay_mb_s / direct_mb_s, 2),
-                "errors": len(ERRORS),
-                "commit": commit.stdout.strip(),
-            }
-        )
+    _setup.report(
+        {
+            "echo_p99_ms": round(percentile(relayed, 0.99), 2) if relayed else None,
+            "echo_p50_ms": round(percentile(relayed, 0.5), 2) if relayed else None,
+            "direct_echo_p99_ms": round(percentile(direct, 0.99), 2) if direct else None,
+            "download_mb_s": round(relay_mb_s, 1),
+            "direct_mb_s": round(direct_mb_s, 1),
+            "download_ratio_vs_direct": round(relay_mb_s / direct_mb_s, 2),
+        },
+        errors=len(ERRORS),
     )
     for error in ERRORS[:10]:
         print(error, file=sys.stderr)

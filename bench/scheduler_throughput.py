@@ -12,7 +12,6 @@ with the median beside it.
 """
 
 import argparse
-import json
 import time
 
 import _setup  # noqa: F401
@@ -29,24 +28,23 @@ def main():
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--strategy", default="fgd")
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    args = _setup.parse(parser, requests=1000, nodes=100, repeat=1)
     runs = sorted((run_once(args) for _ in range(args.repeat)), key=lambda r: r["seconds"])
     best, median = runs[0], runs[len(runs) // 2]
-    print(
-        json.dumps(
-            {
-                "requests": args.requests,
-                "nodes": args.nodes,
-                "gpus": 8 * args.nodes,
-                "strategy": args.strategy,
-                "placed": best["placed"],
-                "seconds": round(best["seconds"], 3),
-                "placements_per_s": round(best["placed"] / best["seconds"]),
-                "median_placements_per_s": round(median["placed"] / median["seconds"]),
-                "repeats": args.repeat,
-                "gpu_allocated_pct": best["allocated_pct"],
-            }
-        )
+    _setup.report(
+        {
+            "requests": args.requests,
+            "nodes": args.nodes,
+            "gpus": 8 * args.nodes,
+            "strategy": args.strategy,
+            "placed": best["placed"],
+            "seconds": round(best["seconds"], 3),
+            "placements_per_s": round(best["placed"] / best["seconds"]),
+            "median_placements_per_s": round(median["placed"] / median["seconds"]),
+            "repeats": args.repeat,
+            "gpu_allocated_pct": best["allocated_pct"],
+        },
+        errors=0,
     )
 
 

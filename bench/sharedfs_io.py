@@ -26,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-import _setup  # noqa: F401  (the project on sys.path)
+import _setup
 
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 
@@ -119,15 +119,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--store", choices=["postgres", "embedded"], action="append")
-    args = parser.parse_args()
+    args = _setup.parse(parser, mb=16)
     os.environ.setdefault("SECRET_KEY", "bench-only-0123456789abcdef0123456789abcdef")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
 
     django.setup()
+    results = []
     for store in args.store or ["postgres", "embedded"]:
-        print(json.dumps(run(store, args.mb)), flush=True)
+        results.append(run(store, args.mb))
+        print(json.dumps(results[-1]), flush=True)
+    _setup.report({"stores": results}, errors=0)
 
 
 if __name__ == "__main__":

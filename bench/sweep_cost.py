@@ -129,7 +129,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--grace-s", type=float, default=30, help="PREEMPTION_GRACE_S")
     parser.add_argument("--launch-s", type=float, default=30, help="each start: container, loading the checkpoint")
-    args = parser.parse_args()
+    args = _setup.parse(parser, tasks=4, days=1, warmup_h=2, repeat=1)
 
     jobs = [j for j in read_jobs(TRACE, min_duration=60, max_gpus=8) if j.duration * j.gpu_count < 1000 * 3600]
     begin = args.start_day * 86400
@@ -168,31 +168,29 @@ def main():
         return statistics.fmean(r[key] for r in rows)
 
     spot_cost, ondemand_cost = mean("spot_cost"), mean("ondemand_cost")
-    print(
-        json.dumps(
-            {
-                "tasks": args.tasks,
-                "spot_cost": round(spot_cost, 2),
-                "ondemand_cost": round(ondemand_cost, 2),
-                "cost_ratio": round(spot_cost / ondemand_cost, 3),
-                "spot_makespan_s": round(mean("spot_makespan_s")),
-                "ondemand_makespan_s": round(mean("ondemand_makespan_s")),
-                "preemptions": round(mean("spot_preemptions"), 1),
-                "ondemand_preemptions": round(mean("ondemand_preemptions"), 1),
-                "fallback_cost": round(mean("fallback_cost"), 2),
-                "fallback_makespan_s": round(mean("fallback_makespan_s")),
-                "fallback_preemptions": round(mean("fallback_preemptions"), 1),
-                "currency": "CNY",
-                "task_h": args.task_h,
-                "max_running": args.max_running,
-                "gpus": gpus,
-                "background_jobs": len(background),
-                "background_load": args.load,
-                "submit_times": args.repeat,
-                "seconds": round(time.perf_counter() - started, 1),
-                "commit": _setup.commit(),
-            }
-        )
+    _setup.report(
+        {
+            "tasks": args.tasks,
+            "spot_cost": round(spot_cost, 2),
+            "ondemand_cost": round(ondemand_cost, 2),
+            "cost_ratio": round(spot_cost / ondemand_cost, 3),
+            "spot_makespan_s": round(mean("spot_makespan_s")),
+            "ondemand_makespan_s": round(mean("ondemand_makespan_s")),
+            "preemptions": round(mean("spot_preemptions"), 1),
+            "ondemand_preemptions": round(mean("ondemand_preemptions"), 1),
+            "fallback_cost": round(mean("fallback_cost"), 2),
+            "fallback_makespan_s": round(mean("fallback_makespan_s")),
+            "fallback_preemptions": round(mean("fallback_preemptions"), 1),
+            "currency": "CNY",
+            "task_h": args.task_h,
+            "max_running": args.max_running,
+            "gpus": gpus,
+            "background_jobs": len(background),
+            "background_load": args.load,
+            "submit_times": args.repeat,
+            "seconds": round(time.perf_counter() - started, 1),
+        },
+        errors=0,
     )
 
 

@@ -31,7 +31,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--containers", type=int, default=16)
     parser.add_argument("--samples", type=int, default=100)
-    args = parser.parse_args()
+    args = _setup.parse(parser, containers=2, samples=5)
     setup()
     from django.contrib.auth import get_user_model
     from django.utils import timezone
@@ -99,16 +99,15 @@ def main():
 
         [workload_doc] = streams.history_read(streams.workload_stream(w.pk), count=1)
         times.sort()
-        print(
-            json.dumps(
-                {
-                    "containers": args.containers,
-                    "sample_ms_p50": round(statistics.median(times) * 1000, 2),
-                    "sample_ms_p99": round(times[int(len(times) * 0.99) - 1] * 1000, 2),
-                    "node_document_bytes": len(json.dumps(doc, separators=(",", ":"))),
-                    "workload_document_bytes": len(workload_doc),
-                }
-            )
+        _setup.report(
+            {
+                "containers": args.containers,
+                "sample_ms_p50": round(statistics.median(times) * 1000, 2),
+                "sample_ms_p99": round(times[int(len(times) * 0.99) - 1] * 1000, 2),
+                "node_document_bytes": len(json.dumps(doc, separators=(",", ":"))),
+                "workload_document_bytes": len(workload_doc),
+            },
+            errors=0,
         )
         sampler.close()
     finally:

@@ -1,5 +1,8 @@
-"""The live tick on PostgreSQL: 10,000 queued requests over 1,000 nodes x 8 GPUs, placed and committed.
+"""The live tick's cold fill on PostgreSQL: 10,000 queued requests placed on an empty 1,000 nodes x 8 GPUs.
 
+One tick on an empty cluster (nothing runs, nothing departs): the largest
+single batch of placements the tick ever commits. The steady state — work
+running, arriving and leaving, tick after tick — is bench/tick_steady.py.
 Unlike bench/scheduler_throughput.py (the pure policy), this runs
 ``scheduler.tick.schedule_tick`` against the database: it reads the queue and
 the cluster, decides, and commits every allocation (row locks, re-checks,
@@ -9,11 +12,10 @@ events) and sends every launch message to its node's queue on Redis.
 
 Uses its own PostgreSQL database (gpucloud_bench_tick, recreated) and Redis
 database 14 (its node queues are deleted afterwards). Ends with
-{"tick_ms", "placements_per_s", "queries_per_placement"}.
+{"tick_ms", "placements_per_s", "queries_per_placement", "errors", "commit"}.
 """
 
 import argparse
-import json
 import os
 import random
 import time
@@ -29,10 +31,15 @@ def setup_database():
 
 
 def populate(requests: int, nodes: int) -> None:
-    from django.contrib.auth import get_user_model
+    cluster_create(nodes)
+    queue_add(requests, users_create(50), random.Random(1), SHAPES)
+
+
+def cluster_create(nodes: int) -> None:
+    """``nodes`` simulated nodes of 8 A100-80GB cards, heartbeating."""
     from django.utils import timezone
 
-    from scheduler.models import Gpu, Node, Workload, WorkloadStatus
+    from scheduler.models import Gpu, Node
 
     now = timezone.now()
     Node.objects.bulk_create(
@@ -44,11 +51,24 @@ def populate(requests: int, nodes: int) -> None:
         for node in Node.objects.all()
         for k in range(8)
     )
-    users = [get_user_model().objects.create_user(f"u{i}") for i in range(50)]
-    rng = random.Random(1)
+
+
+def users_create(count: int) -> list:
+    from django.contrib.auth import get_user_model
+
+    return [get_user_model().objects.create_user(f"u{i}") for i in range(count)]
+
+
+def queue_add(requests: int, users: list, rng: random.Random, shapes: list[tuple[int, int]], first: int = 0) -> None:
+    """Queue ``requests`` preemptible one-node jobs of the given (cards, thousandths) shapes, as submitted now."""
+    from django.utils import timezone
+
+    from scheduler.models import Workload, WorkloadStatus
+
+    now = timezone.now()
     workloads = []
-    for i in range(requests):
-        cards, milli = rng.choice(SHAPES)
+    for i in range(first, first + requests):
+        cards, milli = rng.choice(shapes)
         workloads.append(
             Workload(
                 owner=users[i % len(users)],
@@ -73,7 +93,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=1_000)
-    args = parser.parse_args()
+    args = _setup.parse(parser, requests=500, nodes=50)
     setup_database()
     populate(args.requests, args.nodes)
 
@@ -107,18 +127,17 @@ def main():
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(*[node.queue for node in Node.objects.all()], settings.SCHEDULER_QUEUE)
     placed = len(result.placed)
-    print(
-        json.dumps(
-            {
-                "requests": args.requests,
-                "gpus": 8 * args.nodes,
-                "placed": placed,
-                "waiting": result.waiting,
-                "tick_ms": round(1000 * seconds, 1),
-                "placements_per_s": round(placed / seconds, 1),
-                "queries_per_placement": round(queries / max(placed, 1), 2),
-            }
-        )
+    _setup.report(
+        {
+            "requests": args.requests,
+            "gpus": 8 * args.nodes,
+            "placed": placed,
+            "waiting": result.waiting,
+            "tick_ms": round(1000 * seconds, 1),
+            "placements_per_s": round(placed / seconds, 1),
+            "queries_per_placement": round(queries / max(placed, 1), 2),
+        },
+        errors=0,
     )
 
 

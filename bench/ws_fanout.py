@@ -91,12 +91,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--viewers", default="1,10,100,500")
     parser.add_argument("--messages", type=int, default=50)
-    args = parser.parse_args()
+    args = _setup.parse(parser, viewers="1,10", messages=5)
+    results = []
     for viewers in (int(v) for v in args.viewers.split(",")):
         for kind in LAYERS:
-            print(json.dumps(asyncio.run(run(kind, viewers, 1, args.messages))), flush=True)
+            results.append(asyncio.run(run(kind, viewers, 1, args.messages)))
+            print(json.dumps(results[-1]), flush=True)
     for kind in LAYERS:  # one viewer per instance: 100 instance groups
-        print(json.dumps(asyncio.run(run(kind, 100, 100, args.messages))), flush=True)
+        results.append(asyncio.run(run(kind, 100, 100, args.messages)))
+        print(json.dumps(results[-1]), flush=True)
+    _setup.report({"runs": len(results)}, errors=0)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,22 @@ from scheduler.policy import CardSpec, NodeSpec
 
 def cluster_capacity() -> list[NodeSpec]:
     """Free capacity of every active node, as plain objects for the policy (ids are primary keys). A node whose
-    disk is full (below NODE_DISK_MIN_FREE_GB free at its last heartbeat) takes nothing new, as if draining."""
+    disk is full (below NODE_DISK_MIN_FREE_GB free at its last heartbeat) takes nothing new, as if draining.
+
+    Read as rows, not model objects: every tick reads every card (8,000 on 1,000 nodes)."""
     roomy = Q(disk_free_gb__isnull=True) | Q(disk_free_gb__gte=settings.NODE_DISK_MIN_FREE_GB)
+    active = Node.objects.filter(roomy, status=NodeStatus.ACTIVE)
     nodes = {
-        n.pk: NodeSpec(n.pk, n.cpu_cores - n.allocated_cpu, n.memory_mb - n.allocated_memory_mb)
-        for n in Node.objects.filter(roomy, status=NodeStatus.ACTIVE)
-    }
-    for g in Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index"):
-        nodes[g.node_id].cards.append(
-            CardSpec(g.pk, g.model, g.memory_mb, WHOLE_CARD - g.allocated_milli, g.memory_mb - g.allocated_memory_mb)
+        pk: NodeSpec(pk, cpu - cpu_held, memory - memory_held)
+        for pk, cpu, cpu_held, memory, memory_held in active.values_list(
+            "pk", "cpu_cores", "allocated_cpu", "memory_mb", "allocated_memory_mb"
         )
+    }
+    cards = Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index")
+    for pk, node_id, model, memory, milli_held, memory_held in cards.values_list(
+        "pk", "node_id", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"
+    ):
+        nodes[node_id].cards.append(CardSpec(pk, model, memory, WHOLE_CARD - milli_held, memory - memory_held))
     return list(nodes.values())
 
 

@@ -8,19 +8,20 @@ launches and stops go to node queues after their commit.
 
 import contextlib
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import redis
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Prefetch
 from django.utils import timezone
 
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus
 from scheduler.selectors import cluster_capacity
 from scheduler.services.allocation import Part, Placement, Share, allocations_create
+from scheduler.services.bulk import rows_update
 from scheduler.services.lifecycle import HOLDING
 from scheduler.services.workloads import launches_send, workload_preempt
 
@@ -114,7 +115,7 @@ def _accrue(running: list[Workload], now, config: policy.MlfqConfig) -> None:
             seconds = max((now - since).total_seconds(), 0.0)
             w.attained_service += w.gpu_share * seconds * (config.idle_weight if idle else 1.0)
         w.accrued_at = now
-    Workload.objects.bulk_update(running, ["attained_service", "accrued_at"])
+    rows_update(Workload, running, ["attained_service"], accrued_at=now)  # every holder, every tick: one statement
 
 
 def _as_work(w: Workload, epoch) -> policy.Work:
@@ -199,11 +200,7 @@ def _tick() -> TickResult:
     result = TickResult()
     now = timezone.now()
     config = mlfq_config()
-    holding = list(
-        Workload.objects.filter(status__in=HOLDING)
-        .select_related("group")
-        .prefetch_related(Prefetch("allocations", Allocation.objects.order_by("gpu_id")))
-    )
+    holding = list(Workload.objects.filter(status__in=HOLDING).select_related("group"))
     _accrue(holding, now, config)
     queued = list(Workload.objects.filter(status=S.QUEUED).select_related("group"))
     if not queued:
@@ -213,7 +210,7 @@ def _tick() -> TickResult:
     by_id = {w.pk: w for w in [*queued, *holding]}
     decisions = policy.decide(
         [_as_work(w, epoch) for w in queued],
-        _running_works(holding, cluster, epoch),
+        _running_works(holding, cluster, epoch, _cards_held()),
         cluster,
         now=(now - epoch).total_seconds(),
         discipline=policy.DISCIPLINES["mlfq"](config),
@@ -272,7 +269,17 @@ def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
     return Placement(workload, cluster.node_ids[rank0.node], shares(rank0), levels[workload.pk], rest=members)
 
 
-def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]:
+def _cards_held() -> dict[int, list[int]]:
+    """The cards each holding workload has shares on, by card id: one query and no model objects
+    (a prefetch of the allocation rows of 5,000 running workloads took a second of every tick)."""
+    held: dict[int, list[int]] = defaultdict(list)
+    rows = Allocation.objects.filter(workload__status__in=HOLDING).order_by("gpu_id")
+    for workload_id, gpu_id in rows.values_list("workload_id", "gpu_id"):
+        held[workload_id].append(gpu_id)
+    return held
+
+
+def _running_works(holding: list[Workload], cluster, epoch, cards_held: dict[int, list[int]]) -> list[policy.Work]:
     """Work holding cards, as the policy sees it: rank 0's node and cards, and a gang's other members'."""
     where = {card: (row, column) for row, ids in enumerate(cluster.card_ids) for column, card in enumerate(ids)}
     running = []
@@ -284,9 +291,9 @@ def _running_works(holding: list[Workload], cluster, epoch) -> list[policy.Work]
         if work.node is None:
             continue  # its node is not active: reconciliation deals with it
         parts: dict[int, list[int]] = {work.node: []}
-        for a in w.allocations.all():
-            if a.gpu_id in where:  # cards of nodes not active are left out, as above
-                row, column = where[a.gpu_id]
+        for gpu_id in cards_held.get(w.pk, ()):
+            if gpu_id in where:  # cards of nodes not active are left out, as above
+                row, column = where[gpu_id]
                 parts.setdefault(row, []).append(column)
         work.cards = parts.pop(work.node)
         work.rest = list(parts.items())

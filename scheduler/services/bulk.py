@@ -1,38 +1,42 @@
-"""One UPDATE for many rows with different values: ``UPDATE ... FROM (VALUES ...)`` on PostgreSQL.
+"""One UPDATE for many rows with different values: ``UPDATE ... FROM unnest(arrays)`` on PostgreSQL.
 
 Django's ``bulk_update`` writes a CASE per column with a WHEN per row: for the
-tick's batches of placements that statement costs tens of milliseconds to build
-and run. PostgreSQL joins a VALUES list instead; other databases (SQLite in
-development) use ``bulk_update``.
+tick's batches of placements, and its accrual over every running workload, that
+statement costs tens of milliseconds to seconds to build and run. PostgreSQL
+joins one array per column instead (a handful of parameters, whatever the number
+of rows); other databases (SQLite in development) use ``bulk_update``.
 """
 
 from django.db import connection
 
 
-def rows_update(model, objects: list, fields: list[str]) -> None:
-    """Write ``fields`` of each object (all of the same model) to its row, in one statement."""
+def rows_update(model, objects: list, fields: list[str], **same) -> None:
+    """Write ``fields`` of each object (all of the same model) to its row, and ``same`` (field=value, one
+    value for every row) as well, in one statement."""
     if not objects:
         return
     if connection.vendor != "postgresql":
-        model.objects.bulk_update(objects, fields)
+        for obj in objects:
+            for name, value in same.items():
+                setattr(obj, name, value)
+        model.objects.bulk_update(objects, [*fields, *same])
         return
     columns = [model._meta.get_field(name) for name in fields]
     pk = model._meta.pk
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
-    assignments = ", ".join(f"{quote(c.column)} = v.{quote(c.column)}::{c.db_type(connection)}" for c in columns)
-    values = ", ".join(["(" + ", ".join(["%s"] * (len(columns) + 1)) + ")"] * len(objects))
     names = ", ".join(quote(c.column) for c in [pk, *columns])
-    params = [
-        value
-        for obj in objects
-        for value in (
-            pk.get_db_prep_value(obj.pk, connection),
-            *(c.get_db_prep_save(getattr(obj, c.attname), connection) for c in columns),
-        )
+    arrays = ", ".join(f"%s::{c.db_type(connection)}[]" for c in [pk, *columns])
+    shared = [model._meta.get_field(name) for name in same]
+    assignments = ", ".join(
+        [f"{quote(c.column)} = v.{quote(c.column)}" for c in columns] + [f"{quote(c.column)} = %s" for c in shared]
+    )
+    params = [c.get_db_prep_save(same[c.name], connection) for c in shared]
+    params += [[pk.get_db_prep_value(obj.pk, connection) for obj in objects]] + [
+        [c.get_db_prep_save(getattr(obj, c.attname), connection) for obj in objects] for c in columns
     ]
     sql = (
-        f"UPDATE {table} SET {assignments} FROM (VALUES {values}) AS v({names}) "
+        f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({names}) "
         f"WHERE {table}.{quote(pk.column)} = v.{quote(pk.column)}"
     )
     with connection.cursor() as cursor:

@@ -1,0 +1,149 @@
+"""The live tick in steady state on PostgreSQL: ~5,000 running workloads on 1,000 nodes x 8 GPUs,
+a queue of ~200, and work leaving and arriving between ticks.
+
+bench/tick_latency.py measures one cold fill of an empty cluster; this measures the tick a busy
+cluster runs all day. Set up (not timed): the nodes, then ``--running`` + ``--queue`` jobs (one to
+four whole cards or a fraction, the mix filling the cards to ~95 %) placed by a first tick and
+marked running, as their agents would. Then ``--ticks`` rounds of: ``--churn`` running jobs end
+(each through ``workload_transition`` to succeeded, as the agent reports an exit: the CAS, the
+event, its shares given back), ``--churn`` new jobs are queued, and ``scheduler.tick.schedule_tick``
+runs — timed — with the production settings: it reads the running and queued work, accrues
+service, decides, commits every placement (row locks, re-checks, events) and sends the launches to
+the nodes' queues on Redis. What it placed is then marked running.
+
+    python bench/tick_steady.py [--nodes 1000] [--running 5000] [--queue 200] [--churn 200] [--ticks 30]
+
+Uses its own PostgreSQL database (gpucloud_bench_steady, recreated) and Redis database 14 (its node
+queues are deleted afterwards). Errors: cards whose allocated share is not the sum of their
+allocation rows, and running work that holds no card, at the end. Ends with {"tick_p50_ms",
+"tick_p99_ms", "placements_per_s", "running", "queued", "errors", "commit"}; targets: p99 < 250 ms,
+>= 1,000 committed placements/s.
+"""
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+import _setup
+from tick_latency import cluster_create, queue_add, users_create
+
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud_bench_steady")
+# (cards, thousandths): 1.5 cards on average, so 5,000 running jobs hold ~95 % of 8,000 cards.
+SHAPES = [(1, 1000), (1, 1000), (2, 1000), (2, 1000), (4, 1000), (1, 500), (1, 250), (1, 300)]
+
+
+def running_mark(ids: list[int], rng: random.Random) -> None:
+    """What the nodes' agents do once the containers run (their launch is not measured here)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduler.models import Workload, WorkloadStatus
+
+    now = timezone.now()
+    for workload_id in ids:
+        Workload.objects.filter(pk=workload_id, status=WorkloadStatus.STARTING).update(
+            status=WorkloadStatus.RUNNING, started_at=now - timedelta(seconds=rng.randrange(3600))
+        )
+
+
+def departures(count: int, rng: random.Random) -> None:
+    from django.db.models.functions import Now
+
+    from scheduler.models import Workload, WorkloadStatus
+    from scheduler.services.lifecycle import workload_transition
+
+    running = list(Workload.objects.filter(status=WorkloadStatus.RUNNING).values_list("pk", flat=True))
+    for workload_id in rng.sample(running, min(count, len(running))):
+        workload = Workload.objects.get(pk=workload_id)
+        workload_transition(
+            workload,
+            to=WorkloadStatus.SUCCEEDED,
+            allowed_from=[WorkloadStatus.RUNNING],
+            reason="exited with status 0",
+            finished_at=Now(),
+        )
+
+
+ACCOUNTING_ERRORS = """
+SELECT (SELECT count(*) FROM scheduler_gpu g
+        WHERE g.allocated_milli <> COALESCE((SELECT sum(a.milli) FROM scheduler_allocation a WHERE a.gpu_id = g.id), 0))
+     + (SELECT count(*) FROM scheduler_workload w
+        WHERE w.status = 'running' AND NOT EXISTS (SELECT 1 FROM scheduler_allocation a WHERE a.workload_id = w.id))
+"""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1_000)
+    parser.add_argument("--running", type=int, default=5_000)
+    parser.add_argument("--queue", type=int, default=200)
+    parser.add_argument("--churn", type=int, default=200, help="jobs that end, and jobs that arrive, before each tick")
+    parser.add_argument("--ticks", type=int, default=30)
+    args = _setup.parse(parser, nodes=50, running=250, queue=20, churn=20, ticks=3)
+    _setup.fresh_database(DATABASE_URL, SCHEDULER_QUEUE="bench-steady-scheduler")
+
+    import redis
+    from django.conf import settings
+    from django.db import connection
+
+    from scheduler.models import Node, Workload, WorkloadStatus
+    from scheduler.tick import schedule_tick
+
+    rng = random.Random(2)
+    cluster_create(args.nodes)
+    users = users_create(50)
+    queue_add(args.running + args.queue, users, rng, SHAPES)
+    running_mark(schedule_tick().placed, rng)
+    submitted = args.running + args.queue
+    ticks, placed = [], 0
+    queued = []
+    profile = os.environ.get("BENCH_PROFILE")  # a file: cProfile's stats of the timed ticks
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    for _ in range(args.ticks):
+        departures(args.churn, rng)
+        queue_add(args.churn, users, rng, SHAPES, first=submitted)
+        submitted += args.churn
+        queued.append(Workload.objects.filter(status=WorkloadStatus.QUEUED).count())
+        if profile:
+            profiler.enable()
+        started = time.perf_counter()
+        result = schedule_tick()
+        ticks.append(time.perf_counter() - started)
+        if profile:
+            profiler.disable()
+        placed += len(result.placed)
+        running_mark(result.placed, rng)
+    if profile:
+        profiler.dump_stats(profile)
+    running = Workload.objects.filter(status=WorkloadStatus.RUNNING).count()
+    with connection.cursor() as cursor:
+        cursor.execute(ACCOUNTING_ERRORS)
+        errors = cursor.fetchone()[0]
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(*[node.queue for node in Node.objects.all()], settings.SCHEDULER_QUEUE)
+    ordered = sorted(ticks)
+    _setup.report(
+        {
+            "gpus": 8 * args.nodes,
+            "running": running,
+            "queued": round(statistics.median(queued)),
+            "churn": args.churn,
+            "ticks": args.ticks,
+            "placed": placed,
+            "tick_p50_ms": round(1000 * statistics.median(ordered), 1),
+            "tick_p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1),
+            "tick_max_ms": round(1000 * ordered[-1], 1),
+            "placements_per_s": round(placed / sum(ticks), 1),
+        },
+        errors=errors,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""rows_update: one statement writes each row's own values and the values shared by every row."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from scheduler.models import Workload
+from scheduler.services.bulk import rows_update
+from tests.scheduler.factories import workload
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_writes_each_rows_values_and_the_shared_ones_in_one_statement():
+    owner = get_user_model().objects.create_user("owner")
+    first, second, untouched = (workload(owner) for _ in range(3))
+    first.attained_service, second.attained_service = 1.5, 2.5
+    first.queue_level, second.queue_level = 1, 2
+    when = timezone.now() - timedelta(minutes=3)
+    with CaptureQueriesContext(connection) as queries:
+        rows_update(Workload, [first, second], ["attained_service", "queue_level"], accrued_at=when)
+    assert len(queries) == 1
+    rows = dict(Workload.objects.values_list("pk", "attained_service"))
+    assert (rows[first.pk], rows[second.pk], rows[untouched.pk]) == (1.5, 2.5, 0.0)
+    assert list(Workload.objects.order_by("pk").values_list("queue_level", flat=True)) == [1, 2, 0]
+    accrued = dict(Workload.objects.values_list("pk", "accrued_at"))
+    assert accrued[first.pk] == accrued[second.pk] == when and accrued[untouched.pk] is None
+
+
+def test_nothing_to_write_is_no_statement():
+    with CaptureQueriesContext(connection) as queries:
+        rows_update(Workload, [], ["attained_service"])
+    assert len(queries) == 0
