@@ -44,9 +44,7 @@ def test_a_running_gang_is_seen_on_every_node_it_holds(user, nodes):
     tick.schedule_tick()
     job.refresh_from_db()
     cluster = policy.ClusterState(tick.cluster_capacity())
-    [work] = tick._running_works(
-        [type(job).objects.prefetch_related("allocations").get(pk=job.pk)], cluster, job.created_at
-    )
+    [work] = tick._running_works([type(job).objects.get(pk=job.pk)], cluster, job.created_at, tick._cards_held())
     assert work.node == cluster.node_index[job.node_id]
     assert len(work.cards) == 2 and len(work.rest) == 1 and len(work.rest[0][1]) == 2
 
