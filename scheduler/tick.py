@@ -41,6 +41,8 @@ def mlfq_config() -> policy.MlfqConfig:
         idle_weight=settings.SCHEDULER_IDLE_WEIGHT,
         starvation_s=settings.SCHEDULER_STARVATION_S,
         preemption=settings.SCHEDULER_PREEMPTION,
+        reserve_after_s=settings.SCHEDULER_RESERVE_AFTER_S,
+        reservations=settings.SCHEDULER_RESERVATIONS,
     )
 
 
