@@ -3,7 +3,7 @@
 import csv
 import io
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
@@ -14,7 +14,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from billing import enforcement, ledger, reports, statements, storage
+from billing import services as billing_services
 from billing.models import Posting, PostingKind, Team
+from scheduler.errors import ServiceError
 from scheduler.models import Gpu
 
 
@@ -31,17 +33,13 @@ def _month(request) -> str:
 def billing_page(request):
     account = ledger.user_account(request.user)
     if request.method == "POST":
-        raw = request.POST.get("monthly_budget", "").strip()
         try:
-            budget = Decimal(raw) if raw else None
-            if budget is not None and budget < 0:
-                raise InvalidOperation
-        except InvalidOperation:
+            account = billing_services.budget_set(account=account, budget=request.POST.get("monthly_budget", ""))
+        except ServiceError:
             messages.error(request, _("The budget must be an amount (e.g. 300) or empty for none."))
         else:
-            account.monthly_budget = budget
-            account.save(update_fields=["monthly_budget"])
-            messages.success(request, _("Budget saved.") if budget is not None else _("Budget removed."))
+            saved = account.monthly_budget is not None
+            messages.success(request, _("Budget saved.") if saved else _("Budget removed."))
         return redirect("console-billing")
     month = _month(request)
     lines = statements.statement(account, month)
