@@ -33,7 +33,7 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "config.apps.AdminConfig",  # Django's admin, its sign-in throttled (config/admin.py)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -186,7 +186,16 @@ CHANNEL_LAYERS = {
     }
 }
 
+# How many proxies in front of the web tier append the client's address to X-Forwarded-For: 0 (the
+# default, no proxy) counts requests by the socket's peer; 1 behind docker-compose.yml's TLS proxy.
+# The throttles (sign-in, API) count by that address, so a client cannot pick its own by sending
+# X-Forwarded-For: with DRF's default (None) every made-up header was a fresh count.
+TRUSTED_PROXIES = env.int("TRUSTED_PROXIES", default=0)
+if TRUSTED_PROXIES < 0:
+    raise environ.ImproperlyConfigured(f"TRUSTED_PROXIES must be 0 or more, not {TRUSTED_PROXIES}")
+
 REST_FRAMEWORK = {
+    "NUM_PROXIES": TRUSTED_PROXIES,
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",

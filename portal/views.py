@@ -17,7 +17,7 @@ from billing.prices import rate_card_now
 from billing.statements import cost_so_far
 from billing.teams import teams_of
 from portal import arrays, selectors, services
-from portal.api.throttles import LoginRateThrottle
+from portal.api.throttles import sign_in_wait
 from portal.forms import InstanceCreateForm, JobCreateForm
 from portal.housekeeping import release_due_at
 from portal.logs import logs_panel
@@ -34,13 +34,15 @@ class ThrottledLoginView(LoginView):
     """The sign-in form, with a limit on attempts per client address and username (429 past it)."""
 
     def post(self, request, *args, **kwargs):
-        throttle = LoginRateThrottle()
-        if not throttle.allow_request(request, self):
-            wait = int(throttle.wait() or 60)
+        wait = sign_in_wait(request)
+        if wait is not None:
             response = render(
                 request,
                 "registration/login.html",
-                {"form": self.get_form(), "throttled": f"Too many sign-in attempts: try again in {wait} s."},
+                {
+                    "form": self.get_form(),
+                    "throttled": _("Too many sign-in attempts: try again in %(wait)s s.") % {"wait": wait},
+                },
                 status=429,
             )
             response["Retry-After"] = str(wait)
