@@ -40,7 +40,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
@@ -125,7 +124,19 @@ if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", DEPLOYMENT_ID):
 # subprocesses must check their passwords the same way. Never set it anywhere else.
 if env.bool("TEST_FAST_PASSWORD_HASHER", default=False):
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in (
+        "UserAttributeSimilarityValidator",
+        "MinimumLengthValidator",
+        "CommonPasswordValidator",
+        "NumericPasswordValidator",
+    )
+]
+# API tokens end this many days after they are made (and sooner when revoked or the password changes).
+API_TOKEN_DAYS = env.int("API_TOKEN_DAYS", default=90)
+if API_TOKEN_DAYS < 1:
+    raise environ.ImproperlyConfigured(f"API_TOKEN_DAYS must be 1 or more, not {API_TOKEN_DAYS}")
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console-instances"
 LOGOUT_REDIRECT_URL = "login"
@@ -198,7 +209,7 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": TRUSTED_PROXIES,
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "portal.tokens.ApiTokenAuthentication",  # Authorization: Token <key>, stored as a digest
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
