@@ -41,8 +41,11 @@ def wallet_top_up(
     return wallet_credit(account=account, amount=amount, kind=kind, memo=reason, by=by, idempotency_key=idempotency_key)
 
 
-def budget_amount(raw) -> Decimal | None:
-    """A monthly budget from a form or JSON value: an amount of at least 0 with at most two decimals, or None."""
+def budget_amount(raw, *, field: str = "monthly_budget") -> Decimal | None:
+    """A monthly budget or limit from a form or JSON value: an amount of 0 or more with at most two decimals, or None.
+
+    The one check for wallets' budgets and team members' monthly limits, in the console and the API.
+    """
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return None
     digits, places = MONEY["max_digits"], MONEY["decimal_places"]
@@ -51,13 +54,13 @@ def budget_amount(raw) -> Decimal | None:
     except InvalidOperation:
         amount = None
     if amount is None or not amount.is_finite():
-        raise InvalidInput("must be an amount (e.g. 300), or empty for no budget", field="monthly_budget")
+        raise InvalidInput("must be an amount (e.g. 300), or empty for no budget", field=field)
     if amount < 0:
-        raise InvalidInput("must be 0 or more", field="monthly_budget")
-    if amount != amount.quantize(Decimal(1).scaleb(-places)):
-        raise InvalidInput(f"at most {places} decimal places", field="monthly_budget")
+        raise InvalidInput("must be 0 or more", field=field)
     if amount >= Decimal(10) ** (digits - places):
-        raise InvalidInput(f"must be less than {Decimal(10) ** (digits - places):,}", field="monthly_budget")
+        raise InvalidInput(f"must be less than {Decimal(10) ** (digits - places):,}", field=field)
+    if amount != amount.quantize(Decimal(1).scaleb(-places)):
+        raise InvalidInput(f"at most {places} decimal places", field=field)
     return amount
 
 

@@ -47,7 +47,7 @@ def _admin(team: Team, user) -> None:
 def team_create(*, user, name: str) -> Team:
     name = (name or "").strip()
     slug = slugify(name)[:64]
-    if not name or len(name) > 128 or not slug:
+    if not name or len(name) > 128 or not slug or "\x00" in name:
         raise InvalidInput("give the team a name of 1 to 128 characters with a letter or digit", field="name")
     try:
         with transaction.atomic():
@@ -61,7 +61,8 @@ def team_create(*, user, name: str) -> Team:
 
 def member_add(*, team: Team, by, username: str, is_admin: bool = False) -> Membership:
     _admin(team, by)
-    user = get_user_model().objects.filter(username=(username or "").strip()).first()
+    username = (username or "").strip()
+    user = None if "\x00" in username else get_user_model().objects.filter(username=username).first()
     if user is None:
         raise InvalidInput(f"no user called {username!r}", field="username")
     membership, created = Membership.objects.get_or_create(team=team, user=user, defaults={"is_admin": is_admin})

@@ -60,6 +60,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "portal.middleware.RefuseNulMiddleware",  # a NUL in a query or form value: 400, not a database error
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -35,8 +35,8 @@ def token_create(*, user, name: str, days: int | None = None) -> tuple[ApiToken,
     name = (name or "").strip()
     if not name:
         raise InvalidInput("give the token a name (where it is used)", field="name")
-    if len(name) > 64:
-        raise InvalidInput("at most 64 characters", field="name")
+    if len(name) > 64 or "\x00" in name:
+        raise InvalidInput("at most 64 characters, and no NUL", field="name")
     days = settings.API_TOKEN_DAYS if days is None else days
     if not 1 <= days <= settings.API_TOKEN_DAYS:
         raise InvalidInput(f"must be 1 to {settings.API_TOKEN_DAYS} days", field="days")

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
-from django.http import JsonResponse
+from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -95,8 +95,9 @@ def _act(request, get, act, actions: dict, action: str, back: str):
         messages.error(request, exc.message)
     # Back to the page the button was on (the list, or the instance's own page), if it is ours.
     here = request.POST.get("next", "")
-    if url_has_allowed_host_and_scheme(here, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
-        return redirect(here)
+    ours = url_has_allowed_host_and_scheme(here, allowed_hosts={request.get_host()}, require_https=request.is_secure())
+    if here.startswith("/") and ours:
+        return HttpResponseRedirect(here)  # a path, never a view name for redirect() to look up
     return redirect(back)
 
 
