@@ -16,6 +16,7 @@ from django.urls import reverse
 from billing import teams
 from portal.forms import InstanceCreateForm, JobCreateForm
 from portal.models import Instance
+from tests.portal.test_console import form as console_form
 from tests.security.test_authorization_matrix import MATRIX, owned_objects
 
 pytestmark = pytest.mark.django_db
@@ -43,19 +44,11 @@ ODD = [
 
 def create_form_fields(form_class, catalog) -> dict:
     """A valid submission of a create form (what the page's defaults send)."""
-    return {
-        "name": "fuzz",
-        "gpu_type": catalog["rtx3090"].pk,
-        "image": catalog["image"].pk,
-        "gpus": "0.5",
-        "cpu_cores": 1,
-        "memory_gb": 1,
-        "team": "",
-    } | (
-        {"disk_gb": 10, "billing_mode": "on_demand", "idle_util_percent": 0, "idle_minutes": 60}
-        if form_class is InstanceCreateForm
-        else {"command": "true", "priority": 0, "max_runtime_s": "", "env": "A=1", "spot": "", "array": ""}
-    )
+    instance = console_form(catalog, name="fuzz", team="", idle_util_percent=0, idle_minutes=60)
+    if form_class is InstanceCreateForm:
+        return instance
+    shared = {name: value for name, value in instance.items() if name in JobCreateForm.base_fields}
+    return shared | {"command": "true", "priority": 0, "max_runtime_s": "", "env": "A=1", "spot": "", "array": ""}
 
 
 # route -> (extra URL kwargs, a valid submission: each of its fields gets every ODD value in turn)
