@@ -8,7 +8,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from portal import selectors, services, tokens
 from portal.shortcuts import or_404
@@ -16,6 +16,7 @@ from scheduler.errors import ServiceError
 
 
 @login_required
+@require_safe
 def account_page(request):
     context = {"tokens": tokens.token_list(user=request.user), "token_days": settings.API_TOKEN_DAYS}
     return render(request, "portal/account.html", context)
@@ -49,6 +50,7 @@ def account_token(request, action: str):
 
 class PasswordChangeView(auth_views.PasswordChangeView):
     template_name = "portal/password_change.html"
+    http_method_names = ["get", "head", "post", "options"]  # not FormView's PUT, another way to post
     success_url = reverse_lazy("console-account")
 
     def form_valid(self, form):

@@ -12,6 +12,7 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.views.decorators.http import require_http_methods, require_safe
 
 from billing import enforcement, ledger, reports, statements, storage
 from billing import services as billing_services
@@ -30,6 +31,7 @@ def _month(request) -> str:
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def billing_page(request):
     account = ledger.user_account(request.user)
     if request.method == "POST":
@@ -63,6 +65,7 @@ def billing_page(request):
 
 
 @login_required
+@require_safe
 def statement_csv(request):
     account = ledger.user_account(request.user)
     month = _month(request)
@@ -90,6 +93,7 @@ def _filters(request) -> reports.Filters:
 
 
 @staff_member_required
+@require_safe
 def billing_reports(request):
     f = _filters(request)
     export = request.GET.get("export")

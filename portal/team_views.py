@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from billing import teams
 from billing.services import budget_amount
@@ -18,6 +18,7 @@ from scheduler.models import WorkloadStatus
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def team_list(request):
     if request.method == "POST":
         try:
@@ -35,6 +36,7 @@ def team_list(request):
 
 
 @login_required
+@require_safe
 def team_detail(request, slug: str):
     team = or_404(teams.team_get, user=request.user, slug=slug)
     instances, jobs = (

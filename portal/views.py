@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from billing.prices import rate_card_now
 from billing.statements import cost_so_far
@@ -25,6 +25,7 @@ from portal.shortcuts import or_404
 from scheduler.errors import ServiceError
 
 
+@require_safe
 def healthz(request):
     """A constant answer for load balancers (and the baseline of bench/api_load.py)."""
     return JsonResponse({"ok": True})
@@ -32,6 +33,8 @@ def healthz(request):
 
 class ThrottledLoginView(LoginView):
     """The sign-in form, with a limit on attempts per client address and username (429 past it)."""
+
+    http_method_names = ["get", "head", "post", "options"]  # not FormView's PUT, another way to post
 
     def post(self, request, *args, **kwargs):
         wait = sign_in_wait(request)
@@ -106,6 +109,7 @@ def _list(request, template: str, rows_template: str, context: dict):
 
 
 @login_required
+@require_safe
 def instance_list(request):
     instances = list(selectors.instance_list(user=request.user))
     costs = cost_so_far([i.workload_id for i in instances])
@@ -127,6 +131,7 @@ def instance_list(request):
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def instance_create(request):
     def create(data):
         instance = services.instance_create(owner=request.user, **data)
@@ -152,6 +157,7 @@ def instance_action(request, instance_id: int, action: str):
 
 
 @login_required
+@require_safe
 def job_list(request):
     """Jobs submitted alone, and each job array as one row (its tasks are on the array's page)."""
     entries = [{"job": job, "at": job.created_at} for job in selectors.job_list(user=request.user).filter(array=None)]
@@ -163,6 +169,7 @@ def job_list(request):
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def job_create(request):
     def create(data):
         spec = data.pop("array")
@@ -178,6 +185,7 @@ def job_create(request):
 
 
 @login_required
+@require_safe
 def job_detail(request, job_id: int):
     job = or_404(selectors.job_get, user=request.user, job_id=job_id)
     context = {"job": job, "events": job.workload.events.all()}
