@@ -17,6 +17,10 @@ from billing.enforcement import member_spend, standing
 from billing.ledger import team_account
 from billing.models import Membership, Team
 from scheduler.errors import Conflict, InvalidInput, NotFound
+from scheduler.models import Workload, WorkloadStatus
+from scheduler.services.workloads import workload_stop
+
+STOPPABLE = [WorkloadStatus.QUEUED, WorkloadStatus.STARTING, WorkloadStatus.RUNNING]  # what workload_stop takes
 
 
 def teams_of(user):
@@ -93,6 +97,15 @@ def member_remove(*, team: Team, by, member_id: int) -> None:
     if membership.is_admin and _admins(team) == 1:
         raise Conflict("a team keeps at least one admin")
     membership.delete()
+    # Work the team pays for goes with the membership: left running, it would charge the team with no
+    # monthly limit over it (the limit was the membership's). Their own work is theirs; starting the
+    # stopped work again is refused (member_may_start).
+    reason = f"stopped: {membership.user.username} left team {team.slug}, which paid for it"
+    for workload in Workload.objects.filter(owner=membership.user, team=team.slug, status__in=STOPPABLE):
+        try:
+            workload_stop(workload, reason=reason)
+        except Conflict:
+            pass  # stopping already
 
 
 def _admins(team: Team) -> int:
