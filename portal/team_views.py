@@ -51,7 +51,8 @@ def team_detail(request, slug: str):
     for work in [*instances, *jobs]:
         work.cost = costs.get(work.workload_id)
     is_admin = request.user.is_staff or (team.my_membership is not None and team.my_membership.is_admin)
-    context = {"team": team, "is_admin": is_admin, "instances": instances, "jobs": jobs, **teams.team_summary(team)}
+    context = {"team": team, "is_admin": is_admin, "instances": instances, "jobs": jobs, "stoppable": teams.STOPPABLE}
+    context |= teams.team_summary(team)
     return render(request, "portal/team_detail.html", context)
 
 

@@ -148,7 +148,7 @@ def instance_create(request):
 def instance_action(request, instance_id: int, action: str):
     return _act(
         request,
-        lambda: selectors.instance_get(user=request.user, instance_id=instance_id),
+        lambda: selectors.instance_get(user=request.user, instance_id=instance_id, action=action),
         lambda instance, name: services.instance_act(instance=instance, action=name),
         services.ACTIONS,
         action,
@@ -199,7 +199,7 @@ def job_detail(request, job_id: int):
 def job_action(request, job_id: int, action: str):
     return _act(
         request,
-        lambda: selectors.job_get(user=request.user, job_id=job_id),
+        lambda: selectors.job_get(user=request.user, job_id=job_id, action=action),
         lambda job, name: services.job_act(job=job, action=name),
         services.JOB_ACTIONS,
         action,
