@@ -7,7 +7,7 @@ refuse a NUL where they store text): reading them here would run the upload hand
 before the upload view sets its own.
 """
 
-from django.http import HttpResponseBadRequest
+from django.http import HttpResponseBadRequest, JsonResponse
 
 FORM = "application/x-www-form-urlencoded"
 
@@ -23,6 +23,12 @@ class RefuseNulMiddleware:
         for query in values:
             for name, value in query.lists():
                 if "\x00" in name or any("\x00" in v for v in value):
-                    message = f"{name!r}: a NUL character is not allowed"
-                    return HttpResponseBadRequest(message, content_type="text/plain")
+                    return _refusal(request, name.replace("\x00", "\\x00"))
         return self.get_response(request)
+
+
+def _refusal(request, field: str):
+    message = "a NUL character is not allowed"
+    if request.path.startswith("/api/"):  # shaped as the API's other 400s (portal.api.errors): the field named
+        return JsonResponse({"detail": f"{field}: {message}", field: [message]}, status=400)
+    return HttpResponseBadRequest(f"{field}: {message}", content_type="text/plain")

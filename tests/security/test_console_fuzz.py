@@ -180,3 +180,11 @@ def test_a_console_form_with_a_huge_number_of_cards_is_refused_at_the_field(sign
     response = answers(client, "post", reverse("console-instance-create"), data)
     assert response.status_code == 200 and response.context["form"].errors["gpus"]
     assert not Instance.objects.filter(name="fuzz", gpus=Decimal("1e9")).exists()
+
+
+def test_a_nul_in_a_query_is_a_400_naming_the_field_as_json_for_the_api_and_text_for_pages(api, signed_in):
+    refused = api.get("/api/v1/instances/", {"name": "a\x00b"})
+    assert refused.status_code == 400 and refused.json()["name"] == ["a NUL character is not allowed"]
+    client, _ = signed_in
+    page = client.get("/billing/", {"month": "2026\x0011"})
+    assert page.status_code == 400 and page.content.decode() == "month: a NUL character is not allowed"
