@@ -69,7 +69,7 @@ def prepare(env: dict) -> dict:
     script = """
 from decimal import Decimal
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
+from portal.tokens import token_create
 from portal import services
 from portal.demo import catalog_load
 from portal.models import GpuType, Image
@@ -82,7 +82,7 @@ user = get_user_model().objects.create_user("bench", password="bench-pass-123")
 image, gpu_type = Image.objects.filter(visibility="official").first(), GpuType.objects.get(name="RTX3090")
 ids = [services.instance_create(owner=user, name=f"i{n}", image_id=image.pk, gpu_type_id=gpu_type.pk,
        gpus=Decimal("0.1"), cpu_cores=1, memory_gb=1, disk_gb=10).pk for n in range(20)]
-print(Token.objects.create(user=user).key, image.pk, gpu_type.pk, ",".join(map(str, ids)))
+print(token_create(user=user, name='bench')[1], image.pk, gpu_type.pk, ",".join(map(str, ids)))
 """
     out = subprocess.run([*manage, "shell", "-c", script], env=env, check=True, capture_output=True, text=True)
     token, image, gpu_type, ids = out.stdout.split()[-4:]

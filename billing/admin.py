@@ -1,13 +1,14 @@
 """Admin for billing: rate cards (new versions only), wallets with top-up, the ledger (read-only), teams."""
 
+import secrets
 from decimal import Decimal
 
 from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import redirect, render
 
-from billing.ledger import wallet_credit
 from billing.models import Account, Membership, MeterSegment, Posting, PostingKind, RateCard, SpotPrice, Team
+from billing.services import TOP_UP_PERMISSION, posting_key, wallet_top_up
 from scheduler.errors import ServiceError
 
 
@@ -65,7 +66,9 @@ class TopUpForm(forms.Form):
     kind = forms.ChoiceField(
         choices=[(PostingKind.TOPUP, "Top-up"), (PostingKind.CREDIT, "Credit"), (PostingKind.REFUND, "Refund")]
     )
-    memo = forms.CharField(max_length=255, help_text="Why: shown to the user.")
+    memo = forms.CharField(max_length=255, help_text="Why: shown to the user and kept in the ledger.")
+    # One use: made when the form is shown, it keys the postings, so the same form sent twice credits once.
+    once = forms.CharField(widget=forms.HiddenInput, max_length=64)
 
 
 @admin.register(Account)
@@ -82,16 +85,32 @@ class AccountAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.action(description="Top up, credit or refund the selected wallets")
+    def has_top_up_permission(self, request):
+        return request.user.has_perm(TOP_UP_PERMISSION)
+
+    @admin.action(description="Top up, credit or refund the selected wallets", permissions=["top_up"])
     def top_up(self, request, queryset):
-        form = TopUpForm(request.POST if "apply" in request.POST else None)
+        form = TopUpForm(request.POST if "apply" in request.POST else None, initial={"once": secrets.token_hex(16)})
         if form.is_valid():
+            d = form.cleaned_data
+            posted = 0
             for account in queryset:
                 try:
-                    wallet_credit(account=account, by=request.user, **form.cleaned_data)
+                    _, created = wallet_top_up(
+                        account=account,
+                        amount=d["amount"],
+                        kind=d["kind"],
+                        reason=d["memo"],
+                        by=request.user,
+                        idempotency_key=posting_key(scope=f"admin-{account.pk}", key=d["once"]),
+                    )
                 except ServiceError as exc:  # shown to the admin; the other wallets still go on
                     messages.error(request, f"{account}: {exc}")
-            messages.success(request, f"{form.cleaned_data['kind']} posted to {queryset.count()} wallet(s).")
+                else:
+                    posted += created
+            messages.success(request, f"{d['kind']} posted to {posted} wallet(s).")
+            if posted < queryset.count():
+                messages.warning(request, "This form was already sent: nothing was posted twice.")
             return redirect(request.get_full_path())
         return render(
             request,

@@ -234,6 +234,8 @@ class Posting(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+        # Making money is its own permission (billing.services.TOP_UP_PERMISSION), not part of being staff.
+        permissions = [("top_up", "Can top up, credit or refund a wallet")]
         constraints = [
             models.CheckConstraint(condition=Q(amount__gte=0), name="posting_amount_not_negative"),
             models.CheckConstraint(condition=~Q(debit=F("credit")), name="posting_between_two_accounts"),

@@ -17,6 +17,10 @@ from billing.enforcement import member_spend, standing
 from billing.ledger import team_account
 from billing.models import Membership, Team
 from scheduler.errors import Conflict, InvalidInput, NotFound
+from scheduler.models import Workload, WorkloadStatus
+from scheduler.services.workloads import workload_stop
+
+STOPPABLE = [WorkloadStatus.QUEUED, WorkloadStatus.STARTING, WorkloadStatus.RUNNING]  # what workload_stop takes
 
 
 def teams_of(user):
@@ -47,7 +51,7 @@ def _admin(team: Team, user) -> None:
 def team_create(*, user, name: str) -> Team:
     name = (name or "").strip()
     slug = slugify(name)[:64]
-    if not name or len(name) > 128 or not slug:
+    if not name or len(name) > 128 or not slug or "\x00" in name:
         raise InvalidInput("give the team a name of 1 to 128 characters with a letter or digit", field="name")
     try:
         with transaction.atomic():
@@ -61,7 +65,8 @@ def team_create(*, user, name: str) -> Team:
 
 def member_add(*, team: Team, by, username: str, is_admin: bool = False) -> Membership:
     _admin(team, by)
-    user = get_user_model().objects.filter(username=(username or "").strip()).first()
+    username = (username or "").strip()
+    user = None if "\x00" in username else get_user_model().objects.filter(username=username).first()
     if user is None:
         raise InvalidInput(f"no user called {username!r}", field="username")
     membership, created = Membership.objects.get_or_create(team=team, user=user, defaults={"is_admin": is_admin})
@@ -92,6 +97,15 @@ def member_remove(*, team: Team, by, member_id: int) -> None:
     if membership.is_admin and _admins(team) == 1:
         raise Conflict("a team keeps at least one admin")
     membership.delete()
+    # Work the team pays for goes with the membership: left running, it would charge the team with no
+    # monthly limit over it (the limit was the membership's). Their own work is theirs; starting the
+    # stopped work again is refused (member_may_start).
+    reason = f"stopped: {membership.user.username} left team {team.slug}, which paid for it"
+    for workload in Workload.objects.filter(owner=membership.user, team=team.slug, status__in=STOPPABLE):
+        try:
+            workload_stop(workload, reason=reason)
+        except Conflict:
+            pass  # stopping already
 
 
 def _admins(team: Team) -> int:

@@ -33,14 +33,13 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "config.apps.AdminConfig",  # Django's admin, its sign-in throttled (config/admin.py)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
@@ -61,6 +60,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "portal.middleware.RefuseNulMiddleware",  # a NUL in a query or form value: 400, not a database error
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -125,7 +125,19 @@ if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", DEPLOYMENT_ID):
 # subprocesses must check their passwords the same way. Never set it anywhere else.
 if env.bool("TEST_FAST_PASSWORD_HASHER", default=False):
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in (
+        "UserAttributeSimilarityValidator",
+        "MinimumLengthValidator",
+        "CommonPasswordValidator",
+        "NumericPasswordValidator",
+    )
+]
+# API tokens end this many days after they are made (and sooner when revoked or the password changes).
+API_TOKEN_DAYS = env.int("API_TOKEN_DAYS", default=90)
+if API_TOKEN_DAYS < 1:
+    raise environ.ImproperlyConfigured(f"API_TOKEN_DAYS must be 1 or more, not {API_TOKEN_DAYS}")
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console-instances"
 LOGOUT_REDIRECT_URL = "login"
@@ -186,10 +198,19 @@ CHANNEL_LAYERS = {
     }
 }
 
+# How many proxies in front of the web tier append the client's address to X-Forwarded-For: 0 (the
+# default, no proxy) counts requests by the socket's peer; 1 behind docker-compose.yml's TLS proxy.
+# The throttles (sign-in, API) count by that address, so a client cannot pick its own by sending
+# X-Forwarded-For: with DRF's default (None) every made-up header was a fresh count.
+TRUSTED_PROXIES = env.int("TRUSTED_PROXIES", default=0)
+if TRUSTED_PROXIES < 0:
+    raise environ.ImproperlyConfigured(f"TRUSTED_PROXIES must be 0 or more, not {TRUSTED_PROXIES}")
+
 REST_FRAMEWORK = {
+    "NUM_PROXIES": TRUSTED_PROXIES,
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "portal.tokens.ApiTokenAuthentication",  # Authorization: Token <key>, stored as a digest
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -1,5 +1,6 @@
-"""The account page: API token (create, replace, revoke) and password; and cloning an instance from the list."""
+"""The account page: API tokens (create with a name, revoke) and password; and cloning an instance from the list."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
@@ -7,41 +8,54 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
-from rest_framework.authtoken.models import Token
+from django.views.decorators.http import require_POST, require_safe
 
-from portal import selectors, services
+from portal import selectors, services, tokens
 from portal.shortcuts import or_404
 from scheduler.errors import ServiceError
 
 
 @login_required
+@require_safe
 def account_page(request):
-    token = Token.objects.filter(user=request.user).first()
-    return render(request, "portal/account.html", {"token": token})
+    context = {"tokens": tokens.token_list(user=request.user), "token_days": settings.API_TOKEN_DAYS}
+    return render(request, "portal/account.html", context)
 
 
 @login_required
 @require_POST
 def account_token(request, action: str):
-    """``create`` makes a new token (the old one stops working); ``revoke`` deletes it."""
-    if action not in ("create", "revoke"):
-        raise Http404("no such action")
-    Token.objects.filter(user=request.user).delete()
+    """``create`` makes a named token (its key shown once); ``revoke`` deletes the one named by ``token``."""
     if action == "create":
-        token = Token.objects.create(user=request.user)
-        messages.success(request, _("New API token: %(key)s — the previous one no longer works.") % {"key": token.key})
+        try:
+            token, key = tokens.token_create(user=request.user, name=request.POST.get("name") or _("console"))
+        except ServiceError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(
+                request,
+                _("New API token %(name)s: %(key)s — copy it now, it is not shown again.")
+                % {"name": token.name, "key": key},
+            )
+    elif action == "revoke":
+        token_id = request.POST.get("token", "")
+        if token_id.isdigit() and tokens.token_revoke(user=request.user, token_id=int(token_id)):
+            messages.info(request, _("API token revoked: requests with it are refused from now on."))
+        else:
+            messages.error(request, _("No such token."))
     else:
-        messages.info(request, _("API token revoked: requests with it are refused from now on."))
+        raise Http404("no such action")
     return redirect("console-account")
 
 
 class PasswordChangeView(auth_views.PasswordChangeView):
     template_name = "portal/password_change.html"
+    http_method_names = ["get", "head", "post", "options"]  # not FormView's PUT, another way to post
     success_url = reverse_lazy("console-account")
 
     def form_valid(self, form):
-        messages.success(self.request, "Password changed.")
+        # Saving the new password revokes the API tokens (portal.receivers); the session stays signed in.
+        messages.success(self.request, _("Password changed: your API tokens were revoked."))
         return super().form_valid(form)
 
 

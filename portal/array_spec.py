@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from portal import limits
 from scheduler.errors import InvalidInput
 
-RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?", re.ASCII)  # not full-width or other digits
 NAME = re.compile(limits.ENV_NAME_PATTERN)
 
 
@@ -35,8 +35,8 @@ def parse_array(spec: str) -> tuple[list[int], int | None]:
     body, sep, limit_text = text.partition("%")
     limit = None
     if sep:
-        if not limit_text.isdigit() or int(limit_text) < 1:
-            why = "after % give how many tasks may run at once (1 or more)"
+        if not (limit_text.isascii() and limit_text.isdigit()) or not 1 <= int(limit_text) <= limits.ARRAY_TASKS:
+            why = f"after % give how many tasks may run at once (1 to {limits.ARRAY_TASKS})"
             raise InvalidInput(f'"%{limit_text}": {why}', field="array")
         limit = int(limit_text)
     indices: set[int] = set()
@@ -50,6 +50,8 @@ def parse_array(spec: str) -> tuple[list[int], int | None]:
             raise InvalidInput(f'"{part}": the range ends before it starts', field="array")
         if step < 1:
             raise InvalidInput(f'"{part}": the step must be 1 or more', field="array")
+        if high > limits.ARRAY_INDEX_MAX:
+            raise InvalidInput(f'"{part}": indices go up to {limits.ARRAY_INDEX_MAX:,}', field="array")
         if (high - low) // step + 1 + len(indices) > limits.ARRAY_TASKS:
             raise InvalidInput(f"at most {limits.ARRAY_TASKS} tasks in one array", field="array")
         indices.update(range(low, high + 1, step))

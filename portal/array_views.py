@@ -2,7 +2,7 @@
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from portal import arrays, selectors
 from portal.shortcuts import or_404
@@ -24,6 +24,7 @@ def array_context(array) -> dict:
 
 
 @login_required
+@require_safe
 def array_detail(request, array_id: int):
     array = or_404(selectors.array_get, user=request.user, array_id=array_id)
     template = "portal/_array_body.html" if request.htmx else "portal/array_detail.html"

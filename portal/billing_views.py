@@ -3,7 +3,7 @@
 import csv
 import io
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
@@ -12,9 +12,12 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.views.decorators.http import require_http_methods, require_safe
 
 from billing import enforcement, ledger, reports, statements, storage
+from billing import services as billing_services
 from billing.models import Posting, PostingKind, Team
+from scheduler.errors import ServiceError
 from scheduler.models import Gpu
 
 
@@ -28,20 +31,17 @@ def _month(request) -> str:
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def billing_page(request):
     account = ledger.user_account(request.user)
     if request.method == "POST":
-        raw = request.POST.get("monthly_budget", "").strip()
         try:
-            budget = Decimal(raw) if raw else None
-            if budget is not None and budget < 0:
-                raise InvalidOperation
-        except InvalidOperation:
+            account = billing_services.budget_set(account=account, budget=request.POST.get("monthly_budget", ""))
+        except ServiceError:
             messages.error(request, _("The budget must be an amount (e.g. 300) or empty for none."))
         else:
-            account.monthly_budget = budget
-            account.save(update_fields=["monthly_budget"])
-            messages.success(request, _("Budget saved.") if budget is not None else _("Budget removed."))
+            saved = account.monthly_budget is not None
+            messages.success(request, _("Budget saved.") if saved else _("Budget removed."))
         return redirect("console-billing")
     month = _month(request)
     lines = statements.statement(account, month)
@@ -65,6 +65,7 @@ def billing_page(request):
 
 
 @login_required
+@require_safe
 def statement_csv(request):
     account = ledger.user_account(request.user)
     month = _month(request)
@@ -92,6 +93,7 @@ def _filters(request) -> reports.Filters:
 
 
 @staff_member_required
+@require_safe
 def billing_reports(request):
     f = _filters(request)
     export = request.GET.get("export")

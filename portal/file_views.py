@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils.http import content_disposition_header, urlencode
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from portal import files, selectors
 from portal.models import Instance
@@ -25,6 +25,7 @@ def _owned(request, instance_id: int) -> Instance:
 
 
 @login_required
+@require_safe
 def instance_files(request, instance_id: int):
     instance = _owned(request, instance_id)
     return _files_page(request, instance, request.GET.get("path", files.ROOTS[0]))
@@ -56,6 +57,7 @@ def _files_page(request, instance: Instance, path: str, *, error: ServiceError |
 
 
 @login_required
+@require_safe
 def instance_file_download(request, instance_id: int):
     instance = _owned(request, instance_id)
     path = request.GET.get("path", "")

@@ -6,7 +6,7 @@ from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from portal import images, selectors
 from portal.models import Image, ImageStatus
@@ -15,6 +15,7 @@ from scheduler.errors import ServiceError
 
 
 @login_required
+@require_safe
 def image_page(request):
     mine = list(images.saved_image_list(user=request.user))
     catalog = Image.objects.filter(Q(visibility__in=["official", "community"]), status=ImageStatus.READY)

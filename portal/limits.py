@@ -33,3 +33,5 @@ ENV_VALUE_CHARS = 4096
 ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 # A job array: at most this many tasks (each also counts against MAX_QUEUED_PER_USER while queued).
 ARRAY_TASKS = 1000
+# Its indices are 0 to this (Slurm's default MaxArraySize is 1001; indices are stored as integers).
+ARRAY_INDEX_MAX = 1_000_000

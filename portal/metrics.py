@@ -23,6 +23,7 @@ import time
 from django.conf import settings
 from django.db.models import Count, Sum
 from django.http import HttpResponse
+from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
@@ -172,6 +173,7 @@ def _authorized(request) -> bool:
     return request.user.is_authenticated and request.user.is_staff
 
 
+@require_safe
 def metrics(request):
     if not _authorized(request):
         response = HttpResponse("a bearer token (METRICS_TOKEN) or a staff session is needed\n", status=401)

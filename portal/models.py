@@ -256,3 +256,27 @@ class IdempotencyKey(models.Model):
 
     def __str__(self):
         return f"{self.owner_id}: {self.key}"
+
+
+class ApiToken(models.Model):
+    """An API token: only the SHA-256 of its key is kept (the key is shown once, when it is made).
+
+    The key is 256 random bits, so a plain digest is as good as a slow hash and lets
+    every request find its token with one indexed lookup. A token ends at
+    ``expires_at``, when revoked, and when its user's password changes.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=64)
+    prefix = models.CharField(max_length=12, help_text="The key's first characters: enough to tell tokens apart.")
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["user", "expires_at"], name="apitoken_user_expiry")]
+
+    def __str__(self):
+        return f"{self.user_id}: {self.name} ({self.prefix}…)"

@@ -12,6 +12,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.utils import timezone
+from django.views.decorators.http import require_safe
 
 from billing.statements import cost_so_far
 from portal import selectors
@@ -27,6 +28,7 @@ LONG_CHART = timedelta(hours=24)
 
 
 @login_required
+@require_safe
 def instance_monitor(request, instance_id: int):
     instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
     workload = instance.workload
@@ -47,6 +49,7 @@ def instance_monitor(request, instance_id: int):
 
 
 @staff_member_required
+@require_safe
 def cluster_monitor(request):
     nodes = node_list().order_by("name")
     holders = {}
@@ -63,6 +66,7 @@ def cluster_monitor(request):
 
 
 @login_required
+@require_safe
 def instance_terminal(request, instance_id: int):
     """A shell in the owner's running instance (the socket refuses anyone else, and work not running)."""
     instance = or_404(selectors.instance_get_owned, user=request.user, instance_id=instance_id)
@@ -74,6 +78,7 @@ def instance_terminal(request, instance_id: int):
 
 
 @login_required
+@require_safe
 def instance_logs(request, instance_id: int):
     """The owner's instance's output: followed live, searched, downloaded (``_logs.html``)."""
     instance = or_404(selectors.instance_get_owned, user=request.user, instance_id=instance_id)
@@ -82,6 +87,7 @@ def instance_logs(request, instance_id: int):
 
 
 @login_required
+@require_safe
 def instance_detail(request, instance_id: int):
     """One instance: what it is, where it runs, what it cost, what it can do, and its history."""
     instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)

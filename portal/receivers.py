@@ -1,14 +1,18 @@
-"""Push each instance status change to its owner's browsers over Channels; list prices become rate cards."""
+"""Push each instance status change to its owner's browsers over Channels; list prices become rate cards;
+a new password revokes the user's API tokens."""
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db.models.signals import post_save
+from django.conf import settings
+from django.contrib.auth.hashers import check_password
+from django.db.models.signals import post_save, pre_save
 from django.dispatch import receiver
 from django.utils import timezone
 
 from billing.models import RateCard
 from config import messages
 from portal.models import GpuType, Instance
+from portal.tokens import tokens_revoke_all
 from scheduler.models import WorkloadKind
 from scheduler.signals import workload_changed
 
@@ -68,3 +72,21 @@ def rate_card_follows_list_price(sender, instance, **kwargs):
         currency=instance.currency,
         **{f: getattr(template, f) for f in RATE_CARD_CARRIED},
     )
+
+
+@receiver(pre_save, sender=settings.AUTH_USER_MODEL)
+def password_change_revokes_tokens(sender, instance, update_fields=None, **kwargs):
+    """A changed password ends every API token of the user (whoever changed it: the console, admin, a command).
+
+    Django re-hashes an unchanged password when its hasher's settings change; that is
+    no change (``_password`` holds the raw password ``set_password`` was given).
+    """
+    if instance.pk is None or (update_fields is not None and "password" not in update_fields):
+        return
+    stored = sender.objects.filter(pk=instance.pk).values_list("password", flat=True).first()
+    if stored is None or stored == instance.password:
+        return
+    raw = getattr(instance, "_password", None)
+    if raw is not None and check_password(raw, stored):
+        return
+    tokens_revoke_all(user_id=instance.pk)

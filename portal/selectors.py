@@ -2,6 +2,7 @@
 
 from django.db.models import Q
 
+from billing.models import Membership
 from billing.prices import spot_now
 from portal.models import GpuType, Image, Instance, Job, JobArray
 from scheduler.errors import NotFound
@@ -44,9 +45,26 @@ def instance_list(*, user, include_released: bool = False):
     return _visible(Instance.objects.all(), user=user, include_released=include_released)
 
 
-def instance_get(*, user, instance_id: int) -> Instance:
-    """The instance if the user may see it; NotFound otherwise (never 403: no leak of existence)."""
+# What a team's admins may do to work its members charge to the team (the rest is the owner's).
+TEAM_ADMIN_ACTIONS = frozenset({"stop", "cancel"})
+
+
+def _charged_to_teams_run_by(user, queryset, action: str):
+    """``queryset`` narrowed to work charged to a team ``user`` is an admin of, for ``action``; none otherwise."""
+    if action not in TEAM_ADMIN_ACTIONS:
+        return queryset.none()
+    slugs = Membership.objects.filter(user=user, is_admin=True).values("team__slug")
+    return queryset.filter(workload__team__in=slugs).select_related("workload", "workload__node")
+
+
+def instance_get(*, user, instance_id: int, action: str = "") -> Instance:
+    """The instance if the user may see it (or, for ``action``, it is charged to a team they run); NotFound otherwise.
+
+    Never 403: no leak of existence.
+    """
     instance = instance_list(user=user, include_released=True).filter(pk=instance_id).first()
+    if instance is None:
+        instance = _charged_to_teams_run_by(user, Instance.objects.filter(pk=instance_id), action).first()
     if instance is None:
         raise NotFound("no such instance")
     return instance
@@ -73,8 +91,10 @@ def job_get_owned(*, user, job_id: int) -> Job:
     return job
 
 
-def job_get(*, user, job_id: int) -> Job:
+def job_get(*, user, job_id: int, action: str = "") -> Job:
     job = job_list(user=user, include_released=True).filter(pk=job_id).first()
+    if job is None:
+        job = _charged_to_teams_run_by(user, Job.objects.filter(pk=job_id), action).first()
     if job is None:
         raise NotFound("no such job")
     return job

@@ -1,14 +1,15 @@
 """Teams in the console: my teams and a new one; a team's wallet, members (admins manage them) and its work."""
 
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from billing import teams
+from billing.services import budget_amount
 from billing.statements import cost_so_far
 from portal.models import Instance, Job
 from portal.shortcuts import or_404
@@ -17,6 +18,7 @@ from scheduler.models import WorkloadStatus
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def team_list(request):
     if request.method == "POST":
         try:
@@ -34,6 +36,7 @@ def team_list(request):
 
 
 @login_required
+@require_safe
 def team_detail(request, slug: str):
     team = or_404(teams.team_get, user=request.user, slug=slug)
     instances, jobs = (
@@ -48,16 +51,15 @@ def team_detail(request, slug: str):
     for work in [*instances, *jobs]:
         work.cost = costs.get(work.workload_id)
     is_admin = request.user.is_staff or (team.my_membership is not None and team.my_membership.is_admin)
-    context = {"team": team, "is_admin": is_admin, "instances": instances, "jobs": jobs, **teams.team_summary(team)}
+    context = {"team": team, "is_admin": is_admin, "instances": instances, "jobs": jobs, "stoppable": teams.STOPPABLE}
+    context |= teams.team_summary(team)
     return render(request, "portal/team_detail.html", context)
 
 
 def _limit(text: str) -> Decimal | None:
-    if not text.strip():
-        return None
     try:
-        return Decimal(text.strip())
-    except InvalidOperation:
+        return budget_amount(text, field="monthly_limit")  # the same rule as a wallet's budget
+    except ServiceError:
         raise ServiceError(_("The monthly limit must be an amount (e.g. 300) or empty for none.")) from None
 
 
@@ -67,6 +69,8 @@ def team_member(request, slug: str, action: str):
     """``add`` (by username), ``update`` (admin flag, monthly limit) or ``remove`` a member: team admins only."""
     team = or_404(teams.team_get, user=request.user, slug=slug)
     post = request.POST
+    member = post.get("member", "")
+    member_id = int(member) if member.isascii() and member.isdigit() and len(member) < 19 else 0  # 0: no one
     try:
         if action == "add":
             membership = teams.member_add(team=team, by=request.user, username=post.get("username", ""))
@@ -75,13 +79,13 @@ def team_member(request, slug: str, action: str):
             teams.member_update(
                 team=team,
                 by=request.user,
-                member_id=int(post.get("member", 0)),
+                member_id=member_id,
                 is_admin=post.get("is_admin") == "on",
                 monthly_limit=_limit(post.get("monthly_limit", "")),
             )
             messages.success(request, _("Member updated."))
         elif action == "remove":
-            teams.member_remove(team=team, by=request.user, member_id=int(post.get("member", 0)))
+            teams.member_remove(team=team, by=request.user, member_id=member_id)
             messages.info(request, _("Member removed."))
         else:
             messages.error(request, _("Unknown action."))

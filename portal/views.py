@@ -6,18 +6,18 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
-from django.http import JsonResponse
+from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from billing.prices import rate_card_now
 from billing.statements import cost_so_far
 from billing.teams import teams_of
 from portal import arrays, selectors, services
-from portal.api.throttles import LoginRateThrottle
+from portal.api.throttles import sign_in_wait
 from portal.forms import InstanceCreateForm, JobCreateForm
 from portal.housekeeping import release_due_at
 from portal.logs import logs_panel
@@ -25,6 +25,7 @@ from portal.shortcuts import or_404
 from scheduler.errors import InvalidInput, ServiceError
 
 
+@require_safe
 def healthz(request):
     """A constant answer for load balancers (and the baseline of bench/api_load.py)."""
     return JsonResponse({"ok": True})
@@ -33,14 +34,18 @@ def healthz(request):
 class ThrottledLoginView(LoginView):
     """The sign-in form, with a limit on attempts per client address and username (429 past it)."""
 
+    http_method_names = ["get", "head", "post", "options"]  # not FormView's PUT, another way to post
+
     def post(self, request, *args, **kwargs):
-        throttle = LoginRateThrottle()
-        if not throttle.allow_request(request, self):
-            wait = int(throttle.wait() or 60)
+        wait = sign_in_wait(request)
+        if wait is not None:
             response = render(
                 request,
                 "registration/login.html",
-                {"form": self.get_form(), "throttled": f"Too many sign-in attempts: try again in {wait} s."},
+                {
+                    "form": self.get_form(),
+                    "throttled": _("Too many sign-in attempts: try again in %(wait)s s.") % {"wait": wait},
+                },
                 status=429,
             )
             response["Retry-After"] = str(wait)
@@ -93,8 +98,9 @@ def _act(request, get, act, actions: dict, action: str, back: str):
         messages.error(request, exc.message)
     # Back to the page the button was on (the list, or the instance's own page), if it is ours.
     here = request.POST.get("next", "")
-    if url_has_allowed_host_and_scheme(here, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
-        return redirect(here)
+    ours = url_has_allowed_host_and_scheme(here, allowed_hosts={request.get_host()}, require_https=request.is_secure())
+    if here.startswith("/") and ours:
+        return HttpResponseRedirect(here)  # a path, never a view name for redirect() to look up
     return redirect(back)
 
 
@@ -103,6 +109,7 @@ def _list(request, template: str, rows_template: str, context: dict):
 
 
 @login_required
+@require_safe
 def instance_list(request):
     instances = list(selectors.instance_list(user=request.user))
     costs = cost_so_far([i.workload_id for i in instances])
@@ -124,6 +131,7 @@ def instance_list(request):
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def instance_create(request):
     def create(data):
         instance = services.instance_create(owner=request.user, **data)
@@ -140,7 +148,7 @@ def instance_create(request):
 def instance_action(request, instance_id: int, action: str):
     return _act(
         request,
-        lambda: selectors.instance_get(user=request.user, instance_id=instance_id),
+        lambda: selectors.instance_get(user=request.user, instance_id=instance_id, action=action),
         lambda instance, name: services.instance_act(instance=instance, action=name),
         services.ACTIONS,
         action,
@@ -149,6 +157,7 @@ def instance_action(request, instance_id: int, action: str):
 
 
 @login_required
+@require_safe
 def job_list(request):
     """Jobs submitted alone, and each job array as one row (its tasks are on the array's page)."""
     entries = [{"job": job, "at": job.created_at} for job in selectors.job_list(user=request.user).filter(array=None)]
@@ -160,6 +169,7 @@ def job_list(request):
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def job_create(request):
     def create(data):
         spec, nodes = data.pop("array"), data.pop("nodes")
@@ -177,6 +187,7 @@ def job_create(request):
 
 
 @login_required
+@require_safe
 def job_detail(request, job_id: int):
     job = or_404(selectors.job_get, user=request.user, job_id=job_id)
     members = list(job.workload.members.all())
@@ -195,7 +206,7 @@ def job_detail(request, job_id: int):
 def job_action(request, job_id: int, action: str):
     return _act(
         request,
-        lambda: selectors.job_get(user=request.user, job_id=job_id),
+        lambda: selectors.job_get(user=request.user, job_id=job_id, action=action),
         lambda job, name: services.job_act(job=job, action=name),
         services.JOB_ACTIONS,
         action,

@@ -4,7 +4,7 @@ Browsers sign in with the session cookie, and the Origin check guards those sock
 against other sites (a page elsewhere cannot open one with the user's cookie). A
 browser cannot set an Authorization header on a WebSocket, so a handshake that
 carries one comes from a script (the CLI, the SDK): it is authenticated by its API
-token alone — the cookie is ignored and no Origin is needed. A wrong or revoked
+token alone — the cookie is ignored and no Origin is needed. A wrong, expired or revoked
 token is anonymous, which every consumer refuses (4401) as it refuses the signed out.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import AnonymousUser
-from rest_framework.authtoken.models import Token
+
+from portal.tokens import token_user
 
 SCHEME = "token"
 
@@ -29,10 +30,7 @@ def token_key(scope) -> str | None:
 
 @database_sync_to_async
 def _user_of(key: str):
-    token = Token.objects.select_related("user").filter(key=key).first()
-    if token is None or not token.user.is_active:
-        return AnonymousUser()
-    return token.user
+    return token_user(key) or AnonymousUser()
 
 
 class TokenAuthMiddleware:

@@ -1,8 +1,8 @@
 """The one application error type every service raises, and its kinds.
 
-The API shapes them once (portal.api.errors): 400 naming the field, 404 for
-what the caller may not see, 409 for a conflict with the current state, 429
-for a per-user limit reached.
+The API shapes them once (portal.api.errors): 400 naming the field, 403 for an
+action the caller lacks the permission for, 404 for what the caller may not see,
+409 for a conflict with the current state, 429 for a per-user limit reached.
 """
 
 
@@ -17,6 +17,12 @@ class ServiceError(Exception):
 
 class InvalidInput(ServiceError):
     status_code = 400
+
+
+class Forbidden(ServiceError):
+    """The caller is known but lacks the permission an action needs (a money action without ``billing.top_up``)."""
+
+    status_code = 403
 
 
 class NotFound(ServiceError):

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import socket
 import tarfile
 import time
 from collections.abc import Iterator
@@ -122,10 +123,11 @@ class Client:
 
     @staticmethod
     def token_for(url: str, username: str, password: str) -> str:
-        """The user's API token (``POST /auth/token/``); it replaces nothing."""
+        """A new API token (``POST /auth/token/``), named for this machine; the user's other tokens keep working."""
+        body = {"username": username, "password": password, "name": f"gpucloud CLI on {socket.gethostname()}"[:64]}
         with httpx.Client(base_url=url.rstrip("/"), timeout=TIMEOUT) as http:
             try:
-                response = http.post("/api/v1/auth/token/", json={"username": username, "password": password})
+                response = http.post("/api/v1/auth/token/", json=body)
             except httpx.HTTPError as exc:
                 raise ApiError(0, f"cannot reach {url}: {exc}") from exc
             Client._check(response)

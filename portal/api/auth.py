@@ -1,18 +1,19 @@
-"""POST /auth/token/ {"username", "password"}: the user's API token, for ``gpucloud login`` without the console.
+"""POST /auth/token/ {"username", "password", "name"?}: a new API token, for ``gpucloud login`` without the console.
 
-It answers the token the account page shows (made on first use); it never replaces
-one, so other scripts holding it keep working (replace or revoke it on the account
-page). Throttled per client address and username as the console's sign-in form is.
+Each call makes a new token (only its digest is stored, so an earlier one cannot be
+shown again); the others keep working until they expire, are revoked on the account
+page, or the password changes. Throttled per client address and username as the
+console's sign-in form is.
 """
 
 from django.contrib.auth import authenticate
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
-from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal import tokens
 from portal.api.throttles import LoginRateThrottle
 from scheduler.errors import InvalidInput
 
@@ -31,17 +32,22 @@ class TokenApi(APIView):
     class CredentialsInput(serializers.Serializer):
         username = serializers.CharField(max_length=150)
         password = serializers.CharField(max_length=4096, style={"input_type": "password"})
+        name = serializers.CharField(max_length=64, default="gpucloud login", help_text="Where the token is used.")
 
     class TokenOutput(serializers.Serializer):
         token = serializers.CharField(help_text="Send it as `Authorization: Token <token>`.")
         username = serializers.CharField()
+        name = serializers.CharField()
+        expires_at = serializers.DateTimeField()
 
     @extend_schema(request=CredentialsInput, responses=TokenOutput, auth=[])
     def post(self, request):
         data = self.CredentialsInput(data=request.data)
         data.is_valid(raise_exception=True)
-        user = authenticate(request, **data.validated_data)
+        d = data.validated_data
+        user = authenticate(request, username=d["username"], password=d["password"])
         if user is None:
             raise InvalidInput("wrong username or password", field="password")
-        token, _ = Token.objects.get_or_create(user=user)
-        return Response(self.TokenOutput({"token": token.key, "username": user.username}).data)
+        token, key = tokens.token_create(user=user, name=d["name"])
+        body = {"token": key, "username": user.username, "name": token.name, "expires_at": token.expires_at}
+        return Response(self.TokenOutput(body).data)

@@ -1,17 +1,17 @@
-"""REST API for money: my balance and budget, my statement, prices before I commit, and top-ups (staff)."""
+"""REST API for money: my balance and budget, my statement, prices before I commit, and top-ups (by permission)."""
 
 from decimal import Decimal
 
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
-from rest_framework.permissions import IsAdminUser
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import enforcement, ledger, prices, statements
-from billing.models import PostingKind, Team
+from billing import enforcement, ledger, prices, selectors, statements
+from billing import services as billing_services
+from billing.models import PostingKind
 from portal import services
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.views import IDEMPOTENCY_KEY
@@ -48,7 +48,8 @@ class BillingApi(APIView):
     """GET /billing/: my wallet; PATCH: set my monthly budget (warns at 80 %, stops work at 100 %)."""
 
     class BudgetInput(serializers.Serializer):
-        monthly_budget = serializers.DecimalField(**MONEY, min_value=Decimal(0), allow_null=True)
+        # The rules (0 or more; null removes it) are billing.services.budget_amount's, as for the console.
+        monthly_budget = serializers.DecimalField(**MONEY, allow_null=True)
 
     @extend_schema(responses=AccountOutput)
     def get(self, request):
@@ -58,9 +59,9 @@ class BillingApi(APIView):
     def patch(self, request):
         data = self.BudgetInput(data=request.data)
         data.is_valid(raise_exception=True)
-        account = ledger.user_account(request.user)
-        account.monthly_budget = data.validated_data["monthly_budget"]
-        account.save(update_fields=["monthly_budget"])
+        account = billing_services.budget_set(
+            account=ledger.user_account(request.user), budget=data.validated_data["monthly_budget"]
+        )
         return Response(AccountOutput(account_view(account)).data)
 
 
@@ -124,10 +125,19 @@ class PriceApi(APIView):
         return Response(self.PriceEstimateOutput(price).data)
 
 
-class TopUpApi(APIView):
-    """POST /billing/topups/ (staff): top up, credit or refund a user's or a team's wallet, once per key."""
+class CanTopUp(BasePermission):
+    """Money actions need the ``billing.top_up`` permission: being staff is not enough."""
 
-    permission_classes = [IsAdminUser]
+    def has_permission(self, request, view):
+        return bool(
+            request.user and request.user.is_active and request.user.has_perm(billing_services.TOP_UP_PERMISSION)
+        )
+
+
+class TopUpApi(APIView):
+    """POST /billing/topups/ (the top-up permission): top up, credit or refund a wallet, once per key, with a reason."""
+
+    permission_classes = [IsAuthenticated, CanTopUp]
 
     class TopUpInput(serializers.Serializer):
         username = serializers.CharField(required=False)
@@ -136,12 +146,7 @@ class TopUpApi(APIView):
         kind = serializers.ChoiceField(
             choices=[PostingKind.TOPUP, PostingKind.CREDIT, PostingKind.REFUND], default=PostingKind.TOPUP
         )
-        memo = serializers.CharField(max_length=255)
-
-        def validate(self, data):
-            if bool(data.get("username")) == bool(data.get("team")):
-                raise serializers.ValidationError({"username": "give a username or a team, not both"})
-            return data
+        memo = serializers.CharField(max_length=255, help_text="Why: shown to the wallet's owner, kept in the ledger.")
 
     class TopUpOutput(serializers.Serializer):
         id = serializers.IntegerField()
@@ -156,26 +161,18 @@ class TopUpApi(APIView):
         data = self.TopUpInput(data=request.data)
         data.is_valid(raise_exception=True)
         d = data.validated_data
-        if d.get("username"):
-            user = get_user_model().objects.filter(username=d["username"]).first()
-            if user is None:
-                raise InvalidInput("no such user", field="username")
-            account = ledger.user_account(user)
-        else:
-            team = Team.objects.filter(slug=d["team"]).first()
-            if team is None:
-                raise InvalidInput("no such team", field="team")
-            account = ledger.team_account(team)
+        account = selectors.payee_wallet(username=d.get("username", ""), team=d.get("team", ""))
         key = request.headers.get(HEADER)
+        posting_key = billing_services.posting_key(scope=f"api-{request.user.pk}", key=key) if key else None
 
         def create():
-            posting, _ = ledger.wallet_credit(
+            posting, _ = billing_services.wallet_top_up(
                 account=account,
                 amount=d["amount"],
                 kind=d["kind"],
-                memo=d["memo"],
+                reason=d["memo"],
                 by=request.user,
-                idempotency_key=f"api-{request.user.pk}-{key}" if key else None,
+                idempotency_key=posting_key,
             )
             account.refresh_from_db(fields=["balance"])
             body = {

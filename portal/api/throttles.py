@@ -22,3 +22,11 @@ class LoginRateThrottle(SimpleRateThrottle):
     def get_cache_key(self, request, view):
         username = (request.POST.get("username") or "").lower()[:150]
         return self.cache_format % {"scope": self.scope, "ident": f"{self.get_ident(request)}:{username}"}
+
+
+def sign_in_wait(request) -> int | None:
+    """Seconds to wait when this sign-in attempt is past the limit (console or admin form); None: go on."""
+    throttle = LoginRateThrottle()
+    if throttle.allow_request(request, None):
+        return None
+    return int(throttle.wait() or 60)

@@ -267,9 +267,9 @@ class InstanceActionApi(APIView):
 
     @extend_schema(request=None, responses={202: InstanceOutput})
     def post(self, request, instance_id: int):
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id, action=self.action_name)
         services.instance_act(instance=instance, action=self.action_name)
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id, action=self.action_name)
         return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -420,6 +420,7 @@ class JobActionApi(APIView):
 
     @extend_schema(request=None, responses={202: JobOutput})
     def post(self, request, job_id: int):
-        job = selectors.job_get(user=request.user, job_id=job_id)
+        job = selectors.job_get(user=request.user, job_id=job_id, action=self.action_name)
         services.job_act(job=job, action=self.action_name)
-        return Response(JobOutput(selectors.job_get(user=request.user, job_id=job_id)).data, status=202)
+        job = selectors.job_get(user=request.user, job_id=job_id, action=self.action_name)
+        return Response(JobOutput(job).data, status=202)

@@ -78,13 +78,14 @@ def test_a_monthly_budget_refuses_work_once_reached(api, user, catalog):
     assert response.status_code == 402 and "budget" in response.data
 
 
-def test_top_ups_are_for_staff_and_happen_once_per_key(api, user, django_user_model):
+def test_top_ups_are_for_the_top_up_permission_and_happen_once_per_key(api, user, django_user_model):
     from rest_framework.test import APIClient
 
     body = {"username": user.username, "amount": "25.00", "memo": "bank transfer 42"}
     assert api.post("/api/v1/billing/topups/", body, format="json").status_code == 403
     staff = APIClient()
-    staff.force_authenticate(django_user_model.objects.create_user("ops", is_staff=True))
+    ops = django_user_model.objects.create_user("ops", is_staff=True, is_superuser=True)  # holds billing.top_up
+    staff.force_authenticate(ops)
     before = user_account(user).balance
     for _ in range(2):
         response = staff.post("/api/v1/billing/topups/", body, format="json", HTTP_IDEMPOTENCY_KEY="tx-42")

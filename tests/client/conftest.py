@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from rest_framework.authtoken.models import Token
+
+from portal.tokens import token_create
 
 
 class Cli:
@@ -33,8 +34,8 @@ class Cli:
 @pytest.fixture
 def cli(user, web_server, tmp_path):
     """``cli(*args)``: run gpucloud as ``user`` (GPUCLOUD_URL / GPUCLOUD_TOKEN) with its own config folder."""
-    token = Token.objects.create(user=user)
-    return Cli(f"http://{web_server}", token.key, str(tmp_path / "config"))
+    _, key = token_create(user=user, name="cli tests")
+    return Cli(f"http://{web_server}", key, str(tmp_path / "config"))
 
 
 @pytest.fixture

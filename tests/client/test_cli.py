@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.models import Job
+from portal.models import ApiToken, Job
 from tests.conftest import TEST_IMAGE, wait_status
 from tests.portal.test_jobs_and_preemption import exit_watcher
 
@@ -19,8 +19,10 @@ def test_login_with_a_password_saves_a_private_profile_that_later_commands_use(c
     assert done.returncode == 0, done.stderr
     saved = Path(cli.config_home) / "gpucloud" / "config.toml"
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600
-    assert cli.token in saved.read_text(), "the token the account page shows: login replaces nothing"
+    assert cli.token not in saved.read_text(), "a token of its own, named for this machine"
+    assert ApiToken.objects.filter(user=user, name__startswith="gpucloud CLI on ").count() == 1
     assert cli("whoami", signed_in=False).stdout.strip() == "alice"
+    assert cli("whoami", signed_in=False, GPUCLOUD_TOKEN=cli.token).stdout.strip() == "alice", "login replaced nothing"
     assert cli("whoami", signed_in=False, GPUCLOUD_TOKEN="wrong").returncode == 4, "the environment overrides the file"
     assert cli("whoami", "--json", signed_in=False, GPUCLOUD_TOKEN="wrong").returncode == 4
 

@@ -21,8 +21,8 @@ import redis
 import requests
 from django.conf import settings
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
+from portal.tokens import token_create
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
 from scheduler.node import launcher
 from tests.conftest import NO_DOCKER, database_url, remove_node_containers, wait_for
@@ -231,7 +231,7 @@ def cluster(transactional_db, user, catalog, base_image, tmp_path, cluster_env):
     }
     logs = str(settings.VAR_DIR / "log")
     os.makedirs(logs, exist_ok=True)
-    c = Cluster(name, redis_port, redis_password, web_port, env, Token.objects.create(user=user).key, logs)
+    c = Cluster(name, redis_port, redis_password, web_port, env, token_create(user=user, name="faults")[1], logs)
     c.env_for["web"] = {"DOCKER_BASE_URL": NO_DOCKER}  # as in production: the web tier has no Docker
     try:
         c.start("redis")

@@ -1,27 +1,39 @@
-"""The account page (API token create / replace / revoke, password) and cloning an instance's settings."""
+"""The account page (API tokens: create with a name, revoke; password) and cloning an instance's settings."""
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from portal.models import Instance
+from portal.models import ApiToken, Instance
 from tests.portal.test_instance_api import create
 
 pytestmark = pytest.mark.django_db
 
 
-def test_a_token_is_created_replaced_and_revoked_from_the_account_page(client, user):
+def created_key(response) -> str:
+    """The key the page shows once, in its success message."""
+    message = next(m for m in response.context["messages"] if m.level_tag == "success").message
+    return next(word for word in message.split() if word.startswith("gpc_"))
+
+
+def test_tokens_are_created_with_a_name_and_revoked_one_by_one_from_the_account_page(client, user, outsider):
     client.force_login(user)
-    client.post("/account/token/create/")
-    first = Token.objects.get(user=user).key
-    assert first[:6] in client.get("/account/").content.decode()
+    laptop = created_key(client.post("/account/token/create/", {"name": "laptop"}, follow=True))
+    ci = created_key(client.post("/account/token/create/", {"name": "ci"}, follow=True))
+    page = client.get("/account/").content.decode()
+    assert "laptop" in page and laptop[:12] in page and laptop not in page, "the key is shown once, then its prefix"
     caller = APIClient()
-    caller.credentials(HTTP_AUTHORIZATION=f"Token {first}")
-    assert caller.get("/api/v1/me/").status_code == 200
-    client.post("/account/token/create/")
-    assert caller.get("/api/v1/me/").status_code == 403, "the replaced token stops working (Invalid token)"
-    client.post("/account/token/revoke/")
-    assert not Token.objects.filter(user=user).exists()
+    for key in (laptop, ci):
+        caller.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        assert caller.get("/api/v1/me/").status_code == 200
+    token = ApiToken.objects.get(user=user, name="laptop")
+    client.force_login(outsider)
+    assert "No such token" in client.post("/account/token/revoke/", {"token": token.pk}, follow=True).content.decode()
+    client.force_login(user)
+    client.post("/account/token/revoke/", {"token": token.pk})
+    caller.credentials(HTTP_AUTHORIZATION=f"Token {laptop}")
+    assert caller.get("/api/v1/me/").status_code == 403, "revoked"
+    caller.credentials(HTTP_AUTHORIZATION=f"Token {ci}")
+    assert caller.get("/api/v1/me/").status_code == 200, "the other token still works"
     assert client.post("/account/token/steal/").status_code == 404
 
 

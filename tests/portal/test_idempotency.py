@@ -87,3 +87,14 @@ def body(catalog, **overrides):
         "memory_gb": 1,
         "disk_gb": 20,
     } | overrides
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("length", [255, 256, 10_000])
+def test_a_key_of_any_length_is_answered_never_a_server_error(api, catalog, sim_node, length):
+    key = {"HTTP_IDEMPOTENCY_KEY": "é" * length}  # latin-1, as an HTTP header can carry it
+    answers = [api.post("/api/v1/instances/", body(catalog), format="json", **key) for _ in range(2)]
+    if length <= 255:
+        assert [a.status_code for a in answers] == [201, 201] and answers[0].data["id"] == answers[1].data["id"]
+    else:
+        assert [a.status_code for a in answers] == [400, 400] and "Idempotency-Key" in answers[0].data

@@ -79,3 +79,48 @@ def test_only_admins_change_members_outsiders_see_nothing_and_a_team_keeps_an_ad
     assert "keeps at least one admin" in messages_of(last_admin)
     taken = admin.post("/teams/", {"name": "nlp"}, follow=True)
     assert "exists already" in messages_of(taken)
+
+
+def test_a_removed_member_s_team_work_stops_and_their_own_goes_on(api, user, outsider, outsider_api, catalog, sim_node):
+    admin = console(user)
+    admin.post("/teams/", {"name": "NLP"})
+    admin.post("/teams/nlp/members/add/", {"username": outsider.username})
+    team = Team.objects.get(slug="nlp")
+    wallet_credit(account=team_account(team), amount=Decimal("100"), kind=PostingKind.TOPUP, memo="t", by=None)
+    team_run = create(outsider_api, catalog, name="team-run", team="nlp")
+    own_run = create(outsider_api, catalog, name="own-run")
+    assert team_run.status_code == own_run.status_code == 201  # queued: no worker here
+    membership = Membership.objects.get(team__slug="nlp", user=outsider)
+    admin.post("/teams/nlp/members/remove/", {"member": membership.pk})
+    team_work = Instance.objects.get(name="team-run").workload
+    assert team_work.status == "stopped" and "left team nlp" in team_work.events.last().reason
+    assert Instance.objects.get(name="own-run").workload.status == "queued", "their own wallet's work is theirs"
+    start = outsider_api.post(f"/api/v1/instances/{team_run.data['id']}/start/")
+    assert start.status_code == 402 and "not a member of team nlp" in start.data["detail"], "no limit left to keep"
+
+
+def test_a_team_admin_stops_work_charged_to_the_team_and_nothing_else_of_a_member(
+    api, user, outsider, outsider_api, catalog, sim_node, django_user_model
+):
+    admin = console(user)
+    admin.post("/teams/", {"name": "CV"})
+    admin.post("/teams/cv/members/add/", {"username": outsider.username})
+    wallet_credit(
+        account=team_account(Team.objects.get(slug="cv")), amount=Decimal(100), kind="topup", memo="t", by=None
+    )
+    team_run = create(outsider_api, catalog, name="team-run", team="cv").data["id"]
+    own_run = create(outsider_api, catalog, name="own-run").data["id"]
+    page = admin.get("/teams/cv/").content.decode()
+    assert f'action="/instances/{team_run}/stop/"' in page, "the admin's team page has a Stop button"
+    assert api.post(f"/api/v1/instances/{own_run}/stop/").status_code == 404, "a member's own work is theirs"
+    assert api.post(f"/api/v1/instances/{team_run}/release/").status_code == 404, "stop only: not release"
+    stopped = api.post(f"/api/v1/instances/{team_run}/stop/")
+    assert stopped.status_code == 202 and stopped.data["status"] == "stopped"
+    assert api.get(f"/api/v1/instances/{team_run}/").status_code == 404, "stopping it shows nothing more of it"
+
+    second = create(outsider_api, catalog, name="second", team="cv").data["id"]
+    member = django_user_model.objects.create_user("pat", password="pat-pass-123")
+    admin.post("/teams/cv/members/add/", {"username": member.username})
+    assert console(member).post(f"/instances/{second}/stop/").status_code == 404, "members who are not admins: no"
+    admin.post(f"/instances/{second}/stop/", {"next": "/teams/cv/"})
+    assert Instance.objects.get(pk=second).workload.status == "stopped"

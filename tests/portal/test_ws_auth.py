@@ -4,9 +4,10 @@ import asyncio
 
 import pytest
 from channels.testing import WebsocketCommunicator
-from rest_framework.authtoken.models import Token
 
 from config.asgi import application
+from portal.models import ApiToken
+from portal.tokens import token_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,8 +31,10 @@ def handshake(headers: list[tuple[bytes, bytes]], path: str = "/ws/instances/"):
 
 
 def test_a_script_with_its_token_gets_a_socket_without_a_browser_origin(user):
-    token = Token.objects.create(user=user)
-    assert handshake([(b"authorization", f"Token {token.key}".encode())]) == (True, None)
+    token, key = token_create(user=user, name="script")
+    assert handshake([(b"authorization", f"Token {key}".encode())]) == (True, None)
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=token.created_at)
+    assert handshake([(b"authorization", f"Token {key}".encode())]) == (True, 4401), "expired: signed out"
 
 
 def test_a_wrong_token_is_refused_as_the_signed_out_are_even_with_a_session_cookie(user, client):
@@ -58,8 +61,8 @@ def test_another_users_token_does_not_open_my_terminal(user, outsider, catalog, 
         owner=user, name="x", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk,
         gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1, command="sleep 60",
     )  # fmt: skip
-    theirs = Token.objects.create(user=outsider)
-    mine = Token.objects.create(user=user)
+    _, theirs = token_create(user=outsider, name="theirs")
+    _, mine = token_create(user=user, name="mine")
     path = f"/ws/terminal/jobs/{job.pk}/"
-    assert handshake([(b"authorization", f"Token {theirs.key}".encode())], path) == (True, 4404)
-    assert handshake([(b"authorization", f"Token {mine.key}".encode())], path) == (True, 4409), "queued: not running"
+    assert handshake([(b"authorization", f"Token {theirs}".encode())], path) == (True, 4404)
+    assert handshake([(b"authorization", f"Token {mine}".encode())], path) == (True, 4409), "queued: not running"

@@ -16,9 +16,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
-from rest_framework.authtoken.models import Token
 
 from billing.models import Account
+from portal.tokens import token_create
 from tests.portal.test_instance_api import create
 from tests.portal.test_jobs_and_preemption import submit_job
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def token(user):
-    return Token.objects.create(user=user).key
+    return token_create(user=user, name="fuzz")[1]
 
 
 def test_no_request_gets_a_server_error_and_every_400_names_a_field(web_server, token, api, user, catalog, sim_node):

@@ -1,7 +1,9 @@
-"""Who may use which route: every REST, console and WebSocket route x {owner, other user, anonymous, staff}.
+"""Who may use which route: every REST, console and WebSocket route x every method x {owner, other user,
+anonymous, superuser staff, plain staff, the owner's teammate}; every socket from a foreign Origin.
 
 The routes are read from the URL conf and the WebSocket routing, so a route added
-without a row in MATRIX fails ``test_every_route_is_in_the_matrix``.
+without a row in MATRIX fails ``test_every_route_is_in_the_matrix``. A method a row
+does not name must be refused (405, or the refusal the role gets anyway) and change nothing.
 """
 
 import asyncio
@@ -20,8 +22,49 @@ from portal.models import Image
 from portal.routing import websocket_urlpatterns
 from scheduler.models import Node
 
-ALLOWED, HIDDEN, DENIED = "allowed", "404", "denied"
-ROLES = ("owner", "other", "anonymous", "staff")
+ALLOWED, HIDDEN, DENIED, NOT_ALLOWED, THROTTLED = "allowed", "404", "denied", "405", "429"
+ROLES = ("owner", "other", "anonymous", "staff")  # the columns of MATRIX; "staff" is a superuser
+# Plain staff (is_staff, no permissions) and a member of the owner's team: by default as "staff" and
+# "other" in each row, but for these (route -> outcome).
+STAFFER = {
+    "api-billing-topups": DENIED,  # making money needs billing.top_up, not just is_staff
+    "admin:index": ALLOWED,  # the admin's front page, saying there is nothing this account may change
+    "admin:password_change": ALLOWED,
+    "admin:password_change_done": ALLOWED,
+    "admin:jsi18n": ALLOWED,
+    "admin:view_on_site": HIDDEN,
+    "admin:autocomplete": DENIED,
+    "admin:None": HIDDEN,
+    "admin:app_list": HIDDEN,  # an app it may see nothing of
+    "admin:login": ALLOWED,  # signed in already: sent on to the index
+}
+# Django answers the history page of an object that does not exist with a redirect to the index, before
+# it checks permissions (staff only, and it tells nothing); the matrix makes objects of these models only.
+MADE = ("auth_user", "billing_team", "portal_image", "portal_instance", "portal_job", "scheduler_workload")
+TEAMMATE = {
+    "console-team": ALLOWED,  # members see their team
+    "console-team-member": ALLOWED,  # and are told only admins change it (a message, no change)
+}
+METHODS = ("get", "post", "put", "patch", "delete")
+# Routes that answer a second method too (a page and the form it posts back to), for the same people.
+ALSO = {
+    "console-instance-create": {"post"},
+    "console-job-create": {"post"},
+    "console-teams": {"post"},
+    "console-billing": {"post"},
+    "console-password": {"post"},
+    "login": {"post"},
+    "admin:login": {"post"},
+    "api-billing": {"patch"},
+    "api-instances": {"post"},
+    "api-jobs": {"post"},
+    "api-arrays": {"post"},
+    "api-image": {"delete"},
+    "api-instance-file-upload": {"put"},
+    "api-job-file-upload": {"put"},
+    # Django's view: changes the language on POST; any other method is a redirect that changes nothing.
+    "set_language": {"get", "put", "patch", "delete"},
+}
 MINE = (ALLOWED, ALLOWED, DENIED, ALLOWED)  # a list or form: everyone signed in sees their own
 OWNED = (ALLOWED, HIDDEN, DENIED, ALLOWED)  # one object: its owner and staff; others get 404
 STAFF_ONLY = (DENIED, DENIED, DENIED, ALLOWED)
@@ -180,7 +223,23 @@ def test_every_route_is_in_the_matrix():
 @pytest.fixture
 def people(django_user_model, user, outsider):
     staff = django_user_model.objects.create_user("root", password="root-pass-123", is_staff=True, is_superuser=True)
-    return {"owner": user, "other": outsider, "anonymous": None, "staff": staff}
+    staffer = django_user_model.objects.create_user("clerk", password="clerk-pass-123", is_staff=True)
+    teammate = django_user_model.objects.create_user("tess", password="tess-pass-123")
+    return {
+        "owner": user, "other": outsider, "anonymous": None, "staff": staff, "staffer": staffer, "teammate": teammate,
+    }  # fmt: skip
+
+
+def expected_for(route: str, row: tuple) -> dict:
+    """MATRIX's four columns, and the plain staff's and the teammate's outcome."""
+    expected = dict(zip(ROLES, row, strict=True))
+    staffer = DENIED if route.startswith("admin:") and expected["staff"] == ALLOWED else expected["staff"]
+    if route.endswith("_history") and route.removeprefix("admin:").removesuffix("_history") not in MADE:
+        staffer = ALLOWED
+    return expected | {
+        "staffer": STAFFER.get(route, staffer),  # the admin's pages need model permissions it has not
+        "teammate": TEAMMATE.get(route, expected["other"]),
+    }
 
 
 def client_for(person) -> Client:
@@ -201,6 +260,9 @@ def owned_objects(owner, catalog) -> dict:
         visibility="private", owner=owner, node=Node.objects.first(),
     )  # fmt: skip
     team = teams.team_create(user=owner, name=f"team {image.pk}")
+    teammate = type(owner).objects.filter(username="tess").first()
+    if teammate is not None:
+        teams.member_add(team=teams.team_get(user=owner, slug=team.slug), by=owner, username=teammate.username)
     return {
         "slug": team.slug,
         "billing_team": team.pk,
@@ -219,6 +281,10 @@ def owned_objects(owner, catalog) -> dict:
 def outcome(response, route: str) -> str:
     if route in ("logout", "admin:logout") and response.status_code in (200, 302):
         return SIGNED_OUT
+    if response.status_code == 405:
+        return NOT_ALLOWED
+    if response.status_code == 429:
+        return THROTTLED  # sign-in attempts: the limit counts every method
     location = response.get("Location", "")
     if response.status_code in (401, 403) or (response.status_code == 302 and "login/" in location):
         return DENIED
@@ -242,16 +308,47 @@ def url_for(route: str, objects: dict, extra: dict) -> str:
     return reverse(route, kwargs=kwargs)
 
 
+def state(objects: dict) -> tuple:
+    """What a refused request must leave as it was: the matrix's work, image and team."""
+    from billing.models import Membership
+    from scheduler.models import Workload
+
+    return (
+        sorted(Workload.objects.values_list("id", "status")),
+        sorted(Image.objects.values_list("id", "name", "status")),
+        sorted(Membership.objects.values_list("id", "is_admin", "monthly_limit")),
+    )
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("route", sorted(MATRIX))
-def test_route_allows_exactly_whom_it_should(route, people, catalog, sim_node):
-    method, extra, query, expected = MATRIX[route]
-    seen = []
-    for role in ROLES:
-        objects = owned_objects(people["owner"], catalog)  # fresh per role: an action changes state
-        url = url_for(route, objects, extra) + query
-        seen.append(outcome(getattr(client_for(people[role]), method)(url), route))
-    assert dict(zip(ROLES, seen, strict=True)) == dict(zip(ROLES, expected, strict=True))
+def test_route_allows_exactly_whom_it_should(route, people, catalog, sim_node, settings):
+    settings.MAX_QUEUED_PER_USER = 1000  # the owner's work, made afresh for every role and method, stays queued
+    method, extra, query, row = MATRIX[route]
+    seen, expected = {}, expected_for(route, row)
+    for role in people:
+        for answered in {method} | ALSO.get(route, set()):
+            objects = owned_objects(people["owner"], catalog)  # fresh per role: an action changes state
+            url = url_for(route, objects, extra) + query
+            seen[role, answered] = outcome(getattr(client_for(people[role]), answered)(url), route)
+    assert seen == {(role, answered): expected[role] for role, answered in seen}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("route", sorted(MATRIX))
+def test_every_other_method_is_refused_and_changes_nothing(route, people, catalog, sim_node):
+    method, extra, query, row = MATRIX[route]
+    objects = owned_objects(people["owner"], catalog)
+    url, before = url_for(route, objects, extra) + query, state(objects)
+    refused = {NOT_ALLOWED, DENIED, HIDDEN, THROTTLED}
+    seen = {}
+    for role in people:
+        for other in set(METHODS) - {method} - ALSO.get(route, set()):
+            answer = outcome(getattr(client_for(people[role]), other)(url), route)
+            if answer not in refused and not (route == "logout" and answer == SIGNED_OUT):
+                seen[role, other] = answer
+    assert seen == {}, "methods a route does not take must be refused"
+    assert state(objects) == before
 
 
 @pytest.mark.django_db
@@ -259,8 +356,8 @@ def test_route_allows_exactly_whom_it_should(route, people, catalog, sim_node):
 def test_admin_pages_are_for_staff_only(route, people, catalog, sim_node):
     url = url_for(route, owned_objects(people["owner"], catalog), {})
     method = "post" if route == "admin:logout" else "get"
-    seen = {role: outcome(getattr(client_for(people[role]), method)(url), route) for role in ROLES}
-    assert seen == dict(zip(ROLES, ADMIN_EXPECTED.get(route, STAFF_ONLY), strict=True))
+    seen = {role: outcome(getattr(client_for(people[role]), method)(url), route) for role in people}
+    assert seen == expected_for(route, ADMIN_EXPECTED.get(route, STAFF_ONLY))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -284,5 +381,27 @@ def test_websocket_route_accepts_exactly_whom_it_should(route, people, catalog, 
         return CLOSE_CODES[first["code"]] if first["type"] == "websocket.close" else ALLOWED
 
     cookies = {role: p and client_for(p).cookies["sessionid"].value for role, p in people.items()}
-    seen = tuple(asyncio.run(connects(cookies[role])) for role in ROLES)
-    assert dict(zip(ROLES, seen, strict=True)) == dict(zip(ROLES, WEBSOCKET_MATRIX[route], strict=True))
+    seen = {role: asyncio.run(connects(cookies[role])) for role in people}
+    assert seen == expected_for(route, WEBSOCKET_MATRIX[route])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", sorted(WEBSOCKET_MATRIX))
+def test_no_websocket_opens_for_a_page_on_another_site(route, people, catalog, sim_node):
+    """A page elsewhere opening a socket with the signed-in user's cookie: refused at the handshake, for everyone."""
+    objects = owned_objects(people["owner"], catalog) | {"node": sim_node.name}
+    path = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: str(objects[m[1]]), route)
+
+    async def opens(cookie: str, origin: bytes) -> bool:
+        headers = [(b"origin", origin), (b"host", b"127.0.0.1"), (b"cookie", f"sessionid={cookie}".encode())]
+        communicator = WebsocketCommunicator(application, f"/{path}", headers=headers)
+        connected, _ = await communicator.connect(timeout=10)
+        if connected:
+            await communicator.disconnect()
+        return connected
+
+    for role in ("owner", "staff"):
+        cookie = client_for(people[role]).cookies["sessionid"].value
+        for origin in (b"http://evil.example", b"null", b"http://127.0.0.1.evil.example"):
+            assert not asyncio.run(opens(cookie, origin)), f"{role} from {origin.decode()}"
+        assert asyncio.run(opens(cookie, b"http://127.0.0.1")), "the same page's origin opens it"

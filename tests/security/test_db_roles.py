@@ -49,7 +49,7 @@ def two_hosts(roles, user):
         yield conn, mine, theirs, work
 
 
-@pytest.mark.parametrize("table", ["auth_user", "authtoken_token", "django_session", "portal_idempotencykey"])
+@pytest.mark.parametrize("table", ["auth_user", "portal_apitoken", "django_session", "portal_idempotencykey"])
 def test_the_node_role_cannot_read_users_tokens_or_sessions(roles, table):
     with psycopg.connect(url_as(roles.node("gpu1"), "node-pw")) as conn:
         with pytest.raises(DENIED):

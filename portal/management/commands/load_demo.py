@@ -4,11 +4,11 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
-from rest_framework.authtoken.models import Token
 
 from billing.ledger import user_account, wallet_credit
 from billing.models import PostingKind
 from portal.demo import catalog_load
+from portal.tokens import token_create
 
 DEMO_CREDIT = Decimal("500.00")
 
@@ -36,5 +36,6 @@ class Command(BaseCommand):
                 by=None,
                 idempotency_key=f"demo-credit-{username}",
             )
-            token, _ = Token.objects.get_or_create(user=user)
-            self.stdout.write(f"user {username} / {password}  API token {token.key}")
+            user.api_tokens.filter(name="demo").delete()  # only its digest is kept: a new one to print
+            _, key = token_create(user=user, name="demo")
+            self.stdout.write(f"user {username} / {password}  API token {key}")

@@ -13,7 +13,7 @@ def clocks_start(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("portal", "0007_sweeps_arrays")]
+    dependencies = [("portal", "0008_api_tokens")]
 
     operations = [
         migrations.AddField(
