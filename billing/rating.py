@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from scheduler.policy.cluster import WHOLE_CARD
+
 CENT = Decimal("0.01")
 HOUR = timedelta(hours=1)
 MINIMUM_S = 60
@@ -42,7 +44,7 @@ class Shape:
 
     @property
     def share(self) -> Decimal:
-        return Decimal(self.cards * self.milli) / 1000
+        return Decimal(self.cards * self.milli) / WHOLE_CARD
 
 
 @dataclass(frozen=True)

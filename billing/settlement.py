@@ -30,6 +30,7 @@ from billing.ledger import payer_for, platform_account
 from billing.models import Account, AccountKind, MeterSegment, Posting, PostingKind, RateCard, SpotPrice
 from billing.rating import Rate, Shape, Timeline, charge_lines
 from scheduler.models import WorkloadStatus
+from scheduler.policy.cluster import WHOLE_CARD
 
 log = logging.getLogger(__name__)
 BATCH = 20000
@@ -216,7 +217,7 @@ def _settle_batch(ids: list[int], now, lines: dict[str, Timeline], revenue: Acco
                 account_id = payers[owner, team]
             if rate_id is None:
                 rate_id = timeline.rate_at(started).id
-            share = cards * milli / 1000
+            share = cards * milli / WHOLE_CARD
             for line in new_lines:
                 postings.append((pk, account_id, line, line.seconds * share))
                 moved[account_id] -= line.amount

@@ -23,6 +23,7 @@ from django.utils import timezone
 from billing.models import ZERO, Account, Posting, PostingKind
 from billing.rating import CENT
 from scheduler.models import Allocation, WorkloadGpuMinute
+from scheduler.policy.cluster import WHOLE_CARD
 
 
 @dataclass
@@ -102,7 +103,7 @@ def statement(account: Account, month: str) -> list[StatementLine]:
             name=row["segment__workload__name"],
             kind=row["segment__workload__kind"],
             gpu_model=row["segment__workload__gpu_model"],
-            share=row["segment__workload__gpu_count"] * row["segment__workload__gpu_milli"] / 1000,
+            share=row["segment__workload__gpu_count"] * row["segment__workload__gpu_milli"] / WHOLE_CARD,
             billing_mode="spot" if row["segment__spot"] else "on-demand",
             seconds=row["seconds"] or 0.0,
             gpu_seconds_billed=row["gpu_seconds"] or 0.0,
@@ -135,7 +136,7 @@ def statement(account: Account, month: str) -> list[StatementLine]:
 
 def _busy_gpu_seconds(workload_ids: list[int], start, end) -> dict[int, float]:
     shares = {
-        (a["workload"], a["gpu"]): a["milli"] / 1000
+        (a["workload"], a["gpu"]): a["milli"] / WHOLE_CARD
         for a in Allocation.objects.filter(workload__in=workload_ids).values("workload", "gpu", "milli")
     }
     busy: dict[int, float] = {}
@@ -143,7 +144,7 @@ def _busy_gpu_seconds(workload_ids: list[int], start, end) -> dict[int, float]:
         workload__in=workload_ids, minute__gte=start, minute__lt=end, util_avg__isnull=False
     ).values_list("workload", "gpu", "util_avg", "workload__gpu_milli")
     for workload_id, gpu_id, util, milli in minutes:
-        share = shares.get((workload_id, gpu_id), milli / 1000)  # allocations go when the work stops
+        share = shares.get((workload_id, gpu_id), milli / WHOLE_CARD)  # allocations go when the work stops
         busy[workload_id] = busy.get(workload_id, 0.0) + util * 60 * share
     return busy
 

@@ -80,7 +80,11 @@ class InstanceCreateForm(WorkForm):
         help_text=_("Empty: never stop for idleness."),
     )
     idle_minutes = forms.IntegerField(
-        label=_("… for (minutes)"), min_value=1, max_value=7 * 24 * 60, initial=60, required=False
+        label=_("… for (minutes)"),
+        min_value=limits.IDLE_MINUTES.min,
+        max_value=limits.IDLE_MINUTES.max,
+        initial=limits.DEFAULT_IDLE_MINUTES,
+        required=False,
     )
 
 

@@ -25,6 +25,8 @@ MEMORY_GB = Range(1, 4096)
 DISK_GB = Range(1, 10240)
 # A job's maximum runtime: at least a minute, at most 30 days (also keeps it within a database integer).
 MAX_RUNTIME_S = Range(60, 30 * 24 * 3600)
+IDLE_MINUTES = Range(1, 7 * 24 * 60)  # idle auto-stop: how long below the threshold
+DEFAULT_IDLE_MINUTES = 60
 NAME_CHARS = 64
 COMMAND_CHARS = 10_000
 # A job's environment (``env``): at most this many names, each a shell variable name.

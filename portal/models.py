@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from portal import limits
 from scheduler.models import Node, Workload, WorkloadGroup
 from scheduler.registry import image_name
 
@@ -131,7 +132,9 @@ class Instance(models.Model):
     idle_util_percent = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Stop when GPU utilization stays below this (%); empty: never."
     )
-    idle_minutes = models.PositiveIntegerField(default=60, help_text="... for this many minutes.")
+    idle_minutes = models.PositiveIntegerField(
+        default=limits.DEFAULT_IDLE_MINUTES, help_text="... for this many minutes."
+    )
     stop_at = models.DateTimeField(null=True, blank=True, help_text="Stop at this time; empty: no scheduled stop.")
     stop_warned_at = models.DateTimeField(
         null=True, blank=True, help_text="When the console started warning that it will be stopped."

@@ -144,7 +144,7 @@ def instance_create(
     disk_gb: int,
     billing_mode: str = BillingMode.ON_DEMAND,
     idle_util_percent: int | None = None,
-    idle_minutes: int | None = 60,
+    idle_minutes: int | None = limits.DEFAULT_IDLE_MINUTES,
     stop_at=None,
     team: str = "",
 ) -> Instance:
@@ -163,7 +163,7 @@ def instance_create(
             billing_mode=billing_mode,
             workload=workload,
             idle_util_percent=idle_util_percent,
-            idle_minutes=idle_minutes or 60,
+            idle_minutes=idle_minutes or limits.DEFAULT_IDLE_MINUTES,
             stop_at=stop_at,
         )
 

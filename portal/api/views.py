@@ -230,7 +230,10 @@ class InstanceListApi(APIView):
             help_text="Stop the instance when its GPU utilization stays below this (%) ...",
         )
         idle_minutes = serializers.IntegerField(
-            min_value=1, max_value=7 * 24 * 60, default=60, help_text="... this long."
+            min_value=limits.IDLE_MINUTES.min,
+            max_value=limits.IDLE_MINUTES.max,
+            default=limits.DEFAULT_IDLE_MINUTES,
+            help_text="... this long.",
         )
         stop_at = serializers.DateTimeField(
             required=False, allow_null=True, default=None, help_text="Stop at this time."

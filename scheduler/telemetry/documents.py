@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from scheduler.policy.cluster import WHOLE_CARD
+
 DOCUMENT_VERSION = 1
 
 
@@ -89,7 +91,7 @@ def tenant_holder(tenant: Tenant, share: TenantShare, reading: TenantReading | N
         "kind": tenant.kind,
         "name": tenant.name,
         "owner": tenant.owner_id,
-        "share": share.milli / 1000,
+        "share": share.milli / WHOLE_CARD,
         "util": _round(reading.util) if reading else None,
         "mem_used": reading.mem_used if reading else None,
         "mem_cap": share.memory_mb,
@@ -125,7 +127,7 @@ def workload_document(
                 "i": card.index if card else None,
                 "uuid": share.uuid,
                 "model": card.model if card else None,
-                "share": share.milli / 1000,
+                "share": share.milli / WHOLE_CARD,
                 "util": _round(own.util) if own else None,
                 "mem_used": own.mem_used if own else None,
                 "mem_cap": share.memory_mb,

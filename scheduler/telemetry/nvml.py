@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.telemetry.cgroups import PROC, container_of_pid
 from scheduler.telemetry.documents import Card, CardReading, ContainerUsage, Tenant, TenantReading, tenant_holder
 
@@ -65,7 +66,7 @@ class NvmlBackend:
                     continue
                 sm, mem = per_tenant.get(tenant.workload_id, (0.0, 0))
                 # The processes' SM time is a fraction of the whole card; the tenant sees it against its share.
-                util = None if sm is None else min(sm / (share.milli / 1000), 1.0)
+                util = None if sm is None else min(sm / (share.milli / WHOLE_CARD), 1.0)
                 own[(tenant.workload_id, card.uuid)] = TenantReading(util, mem // MIB)
                 reading.tenants.append(tenant_holder(tenant, share, own[(tenant.workload_id, card.uuid)]))
             readings.append(reading)

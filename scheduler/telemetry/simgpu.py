@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.telemetry.documents import Card, CardReading, ContainerUsage, Tenant, TenantReading, tenant_holder
 
 # Board power limits (W) of the models the simulated catalog knows; others get DEFAULT_POWER_W.
@@ -66,7 +67,7 @@ class SimulatedBackend:
                     continue
                 mem = None if container is None else min(container.memory_mb, share.memory_mb)
                 reading = own[(tenant.workload_id, share.uuid)] = TenantReading(busy, mem)
-                load[share.uuid] += (busy or 0.0) * share.milli / 1000
+                load[share.uuid] += (busy or 0.0) * share.milli / WHOLE_CARD
                 memory[share.uuid] += mem or 0
                 holders[share.uuid].append(tenant_holder(tenant, share, reading))
         return [self._card(c, min(load[c.uuid], 1.0), memory[c.uuid], holders[c.uuid]) for c in cards], own
