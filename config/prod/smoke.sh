@@ -68,15 +68,19 @@ NODE_RUNTIME=runc
 DOCKER_SOCKET=${DOCKER_HOST#unix://}
 VOLUMES_DIR=$CACHE/volumes
 SHARED_FS_MOUNT=$CACHE/sharedfs
+LXCFS_DIR=$CACHE/lxcfs
 SHARED_FS_CACHE_DIR=$CACHE/juicefs-cache
 INSTANCE_SUBNET=$NET.64.0/20
 ENV
 fi
+# An env file kept from before LXCFS_DIR existed gets it too.
+grep -q '^LXCFS_DIR=' "$ENV_FILE" || echo "LXCFS_DIR=$CACHE/lxcfs" >>"$ENV_FILE"
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
-# The server's data-disk and shared-storage folders are shared mounts, as the agent's rshared binds need.
-for dir in "$CACHE/volumes" "$CACHE/sharedfs"; do
+# The server's data-disk, shared-storage and LXCFS folders are shared mounts, as the agent's rshared and
+# rslave binds need (a systemd host's / already is; this machine's is private). No LXCFS runs here: "auto".
+for dir in "$CACHE/volumes" "$CACHE/sharedfs" "$CACHE/lxcfs"; do
   mkdir -p "$dir"
   findmnt -n "$dir" >/dev/null || mount --bind "$dir" "$dir"
   mount --make-rshared "$dir"
@@ -98,7 +102,7 @@ finish() {
     # The agent's tenants' containers and volumes, made on this engine outside compose.
     docker ps -aq --filter label=gpucloud.node | xargs -r docker rm -f >/dev/null 2>&1 || true
     docker volume ls -q --filter label=gpucloud.node | xargs -r docker volume rm -f >/dev/null 2>&1 || true
-    umount -R "$CACHE/volumes" "$CACHE/sharedfs" 2>/dev/null || true
+    umount -R "$CACHE/volumes" "$CACHE/sharedfs" "$CACHE/lxcfs" 2>/dev/null || true
     rm -rf "$CERTS_D"
     config/prod/engine.sh stop
   fi
