@@ -20,8 +20,8 @@ from scheduler.errors import InvalidInput
 
 class TokenLoginThrottle(LoginRateThrottle):
     def get_cache_key(self, request, view):
-        username = str(request.data.get("username") or "").lower()[:150]
-        return self.cache_format % {"scope": self.scope, "ident": f"{self.get_ident(request)}:{username}"}
+        body = request.data if isinstance(request.data, dict) else {}  # a JSON list or string is refused later
+        return self.key_for(request, body.get("username"))
 
 
 class TokenApi(APIView):

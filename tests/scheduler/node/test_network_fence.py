@@ -46,6 +46,7 @@ def fenced(settings, base_image):
     forwarding = open("/proc/sys/net/ipv4/ip_forward").read().strip()
     made_user_chain = {family: network.USER_CHAIN not in iptables.table_read(family).chains for family in families()}
     server = None
+    _remove_leftovers()  # a run killed midway keeps its namespace and veth, whose address would shadow ours
     try:
         sh("ip", "netns", "add", namespace)
         sh("ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end)
@@ -82,6 +83,18 @@ def fenced(settings, base_image):
         sh("ip", "netns", "del", namespace, check=False)
         with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
             f.write(forwarding)
+
+
+def _remove_leftovers() -> None:
+    """Namespaces and veth ends an earlier run of this fixture left behind (only this test's own names)."""
+    for line in sh("ip", "netns", "list").stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith("gpuc-cp-"):
+            sh("ip", "netns", "del", name, check=False)
+    for line in sh("ip", "-o", "link", "show").stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name.startswith("gcp") and name.endswith("h"):
+            sh("ip", "link", "del", name, check=False)
 
 
 def families():
