@@ -64,6 +64,11 @@ def test_a_stopped_instance_moves_to_another_host_with_its_system_and_data_disks
     )
     assert code == 0, out
     digest = out.split()[0]
+    # This instance's own container and data disk on the source (the cluster is shared with other tests' work).
+    before = container_of(cluster, instance)
+    workload_label = before.labels["gpucloud.workload"]
+    data_volumes = {m["Name"] for m in before.attrs["Mounts"] if m.get("Name", "").startswith("gpucloud-data-")}
+    assert data_volumes, before.attrs["Mounts"]
     cluster.action(instance["id"], "stop")
     cluster.wait_instance(instance["id"], "stopped")
 
@@ -81,8 +86,8 @@ def test_a_stopped_instance_moves_to_another_host_with_its_system_and_data_disks
         code, out = run_in(container_of(cluster, running), "sha256sum /root/autodl-tmp/data.bin; cat /root/system.txt")
         assert code == 0 and digest in out and "kept" in out, out
         old = cluster.engine(int(source[1:]))
-        assert not [c for c in old.containers.list(all=True) if c.labels.get("gpucloud.workload")]
-        assert not [v for v in old.volumes.list() if v.name.startswith("gpucloud-data-")]
+        assert not [c for c in old.containers.list(all=True) if c.labels.get("gpucloud.workload") == workload_label]
+        assert not [v for v in old.volumes.list() if v.name in data_volumes]
     finally:
         cluster.release(instance["id"])
 
