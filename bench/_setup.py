@@ -11,7 +11,20 @@ ROOT = Path(__file__).resolve().parent.parent
 # The benches' own instance of cluster.sh's address plan (a session running beside another picks its own).
 CLUSTER_PREFIX = os.environ.get("CLUSTER_PREFIX", "gcb")
 CLUSTER_NET = int(os.environ.get("CLUSTER_NET", "237"))
-TRACES = Path(os.environ.get("TRACES_DIR", ROOT.parent / "shared" / "traces"))  # TRACES_DIR: from a worktree
+
+
+def _traces() -> Path:
+    """TRACES_DIR, else the ``shared/traces`` folder beside the checkout or beside any folder above it (a
+    worktree or a CI checkout one level deeper finds the same one); the plain default when none exists."""
+    if os.environ.get("TRACES_DIR"):
+        return Path(os.environ["TRACES_DIR"])
+    for folder in ROOT.parents:
+        if (folder / "shared" / "traces").is_dir():
+            return folder / "shared" / "traces"
+    return ROOT.parent / "shared" / "traces"
+
+
+TRACES = _traces()
 sys.path.insert(0, str(ROOT))
 
 
