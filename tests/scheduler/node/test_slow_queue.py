@@ -68,6 +68,9 @@ def with_limits(monkeypatch, *, hard: int, soft: int) -> None:
     """A message carries its task's time limits as the sender defines the task."""
     monkeypatch.setattr(node_tasks.agent_disk_grow, "time_limit", hard)
     monkeypatch.setattr(node_tasks.agent_disk_grow, "soft_time_limit", soft)
+    # Celery caches a task's options (time limits among them) at its first send: an earlier test's send
+    # would otherwise keep the real limits in this one's message.
+    monkeypatch.setattr(node_tasks.agent_disk_grow, "_exec_options", None)
 
 
 @pytest.mark.django_db(transaction=True)
