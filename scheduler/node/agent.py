@@ -148,14 +148,11 @@ def _launch_member(workload: Workload, members: list[WorkloadMember], member: Wo
             master_host=members[0].node.address if members[0].node else "",
             master_port=workload.master_port or settings.GANG_PORT_MIN,
         )
+        shares = _shares(workload, node_id=member.node_id)
         spec = launcher.container_spec(
-            workload,
-            node=member.node,
-            shares=_shares(workload, node_id=member.node_id),
-            with_code=code is not None,
-            rendezvous=rendezvous,
-            name=name,
+            workload, node=member.node, shares=shares, with_code=code is not None, rendezvous=rendezvous, name=name
         )
+        mps.cards_prepare(member.node, shares)  # whole cards: no MPS daemon left holding them from a fraction
         gangs.old_members_remove(workload, keep=name)
         collector.settle(name)
         if member.rank == 0:
@@ -165,7 +162,7 @@ def _launch_member(workload: Workload, members: list[WorkloadMember], member: Wo
         address = launcher.container_address(name)
     except Exception as exc:  # Docker, a refused spec, an image: the gang stops as one, never hangs
         log.warning("launch of rank %s of gang %s failed: %s", member.rank, workload.pk, exc)
-        reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+        reason = _launch_reason(exc)
         if run is not None:
             worklogs.run_close(workload.pk, run, f"… {reason}")
         gang_service.member_exited(member, exit_code=None, reason=reason)
@@ -182,10 +179,15 @@ def _launch_member(workload: Workload, members: list[WorkloadMember], member: Wo
             gang_service.member_exited(member, exit_code=None, reason=f"cannot reach rank 0 through the fence: {exc}")
 
 
+def _launch_reason(exc: Exception) -> str:
+    """Why a launch failed, as its work's status reason."""
+    # An image this host cannot pull says so itself ("cannot pull image X from the registry Y: why").
+    return exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+
+
 def _launch_failed(workload: Workload, exc: Exception) -> str:
     """Fail a launch, saying why; returns the reason."""
-    # An image this host cannot pull says so itself ("cannot pull image X from the registry Y: why").
-    reason = exc.message[:255] if isinstance(exc, RegistryError) else f"failed to start: {_short(exc)}"
+    reason = _launch_reason(exc)
     workload_transition(workload, to=S.FAILED, allowed_from=[S.STARTING], reason=reason, finished_at=Now())
     return reason
 

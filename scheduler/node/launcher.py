@@ -321,11 +321,19 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None, files: 
 
 def _files_put(container, files: dict[str, bytes]) -> None:
     """Write ``files`` (absolute path -> content, read-only for the tenant) into the created container."""
-    folder = io.BytesIO()
-    with tarfile.open(fileobj=folder, mode="w") as tar:
-        parents = {os.path.dirname(path).strip("/") for path in files}
-        folders = sorted({"/".join(p.split("/")[: i + 1]) for p in parents if p for i in range(p.count("/") + 1)})
-        for name in folders:
+    if not container.put_archive("/", _archive(files)):
+        raise RuntimeError("Docker did not take the platform's files")
+
+
+def _archive(files: dict[str, bytes], *, folders: tuple[str, ...] = ()) -> bytes:
+    """A tar to put at the container's root: ``files`` (absolute path -> content, read-only for the tenant)
+    with every folder above them, and ``folders`` themselves (folders 0755)."""
+    parents = {os.path.dirname(path).strip("/") for path in files}
+    above = {"/".join(p.split("/")[: i + 1]) for p in parents if p for i in range(p.count("/") + 1)}
+    every = sorted(above | {folder.strip("/") for folder in folders})
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in every:
             entry = tarfile.TarInfo(name)
             entry.type, entry.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(entry)
@@ -333,8 +341,7 @@ def _files_put(container, files: dict[str, bytes]) -> None:
             entry = tarfile.TarInfo(path.strip("/"))
             entry.size, entry.mode = len(content), 0o444
             tar.addfile(entry, io.BytesIO(content))
-    if not container.put_archive("/", folder.getvalue()):
-        raise RuntimeError("Docker did not take the platform's files")
+    return buffer.getvalue()
 
 
 def _code_extract(container, archive: bytes) -> None:
@@ -342,12 +349,8 @@ def _code_extract(container, archive: bytes) -> None:
 
     Docker extracts it inside the container's filesystem (the data volume is mounted for
     the copy), so a member cannot land on the host whatever its name."""
-    folder = io.BytesIO()
-    with tarfile.open(fileobj=folder, mode="w") as tar:
-        entry = tarfile.TarInfo(settings.JOB_CODE_PATH.strip("/"))
-        entry.type, entry.mode = tarfile.DIRTYPE, 0o755
-        tar.addfile(entry)
-    if not (container.put_archive("/", folder.getvalue()) and container.put_archive(settings.JOB_CODE_PATH, archive)):
+    folder = _archive({}, folders=(settings.JOB_CODE_PATH,))
+    if not (container.put_archive("/", folder) and container.put_archive(settings.JOB_CODE_PATH, archive)):
         raise RuntimeError("Docker did not take the job's code")
 
 
