@@ -54,27 +54,24 @@ def gang_member_on(workload: Workload, node_name: str) -> WorkloadMember | None:
 
 def member_running(member: WorkloadMember, *, container_id: str, address: str) -> bool:
     """Its container runs. False when the member was stopped meanwhile: the caller stops the container."""
-    updated = WorkloadMember.objects.filter(pk=member.pk, status=M.STARTING).update(
-        status=M.RUNNING, container_id=container_id, address=address, reason="container running", changed_at=Now()
+    return _member_moved(
+        member, [M.STARTING], status=M.RUNNING, container_id=container_id, address=address, reason="container running"
     )
-    _step_soon(member.workload_id)
-    return bool(updated)
 
 
 def member_exited(member: WorkloadMember, *, exit_code: int | None, reason: str) -> bool:
     """Its container ended by itself (or never started: ``exit_code`` None)."""
-    updated = WorkloadMember.objects.filter(pk=member.pk, status__in=LIVE).update(
-        status=M.EXITED, exit_code=exit_code, reason=reason[:255], changed_at=Now()
-    )
-    _step_soon(member.workload_id)
-    return bool(updated)
+    return _member_moved(member, LIVE, status=M.EXITED, exit_code=exit_code, reason=reason[:255])
 
 
 def member_stopped(member: WorkloadMember, *, exit_code: int | None, reason: str = "stopped") -> bool:
     """Its container was stopped by the platform (the gang stops as one)."""
-    updated = WorkloadMember.objects.filter(pk=member.pk, status__in=LIVE).update(
-        status=M.STOPPED, exit_code=exit_code, reason=reason[:255], changed_at=Now()
-    )
+    return _member_moved(member, LIVE, status=M.STOPPED, exit_code=exit_code, reason=reason[:255])
+
+
+def _member_moved(member: WorkloadMember, allowed_from: list, **fields) -> bool:
+    """Compare-and-swap of the member's row from ``allowed_from``, then a step of its gang."""
+    updated = WorkloadMember.objects.filter(pk=member.pk, status__in=allowed_from).update(changed_at=Now(), **fields)
     _step_soon(member.workload_id)
     return bool(updated)
 
