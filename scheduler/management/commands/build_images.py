@@ -7,6 +7,9 @@ With one, the catalog's references name it (``load_demo`` writes them so): each 
 the registry lacks is built here, tagged with its registry name and pushed once; every
 host then pulls it on first use. Run it where the Docker engine may push to the
 registry (TLS trusted, or the registry on loopback / allowed with --insecure-registry).
+
+It talks to a Docker engine, so it lives with the node side's commands (``node_agent``,
+``fence``), not in the web tier's app: production runs it in the node agent's container.
 """
 
 import time
