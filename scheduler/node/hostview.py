@@ -88,21 +88,22 @@ def _cores(spec: dict) -> int:
     return max(1, math.ceil(spec.get("nano_cpus", 0) / 1e9))
 
 
-def container_create(client, spec: dict):
-    """``containers.create`` with the container pinned to its cores (INSTANCE_CPUSET)."""
+def container_create(client, spec: dict, *, host_cpus: int | None = None):
+    """``containers.create`` with the container pinned to its cores (INSTANCE_CPUSET); ``host_cpus``: the
+    engine's core count where the caller has it (else asked of the engine)."""
     if not settings.INSTANCE_CPUSET:
         return client.containers.create(**spec)
     with _pinning:
-        cpus = cpus_choose(_cores(spec), client.info()["NCPU"], _load(client, spec))
+        cpus = cpus_choose(_cores(spec), host_cpus or client.info()["NCPU"], _load(client, spec))
         return client.containers.create(**{**spec, "cpuset_cpus": cpus})
 
 
-def container_start(client, container, spec: dict) -> None:
+def container_start(client, container, spec: dict, *, host_cpus: int | None = None) -> None:
     """Start a stopped container, pinned again to the cores least used now (its old ones may be taken)."""
     if not settings.INSTANCE_CPUSET:
         container.start()
         return
     with _pinning:
         load = _load(client, spec, excluding=container.id)
-        container.update(cpuset_cpus=cpus_choose(_cores(spec), client.info()["NCPU"], load))
+        container.update(cpuset_cpus=cpus_choose(_cores(spec), host_cpus or client.info()["NCPU"], load))
         container.start()

@@ -301,7 +301,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None, files: 
         existing = None
     if existing is not None and _same_setup(existing, spec):
         if existing.status != "running":
-            hostview.container_start(client, existing, spec)
+            hostview.container_start(client, existing, spec, host_cpus=engine_info()["NCPU"])
         return existing.id
     if existing is not None:
         existing.stop(timeout=settings.INSTANCE_STOP_GRACE_S)
@@ -310,7 +310,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None, files: 
         spec = {**spec, "image": snapshot.id}
     data_volume_ensure(workload, node_name=spec["labels"][f"{LABEL}.node"])
     _ensure_image(spec["image"])
-    container = hostview.container_create(client, spec)  # pinned to its own cores
+    container = hostview.container_create(client, spec, host_cpus=engine_info()["NCPU"])  # pinned to its own cores
     if code is not None:
         _code_extract(container, code)
     if files:
