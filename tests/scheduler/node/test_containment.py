@@ -49,7 +49,14 @@ def test_a_memory_hog_is_oom_killed_in_its_own_cgroup_and_says_out_of_memory(use
 
 def test_a_fork_bomb_is_held_at_the_pids_limit_and_the_instance_still_stops(user, node, base_image, settings):
     settings.INSTANCE_PIDS_LIMIT = 48
-    bomb = workload(user, image_ref=base_image, command=["sh", "-c", "f(){ f | f & }; f; sleep 600"])
+    # A failed fork ends the shell that tried it, and a container ends with its first process: so the first
+    # process forks once and becomes a sleeper; behind it a classic bomb churns while three fillers start
+    # sleepers until the limit refuses them, so the count reaches the limit and stays there until the stop.
+    flood = (
+        "fill(){ while :; do sleep 600 & done; }; bomb(){ bomb | bomb & }; "
+        "(fill & fill & fill & bomb) & exec sleep 600"
+    )
+    bomb = workload(user, image_ref=base_image, command=["sh", "-c", flood])
     container = launched(bomb, node)
 
     wait_for(
