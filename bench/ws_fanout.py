@@ -8,7 +8,7 @@ small groups (one viewer per instance, the common case). It chose ``CHANNEL_LAYE
 
 What it does not measure: what a browser gets. No WebSocket server, no TCP, no
 consumer, no authorization, and no viewer in another process — and since the
-monitor sockets fan a sample out inside the server process (``portal/monitor_fanout.py``),
+monitor sockets fan a sample out inside the server process (``portal/sockets/fanout.py``),
 a process holds one member per group whatever its viewers. ``bench/ws_viewers.py``
 measures the real path (1,000 viewers over TCP through daphne, against a bare
 ``websockets`` server): quote that for viewers, this for the layer.

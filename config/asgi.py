@@ -1,5 +1,5 @@
 """ASGI entry point: HTTP through Django, WebSocket through Channels (session cookie, or an API token:
-portal/ws_auth.py)."""
+portal/sockets/auth.py)."""
 
 import gc
 import os
@@ -13,8 +13,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from portal.routing import websocket_urlpatterns  # noqa: E402
-from portal.ws_auth import TokenAuthMiddleware  # noqa: E402
+from portal.sockets.auth import TokenAuthMiddleware  # noqa: E402
+from portal.sockets.routing import websocket_urlpatterns  # noqa: E402
 
 sockets = URLRouter(websocket_urlpatterns)
 

@@ -7,7 +7,7 @@ operation on one container and calls the relay of the node that holds it
 ticket and the container's labels before it touches Docker.
 
     operation   relay route                  body                      web side
-    terminal    GET /v1/terminal  WebSocket  the browser's frames       portal/terminal.py
+    terminal    GET /v1/terminal  WebSocket  the browser's frames       portal/sockets/terminal.py
     list        GET /v1/list                 NDJSON, one entry a line   portal/files.py
     download    GET /v1/download             the file's bytes           portal/files.py
     upload      PUT /v1/upload               the file's bytes (chunked) portal/files.py

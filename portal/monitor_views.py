@@ -2,7 +2,7 @@
 
 The pages render what the database knows (cards, shares, the last day of
 minute rollups); the live numbers come over the monitor WebSockets
-(``portal/consumers.py``) into ``static/js/monitor.js``.
+(``portal/sockets/monitor.py``) into ``static/js/monitor.js``.
 """
 
 from datetime import timedelta

@@ -10,7 +10,7 @@ Runs on each GPU host, in a thread of the node agent:
   (``GpuMinute``, ``WorkloadGpuMinute``: what idle auto-stop and the
   scheduler's idle weighting read).
 
-Read by the WebSocket server (``portal/consumers.py``: history from ``streams``
+Read by the WebSocket server (``portal/sockets/monitor.py``: history from ``streams``
 first, then each published document verbatim) and ``/metrics``
 (``portal/metrics.py``: the newest document of each node).
 """

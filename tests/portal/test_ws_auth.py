@@ -1,4 +1,4 @@
-"""WebSocket sockets for scripts: ``Authorization: Token <key>`` on the handshake (portal/ws_auth.py)."""
+"""WebSocket sockets for scripts: ``Authorization: Token <key>`` on the handshake (portal/sockets/auth.py)."""
 
 import asyncio
 

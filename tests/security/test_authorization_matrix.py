@@ -19,7 +19,7 @@ from billing import teams
 from config.asgi import application
 from portal import arrays, services
 from portal.models import Image
-from portal.routing import websocket_urlpatterns
+from portal.sockets.routing import websocket_urlpatterns
 from scheduler.models import Node
 
 ALLOWED, HIDDEN, DENIED, NOT_ALLOWED, THROTTLED = "allowed", "404", "denied", "405", "429"

@@ -24,8 +24,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import connection
 
 from portal import logs
-from portal.consumers import NOT_FOUND, NOT_SIGNED_IN, refuse
 from portal.relay import RENEW_S, SessionSlot
+from portal.sockets.monitor import NOT_FOUND, NOT_SIGNED_IN, refuse
 from scheduler.errors import InvalidInput, NotFound, ServiceError, TooMany
 
 log = logging.getLogger(__name__)

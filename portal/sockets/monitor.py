@@ -5,7 +5,7 @@ backfill from Redis — points over the last 15 minutes cut to what the charts d
 then the newest sample whole: ``streams.backfill_read`` — so a chart draws at once
 on open and on reconnect), then each new sample document as it is published. They refuse
 with a close code: 4401 not signed in, 4403 not staff, 4404 no such instance
-of yours.
+of yours. The terminal and log sockets refuse with the same codes and ``refuse``.
 """
 
 import asyncio
@@ -17,7 +17,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 
 from config import messages
 from portal.models import Instance
-from portal.monitor_fanout import Watcher, fanout
+from portal.sockets.fanout import Watcher, fanout
 from scheduler.models import Node
 from scheduler.telemetry import streams
 
@@ -52,7 +52,7 @@ class InstanceEventsConsumer(AsyncJsonWebsocketConsumer):
 class MonitorConsumer(AsyncWebsocketConsumer):
     """Watches the groups ``subscriptions`` names, sends their backfill, then relays samples verbatim.
 
-    Samples come through this process's fan-out (``monitor_fanout.py``: one channel-layer receive
+    Samples come through this process's fan-out (``fanout.py``: one channel-layer receive
     per document, whatever the number of viewers), not through a channel of each socket's.
     """
 
