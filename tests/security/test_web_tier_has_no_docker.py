@@ -29,17 +29,21 @@ def test_the_web_and_websocket_servers_load_neither_docker_nor_node_code():
 
 
 def test_no_module_of_the_web_tier_app_imports_docker_or_node_code():
-    """Commands included: what talks to an engine (``build_images``) lives with the node side's commands."""
+    """Every module under portal/, its packages (console, sockets, api, services, ...) and commands included:
+    what talks to an engine (``build_images``) lives with the node side's commands."""
     import ast
     from pathlib import Path
 
     offenders = []
-    for path in sorted((Path(settings.BASE_DIR) / "portal").rglob("*.py")):
+    portal = Path(settings.BASE_DIR) / "portal"
+    for path in sorted(portal.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             offenders += [
-                f"{path.name}: {n}" for n in names if n == "docker" or n.startswith(("docker.", "scheduler.node"))
+                f"{path.relative_to(portal)}: {n}"
+                for n in names
+                if n == "docker" or n.startswith(("docker.", "scheduler.node"))
             ]
     assert not offenders, offenders
