@@ -80,8 +80,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "portal.context_processors.websocket_url",
-                "portal.context_processors.wallet",
+                "portal.console.context_processors.websocket_url",
+                "portal.console.context_processors.wallet",
             ]
         },
     }

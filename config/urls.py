@@ -8,13 +8,13 @@ from django.views.i18n import JavaScriptCatalog
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from portal import metrics
-from portal import views as portal_views
+from portal.console import work
 
 urlpatterns = [
-    path("healthz/", portal_views.healthz, name="healthz"),
+    path("healthz/", work.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),  # Prometheus's default path
-    path("", include("portal.urls")),
-    path("login/", portal_views.ThrottledLoginView.as_view(), name="login"),
+    path("", include("portal.console.urls")),
+    path("login/", work.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("i18n/", include("django.conf.urls.i18n")),  # set_language: the language switch
     # The live pages' strings (gettext() in static/js), per language; cached a day in the browser.

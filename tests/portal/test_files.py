@@ -11,7 +11,7 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, RequestFactory
 
-from portal import file_views
+from portal.console import files
 from portal.models import Instance
 from portal.relay import SessionSlot
 from scheduler.node import launcher
@@ -128,7 +128,7 @@ def test_a_large_upload_streams_to_the_container_without_being_held_in_memory(ru
     request._messages = FallbackStorage(request)
     tracemalloc.start()
     try:
-        response = file_views.instance_file_upload(request, instance.pk)
+        response = files.instance_file_upload(request, instance.pk)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from billing import teams
-from portal.forms import InstanceCreateForm, JobCreateForm
+from portal.console.forms import InstanceCreateForm, JobCreateForm
 from portal.models import Instance
 from tests.portal.test_console import form as console_form
 from tests.security.test_authorization_matrix import MATRIX, owned_objects

@@ -9,8 +9,8 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST, require_safe
 
 from portal import images, selectors
+from portal.console.shortcuts import or_404
 from portal.models import Image, ImageStatus
-from portal.shortcuts import or_404
 from scheduler.errors import ServiceError
 
 

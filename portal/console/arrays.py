@@ -5,8 +5,8 @@ from django.shortcuts import render
 from django.views.decorators.http import require_POST, require_safe
 
 from portal import arrays, selectors
-from portal.shortcuts import or_404
-from portal.views import _act
+from portal.console.shortcuts import or_404
+from portal.console.work import _act
 
 ACTIONS = {"cancel": arrays.array_cancel, "retry": arrays.array_retry}
 

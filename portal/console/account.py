@@ -11,7 +11,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST, require_safe
 
 from portal import selectors, services, tokens
-from portal.shortcuts import or_404
+from portal.console.shortcuts import or_404
 from scheduler.errors import ServiceError
 
 

@@ -18,10 +18,10 @@ from billing.statements import cost_so_far
 from billing.teams import teams_of
 from portal import arrays, selectors, services
 from portal.api.throttles import sign_in_wait
-from portal.forms import InstanceCreateForm, JobCreateForm
+from portal.console.forms import InstanceCreateForm, JobCreateForm
+from portal.console.shortcuts import or_404
 from portal.housekeeping import release_due_at
 from portal.logs import logs_panel
-from portal.shortcuts import or_404
 from scheduler.errors import InvalidInput, ServiceError
 
 

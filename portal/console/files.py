@@ -15,8 +15,8 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST, require_safe
 
 from portal import files, selectors
+from portal.console.shortcuts import or_404
 from portal.models import Instance
-from portal.shortcuts import or_404
 from scheduler.errors import ServiceError
 
 
