@@ -79,13 +79,13 @@ def running_instance(user):
     """Create an instance as ``user`` and wait until it runs (placed by the scheduler, launched by the agent)."""
     from decimal import Decimal
 
-    from portal import services
     from portal.models import GpuType, Image
+    from portal.services import work
     from scheduler.models import Node, Workload
 
     wait_for(lambda: Node.objects.filter(name=NODE, relay_url__startswith="http").exists(), 60, "the agent")
     image = Image.objects.filter(visibility="official").first()
-    instance = services.instance_create(
+    instance = work.instance_create(
         owner=user, name="bench", image_id=image.pk, gpu_type_id=GpuType.objects.get(name="RTX3090").pk,
         gpus=Decimal("1"), cpu_cores=1, memory_gb=1, disk_gb=10,
     )  # fmt: skip
@@ -205,7 +205,7 @@ def main():
     from django.core.management import call_command
     from django.test import Client
 
-    from portal.demo import catalog_load
+    from portal.services.demo import catalog_load
     from scheduler.node.launcher import LABEL, docker_client
 
     catalog_load()

@@ -36,7 +36,7 @@ def main():
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from portal.demo import BASE_IMAGE
+    from portal.services.demo import BASE_IMAGE
     from scheduler.models import Workload, WorkloadStatus
     from scheduler.node.gpus import simulated_inventory
     from scheduler.node.images import base_image_build, image_exists

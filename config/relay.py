@@ -8,12 +8,12 @@ ticket and the container's labels before it touches Docker.
 
     operation   relay route                  body                      web side
     terminal    GET /v1/terminal  WebSocket  the browser's frames       portal/sockets/terminal.py
-    list        GET /v1/list                 NDJSON, one entry a line   portal/files.py
-    download    GET /v1/download             the file's bytes           portal/files.py
-    upload      PUT /v1/upload               the file's bytes (chunked) portal/files.py
+    list        GET /v1/list                 NDJSON, one entry a line   portal/services/files.py
+    download    GET /v1/download             the file's bytes           portal/services/files.py
+    upload      PUT /v1/upload               the file's bytes (chunked) portal/services/files.py
     volume      GET /v1/volume               a tar of the data disk     another host's agent, moving
                                              of a STOPPED instance      the instance (scheduler/node/moves.py)
-    logs        GET /v1/logs                 NDJSON: one log line a     portal/logs.py
+    logs        GET /v1/logs                 NDJSON: one log line a     portal/services/logs.py
                                              line, then {"piece": ...}
 
 Logs are the workload's, not a container's: they outlive it (``scheduler/node/worklogs.py``), so

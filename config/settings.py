@@ -210,7 +210,7 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": TRUSTED_PROXIES,
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "portal.tokens.ApiTokenAuthentication",  # Authorization: Token <key>, stored as a digest
+        "portal.services.tokens.ApiTokenAuthentication",  # Authorization: Token <key>, stored as a digest
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -310,7 +310,7 @@ CELERY_BEAT_SCHEDULE = {
     "housekeeping": {"task": ToScheduler.RELEASE_LONG_STOPPED, "schedule": timedelta(hours=1)},
     "operations-overdue": {"task": ToScheduler.OPERATIONS_OVERDUE, "schedule": timedelta(seconds=RECONCILE_S)},
 }
-# Files through the portal (portal/files.py): the largest upload or download, per file.
+# Files through the portal (portal/services/files.py): the largest upload or download, per file.
 FILE_TRANSFER_MAX_MB = env.int("FILE_TRANSFER_MAX_MB", default=512)
 # An instance started without its cards (as AutoDL's no-card mode): at most this much CPU and memory.
 NO_GPU_CPU_CORES = env.int("NO_GPU_CPU_CORES", default=1)
@@ -412,7 +412,7 @@ if TELEMETRY_BACKFILL_POINTS < 1:
     raise environ.ImproperlyConfigured(f"TELEMETRY_BACKFILL_POINTS must be at least 1, not {TELEMETRY_BACKFILL_POINTS}")
 TELEMETRY_RETENTION_DAYS = env.int("TELEMETRY_RETENTION_DAYS", default=90)  # minute rollups, in the database
 TELEMETRY_NVML_PCIE = env.bool("TELEMETRY_NVML_PCIE", default=True)  # 2 x 20 ms per card per sample
-# Right-sizing (portal/rightsizing.py): the share that would have held an instance's peak of the last
+# Right-sizing (portal/selectors/rightsizing.py): the share that would have held an instance's peak of the last
 # RIGHTSIZING_WINDOW_DAYS, with this much headroom, once RIGHTSIZING_MIN_MINUTES minutes are measured.
 RIGHTSIZING_HEADROOM_PERCENT = env.int("RIGHTSIZING_HEADROOM_PERCENT", default=20)
 RIGHTSIZING_MIN_MINUTES = env.int("RIGHTSIZING_MIN_MINUTES", default=60)

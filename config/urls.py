@@ -7,7 +7,7 @@ from django.views.decorators.cache import cache_control
 from django.views.i18n import JavaScriptCatalog
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal import metrics
+from portal.api import metrics
 from portal.console import work
 
 urlpatterns = [

@@ -65,7 +65,7 @@ class Image(models.Model):
     docker_ref = models.CharField(max_length=255, help_text="Image reference on the nodes' Docker engine.")
     visibility = models.CharField(max_length=16, choices=ImageVisibility.choices, default=ImageVisibility.OFFICIAL)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
-    # Saved images (portal/images.py): committed on the node that holds the instance's disk, then pushed to
+    # Saved images (portal/services/images.py): committed on the node that holds the instance's disk, then pushed to
     # the registry (node empty: any host) or, without one, used only on that node.
     status = models.CharField(max_length=16, choices=ImageStatus.choices, default=ImageStatus.READY)
     status_reason = models.CharField(max_length=255, blank=True)
@@ -128,7 +128,8 @@ class Instance(models.Model):
     billing_mode = models.CharField(max_length=16, choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
     workload = models.OneToOneField(Workload, on_delete=models.PROTECT, related_name="instance")
     created_at = models.DateTimeField(auto_now_add=True)
-    # Idle auto-stop (portal/housekeeping.py): stop when its GPUs stay below idle_util_percent for idle_minutes.
+    # Idle auto-stop (portal/services/housekeeping.py): stop when its GPUs stay below idle_util_percent
+    # for idle_minutes.
     idle_util_percent = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Stop when GPU utilization stays below this (%); empty: never."
     )

@@ -12,7 +12,7 @@ from django.utils import timezone
 from billing.models import RateCard
 from config import messages
 from portal.models import GpuType, Instance
-from portal.tokens import tokens_revoke_all
+from portal.services.tokens import tokens_revoke_all
 from scheduler.models import WorkloadKind
 from scheduler.signals import workload_changed
 

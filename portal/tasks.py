@@ -4,7 +4,7 @@ agents' replies about images."""
 from celery import shared_task
 
 from config.messages import ToScheduler
-from portal import arrays, housekeeping, images, services
+from portal.services import arrays, housekeeping, images, work
 
 
 @shared_task(name=ToScheduler.ARRAY_SUPERVISE, ignore_result=True, time_limit=120, soft_time_limit=90)
@@ -49,9 +49,9 @@ def image_delete(image_id: int):
 def operations_overdue():
     """Saves, deletions of images and disk growths past their deadline: failed, saying why."""
     images.images_overdue()
-    services.disks_overdue()
+    work.disks_overdue()
 
 
 @shared_task(name=ToScheduler.DISK_GROWN, ignore_result=True)
 def disk_grown(instance_id: int, size_gb: int, error: str):
-    services.disk_grown(instance_id, size_gb, error)
+    work.disk_grown(instance_id, size_gb, error)

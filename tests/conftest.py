@@ -18,8 +18,8 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
-from portal.demo import BASE_IMAGE, catalog_load
 from portal.models import GpuType, Image
+from portal.services.demo import BASE_IMAGE, catalog_load
 from scheduler.node.gpus import simulated_inventory
 from scheduler.node.images import base_image_build, image_exists, image_tag
 from scheduler.node.launcher import LABEL, docker_client

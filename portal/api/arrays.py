@@ -7,12 +7,13 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal import arrays, limits, selectors
+from portal import limits, selectors
 from portal.api.idempotency import idempotent
 from portal.api.pagination import Pages, page_of
 from portal.api.throttles import CreateRateThrottle
 from portal.api.views import IDEMPOTENCY_KEY, JobListApi
 from portal.models import Fallback, JobArray
+from portal.services import arrays
 from scheduler.models import Priority
 
 

@@ -13,8 +13,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal import tokens
 from portal.api.throttles import LoginRateThrottle
+from portal.services import tokens
 from scheduler.errors import InvalidInput
 
 

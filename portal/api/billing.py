@@ -12,10 +12,10 @@ from rest_framework.views import APIView
 from billing import enforcement, ledger, prices, selectors, statements
 from billing import services as billing_services
 from billing.models import PostingKind
-from portal import services
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.views import IDEMPOTENCY_KEY
 from portal.models import GpuType
+from portal.services import work
 from scheduler.errors import InvalidInput, NotFound
 
 MONEY = dict(max_digits=14, decimal_places=2)
@@ -116,7 +116,7 @@ class PriceApi(APIView):
         gpu_type = GpuType.objects.filter(pk=q["gpu_type"], active=True).first()
         if gpu_type is None:
             raise InvalidInput("unknown GPU type", field="gpu_type")
-        cards, milli = services.check_gpus(q["gpus"])
+        cards, milli = work.check_gpus(q["gpus"])
         price = prices.estimate(
             gpu_model=gpu_type.name, cards=cards, milli=milli, cpu_cores=q["cpu_cores"], memory_mb=q["memory_gb"] * 1024
         )

@@ -1,6 +1,6 @@
 """Files of a running instance or job over the API (token auth): list, download, upload — through its host's relay.
 
-The same operations as the console's files pages (``portal/files.py``: the relay,
+The same operations as the console's files pages (``portal/services/files.py``: the relay,
 the roots under /root, the size cap, the session slots), for scripts and the CLI's
 ``cp``. Only the owner may (staff too get 404: it is a look inside someone's
 container); a job only while it runs (409 otherwise, as for a stopped instance).
@@ -25,7 +25,8 @@ from rest_framework.parsers import FileUploadParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal import files, selectors
+from portal import selectors
+from portal.services import files
 from scheduler.errors import InvalidInput
 
 PATH = OpenApiParameter(

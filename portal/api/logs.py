@@ -1,6 +1,6 @@
 """GET /api/v1/jobs/<id>/logs/ and /api/v1/instances/<id>/logs/: a workload's log, streamed.
 
-Query: ``tail``, ``since``, ``after`` (``portal.logs.query_parse``); ``format=ndjson`` (default: one
+Query: ``tail``, ``since``, ``after`` (``portal.services.logs.query_parse``); ``format=ndjson`` (default: one
 line object a line, then ``{"end": ...}``) or ``format=text`` (the lines' text; ``download=1`` makes
 it an attachment). The owner only: anyone else gets 404. Errors before the first byte (a bad query,
 a host that does not answer) are the API's usual shapes; a read cut short later lacks its end line.
@@ -14,7 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.views import APIView
 
-from portal import logs
+from portal.services import logs
 
 
 class _JsonBody(BaseRenderer):

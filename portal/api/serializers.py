@@ -3,9 +3,9 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from portal.connect import services_of
 from portal.models import GpuType, Image, Instance, Job
-from portal.rightsizing import instance_rightsizing
+from portal.selectors.connect import services_of
+from portal.selectors.rightsizing import instance_rightsizing
 
 
 class GpuTypeOutput(serializers.ModelSerializer):

@@ -3,7 +3,7 @@
 from django.urls import path
 
 from portal.api import arrays, auth, billing, files, logs, views
-from portal.services import ACTIONS, JOB_ACTIONS
+from portal.services.work import ACTIONS, JOB_ACTIONS
 
 urlpatterns = [
     path("me/", views.MeApi.as_view(), name="api-me"),

@@ -11,14 +11,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import storage
-from portal import images, limits, selectors, services
+from portal import limits, selectors
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.pagination import page_of, paginated, paginated_rows
 from portal.api.rows import Rows
 from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceDetailOutput, InstanceOutput, JobOutput
 from portal.api.throttles import CreateRateThrottle
 from portal.models import BillingMode
-from portal.recommend import BYTES, recommend
+from portal.services import images, work
+from portal.services.recommend import BYTES, recommend
 from scheduler import selectors as cluster
 from scheduler.errors import InvalidInput, NotFound
 from scheduler.models import Priority
@@ -193,7 +194,7 @@ class InstanceDiskApi(APIView):
         instance = selectors.instance_get(user=request.user, instance_id=instance_id)
         data = self.DiskInput(data=request.data)
         data.is_valid(raise_exception=True)
-        instance = services.instance_grow_disk(instance=instance, disk_gb=data.validated_data["disk_gb"])
+        instance = work.instance_grow_disk(instance=instance, disk_gb=data.validated_data["disk_gb"])
         return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -251,7 +252,7 @@ class InstanceListApi(APIView):
         data.is_valid(raise_exception=True)
 
         def create():
-            instance = services.instance_create(owner=request.user, **data.work_fields())
+            instance = work.instance_create(owner=request.user, **data.work_fields())
             return Response(InstanceOutput(instance).data, status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="instance-create", create=create)
@@ -271,7 +272,7 @@ class InstanceActionApi(APIView):
     @extend_schema(request=None, responses={202: InstanceOutput})
     def post(self, request, instance_id: int):
         instance = selectors.instance_get(user=request.user, instance_id=instance_id, action=self.action_name)
-        services.instance_act(instance=instance, action=self.action_name)
+        work.instance_act(instance=instance, action=self.action_name)
         instance = selectors.instance_get(user=request.user, instance_id=instance_id, action=self.action_name)
         return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
 
@@ -284,7 +285,7 @@ class InstanceCloneApi(APIView):
     @extend_schema(request=None, responses={201: InstanceOutput})
     def post(self, request, instance_id: int):
         instance = selectors.instance_get(user=request.user, instance_id=instance_id)
-        clone = services.instance_clone(instance=instance, owner=request.user)
+        clone = work.instance_clone(instance=instance, owner=request.user)
         return Response(InstanceOutput(clone).data, status=status.HTTP_201_CREATED)
 
 
@@ -404,7 +405,7 @@ class JobListApi(APIView):
             fields = data.work_fields()
             fields["priority"] = Priority[fields["priority"].upper()].value
             archive = code.read() if code is not None else None
-            job = services.job_create(owner=request.user, code=archive, **fields)
+            job = work.job_create(owner=request.user, code=archive, **fields)
             return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="job-create", create=create)
@@ -424,6 +425,6 @@ class JobActionApi(APIView):
     @extend_schema(request=None, responses={202: JobOutput})
     def post(self, request, job_id: int):
         job = selectors.job_get(user=request.user, job_id=job_id, action=self.action_name)
-        services.job_act(job=job, action=self.action_name)
+        work.job_act(job=job, action=self.action_name)
         job = selectors.job_get(user=request.user, job_id=job_id, action=self.action_name)
         return Response(JobOutput(job).data, status=202)

@@ -10,8 +10,9 @@ from django.urls import reverse_lazy
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST, require_safe
 
-from portal import selectors, services, tokens
+from portal import selectors
 from portal.console.shortcuts import or_404
+from portal.services import tokens, work
 from scheduler.errors import ServiceError
 
 
@@ -64,7 +65,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 def instance_clone(request, instance_id: int):
     instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
     try:
-        clone = services.instance_clone(instance=instance, owner=request.user)
+        clone = work.instance_clone(instance=instance, owner=request.user)
         messages.success(
             request,
             _("Instance %(clone)s created with the settings of %(name)s.")

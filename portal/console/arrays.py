@@ -4,9 +4,10 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_POST, require_safe
 
-from portal import arrays, selectors
+from portal import selectors
 from portal.console.shortcuts import or_404
 from portal.console.work import _act
+from portal.services import arrays
 
 ACTIONS = {"cancel": arrays.array_cancel, "retry": arrays.array_retry}
 

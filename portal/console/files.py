@@ -1,4 +1,4 @@
-"""Files pages: browse, download and upload in the owner's running instance (see portal/files.py)."""
+"""Files pages: browse, download and upload in the owner's running instance (see portal/services/files.py)."""
 
 import posixpath
 
@@ -14,9 +14,10 @@ from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST, require_safe
 
-from portal import files, selectors
+from portal import selectors
 from portal.console.shortcuts import or_404
 from portal.models import Instance
+from portal.services import files
 from scheduler.errors import ServiceError
 
 

@@ -16,11 +16,11 @@ from django.views.decorators.http import require_safe
 
 from billing.statements import cost_so_far
 from portal import selectors
-from portal.connect import services_of
 from portal.console.shortcuts import or_404
-from portal.housekeeping import release_due_at
-from portal.logs import logs_panel
-from portal.rightsizing import instance_rightsizing
+from portal.selectors.connect import services_of
+from portal.selectors.rightsizing import instance_rightsizing
+from portal.services.housekeeping import release_due_at
+from portal.services.logs import logs_panel
 from scheduler.models import Allocation, WorkloadGpuMinute
 from scheduler.selectors import gpu_models_summary, node_list
 

@@ -1,4 +1,5 @@
-"""Console pages: instances (live list, create form, actions) and batch jobs (list, submit, detail)."""
+"""Console pages: instances (live list, create form, actions) and batch jobs (list, submit, detail); the health
+check and the throttled sign-in page."""
 
 from datetime import timedelta
 
@@ -16,12 +17,13 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from billing.prices import rate_card_now
 from billing.statements import cost_so_far
 from billing.teams import teams_of
-from portal import arrays, selectors, services
+from portal import selectors
 from portal.api.throttles import sign_in_wait
 from portal.console.forms import InstanceCreateForm, JobCreateForm
 from portal.console.shortcuts import or_404
-from portal.housekeeping import release_due_at
-from portal.logs import logs_panel
+from portal.services import arrays, work
+from portal.services.housekeeping import release_due_at
+from portal.services.logs import logs_panel
 from scheduler.errors import InvalidInput, ServiceError
 
 
@@ -134,7 +136,7 @@ def instance_list(request):
 @require_http_methods(["GET", "HEAD", "POST"])
 def instance_create(request):
     def create(data):
-        instance = services.instance_create(owner=request.user, **data)
+        instance = work.instance_create(owner=request.user, **data)
         messages.success(
             request, _("Instance %(name)s created; it starts as soon as a card is placed.") % {"name": instance.name}
         )
@@ -149,8 +151,8 @@ def instance_action(request, instance_id: int, action: str):
     return _act(
         request,
         lambda: selectors.instance_get(user=request.user, instance_id=instance_id, action=action),
-        lambda instance, name: services.instance_act(instance=instance, action=name),
-        services.ACTIONS,
+        lambda instance, name: work.instance_act(instance=instance, action=name),
+        work.ACTIONS,
         action,
         "console-instances",
     )
@@ -179,7 +181,7 @@ def job_create(request):
             array = arrays.array_create(owner=request.user, array=spec, **data)
             messages.success(request, _("Array %(name)s queued.") % {"name": array.name})
             return redirect("console-array", array_id=array.pk)
-        job = services.job_create(owner=request.user, nodes=nodes, **data)
+        job = work.job_create(owner=request.user, nodes=nodes, **data)
         messages.success(request, _("Job %(name)s queued.") % {"name": job.name})
         return redirect("console-job", job_id=job.pk)
 
@@ -207,8 +209,8 @@ def job_action(request, job_id: int, action: str):
     return _act(
         request,
         lambda: selectors.job_get(user=request.user, job_id=job_id, action=action),
-        lambda job, name: services.job_act(job=job, action=name),
-        services.JOB_ACTIONS,
+        lambda job, name: work.job_act(job=job, action=name),
+        work.JOB_ACTIONS,
         action,
         "console-jobs",
     )
@@ -225,7 +227,7 @@ def instance_disk(request, instance_id: int):
         messages.error(request, _("Disk size: give a whole number of GB."))
     else:
         try:
-            services.instance_grow_disk(instance=instance, disk_gb=size)
+            work.instance_grow_disk(instance=instance, disk_gb=size)
             messages.info(request, _("Growing the data disk to %(size)s GB.") % {"size": size})
         except ServiceError as exc:
             messages.error(request, exc.message)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import AnonymousUser
 
-from portal.tokens import token_user
+from portal.services.tokens import token_user
 
 SCHEME = "token"
 

@@ -6,7 +6,7 @@ frame; once the work has finished and every line is sent, the ``{"end": ...}`` f
 Refusals close with a code: 4401 not signed in, 4404 not the owner's (or none), 4400 a bad query,
 4409 a host that does not answer, 4429 too many relay sessions (a follow holds one of the user's).
 
-The reading (``portal.logs.log_lines``: blocking HTTP to the relays, the database) runs on a thread
+The reading (``portal.services.logs.log_lines``: blocking HTTP to the relays, the database) runs on a thread
 of its own per socket; each frame waits for the socket's send, so a slow browser slows the read
 instead of filling memory.
 """
@@ -23,8 +23,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import connection
 
-from portal import logs
-from portal.relay import RENEW_S, SessionSlot
+from portal.services import logs
+from portal.services.relay import RENEW_S, SessionSlot
 from portal.sockets.monitor import NOT_FOUND, NOT_SIGNED_IN, refuse
 from scheduler.errors import InvalidInput, NotFound, ServiceError, TooMany
 

@@ -30,7 +30,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from config.relay import SHELL_ENDED, Op
 from portal import selectors
-from portal.relay import CONNECT_S, RENEW_S, SessionSlot, relay_target
+from portal.services.relay import CONNECT_S, RENEW_S, SessionSlot, relay_target
 from portal.sockets.monitor import NOT_FOUND, NOT_SIGNED_IN, refuse
 from scheduler.errors import NotFound, ServiceError, TooMany
 from scheduler.models import Workload, WorkloadStatus

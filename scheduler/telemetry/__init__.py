@@ -12,5 +12,5 @@ Runs on each GPU host, in a thread of the node agent:
 
 Read by the WebSocket server (``portal/sockets/monitor.py``: history from ``streams``
 first, then each published document verbatim) and ``/metrics``
-(``portal/metrics.py``: the newest document of each node).
+(``portal/api/metrics.py``: the newest document of each node).
 """

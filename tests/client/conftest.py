@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from portal.tokens import token_create
+from portal.services.tokens import token_create
 
 
 class Cli:

@@ -22,7 +22,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from portal.tokens import token_create
+from portal.services.tokens import token_create
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
 from scheduler.node import launcher
 from tests.conftest import NO_DOCKER, database_url, remove_node_containers, wait_for

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from portal import services
+from portal.services import work
 from scheduler.telemetry import streams
 from scheduler.telemetry.documents import CardReading, Tenant, TenantReading, TenantShare, node_document, tenant_holder
 from tests.conftest import make_node
@@ -23,7 +23,7 @@ def sampled(settings, user, catalog):
     settings.METRICS_TOKEN = TOKEN
     node = make_node("sim:2xRTX3090")
     card, spare = node.gpus.order_by("index")
-    instance = services.instance_create(
+    instance = work.instance_create(
         owner=user,
         name="train",
         image_id=catalog["image"].pk,

@@ -11,8 +11,8 @@ from billing.ledger import user_account
 from billing.models import MeterSegment, RateCard
 from billing.settlement import settle
 from billing.statements import statement, statement_groups
-from portal import arrays
 from portal.models import ArrayStatus, Job, JobArray
+from portal.services import arrays
 from scheduler import tick
 from scheduler.models import Workload, WorkloadStatus
 from tests.conftest import wait_for

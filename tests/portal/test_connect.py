@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.connect import services_of
+from portal.selectors.connect import services_of
 from scheduler.models import Node
 from tests.scheduler.factories import workload
 

@@ -13,7 +13,7 @@ from django.test import Client, RequestFactory
 
 from portal.console import files
 from portal.models import Instance
-from portal.relay import SessionSlot
+from portal.services.relay import SessionSlot
 from scheduler.node import launcher
 from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status

@@ -5,8 +5,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.housekeeping import housekeeping, idle_stop
 from portal.models import Instance
+from portal.services.housekeeping import housekeeping, idle_stop
 from scheduler.models import Workload, WorkloadGpuMinute
 from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status

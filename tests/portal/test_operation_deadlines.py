@@ -10,8 +10,8 @@ from datetime import timedelta
 
 import pytest
 
-from portal import images, services
 from portal.models import Image, ImageStatus, Instance
+from portal.services import images, work
 from scheduler.models import WorkloadEvent, WorkloadStatus
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
@@ -81,16 +81,16 @@ def test_a_deletion_with_no_answer_by_its_deadline_leaves_the_image_ready_saying
 
 
 def test_a_disk_growth_with_no_answer_by_its_deadline_fails_and_keeps_the_size(stopped, settings):
-    services.instance_grow_disk(instance=stopped, disk_gb=20)
-    assert services.disks_overdue() == []
+    work.instance_grow_disk(instance=stopped, disk_gb=20)
+    assert work.disks_overdue() == []
 
     aged(Instance, stopped.pk, "disk_growing_since", settings.DISK_GROW_DEADLINE_S + 1)
-    assert services.disks_overdue() == [stopped.pk]
+    assert work.disks_overdue() == [stopped.pk]
 
     stopped.refresh_from_db()
     assert stopped.disk_growing_to is None and stopped.disk_gb == 10
     reason = WorkloadEvent.objects.filter(workload=stopped.workload).latest("id").reason
     deadline = settings.DISK_GROW_DEADLINE_S
     assert reason == f"growing the data disk to 20 GB failed: its node did not answer within {deadline} s"
-    services.instance_grow_disk(instance=stopped, disk_gb=20)  # may be asked again
+    work.instance_grow_disk(instance=stopped, disk_gb=20)  # may be asked again
     assert Instance.objects.get(pk=stopped.pk).disk_growing_to == 20

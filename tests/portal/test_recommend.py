@@ -3,7 +3,7 @@
 import pytest
 
 from portal.models import Instance
-from portal.recommend import memory_needed_gb
+from portal.services.recommend import memory_needed_gb
 from scheduler.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db

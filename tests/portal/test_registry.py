@@ -18,8 +18,8 @@ import requests
 from django.conf import settings
 from django.core.management import call_command
 
-from portal.demo import catalog_load
 from portal.models import GpuType, Image, Instance
+from portal.services.demo import catalog_load
 from scheduler.node.launcher import docker_client
 from scheduler.registry import MANIFEST_TYPES, image_name, manifest_digest, registry_ref
 from tests.conftest import TEST_IMAGE, make_node, remove_node_containers, wait_for, wait_status, worker_for
@@ -228,7 +228,7 @@ def test_a_registry_that_cannot_be_reached_keeps_the_image_with_the_reason(user,
         name="orphan", framework="x", framework_version="1", cuda_version="12", visibility="private", owner=user,
         docker_ref=f"127.0.0.1:{free_port()}/gpucloud-saved:{settings.DEPLOYMENT_ID}-0", status="deleting",
     )  # fmt: skip
-    from portal.images import image_delete_from_registry
+    from portal.services.images import image_delete_from_registry
 
     image_delete_from_registry(image.pk)
     image.refresh_from_db()

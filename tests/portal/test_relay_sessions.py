@@ -2,8 +2,8 @@
 
 import pytest
 
-from portal import relay
-from portal.relay import SessionSlot
+from portal.services import relay
+from portal.services.relay import SessionSlot
 from scheduler.errors import TooMany
 from tests.conftest import wait_for
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from billing.models import MeterSegment, RateCard, SpotPrice
 from portal.models import Instance
-from portal.rightsizing import instance_rightsizing, share_needed
+from portal.selectors.rightsizing import instance_rightsizing, share_needed
 from scheduler.models import WorkloadGpuMinute, WorkloadStatus
 from tests.conftest import make_node
 from tests.scheduler.factories import workload as make_workload

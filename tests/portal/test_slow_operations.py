@@ -52,7 +52,7 @@ def test_other_users_are_not_held_back_by_ones_limit(api, three, outsider, catal
 
 
 def test_deleting_what_has_nothing_left_to_wait_for_is_not_a_slow_operation(user, three, api):
-    from portal import images
+    from portal.services import images
 
     first, second, third = three
     failed = images.image_save(instance=third, name="broken")

@@ -10,7 +10,7 @@ import pytest
 import websockets
 
 from portal.models import Instance
-from portal.relay import SessionSlot
+from portal.services.relay import SessionSlot
 from scheduler.services.workloads import workload_stop
 from tests.conftest import wait_status
 from tests.portal.test_instance_api import create

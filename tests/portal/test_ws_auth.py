@@ -7,7 +7,7 @@ from channels.testing import WebsocketCommunicator
 
 from config.asgi import application
 from portal.models import ApiToken
-from portal.tokens import token_create
+from portal.services.tokens import token_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,9 +55,9 @@ def test_without_a_token_the_origin_check_still_guards_cookie_sockets(user, clie
 def test_another_users_token_does_not_open_my_terminal(user, outsider, catalog, sim_node):
     from decimal import Decimal
 
-    from portal import services
+    from portal.services import work
 
-    job = services.job_create(
+    job = work.job_create(
         owner=user, name="x", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk,
         gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1, command="sleep 60",
     )  # fmt: skip

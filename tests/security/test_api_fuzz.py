@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from billing.models import Account
-from portal.tokens import token_create
+from portal.services.tokens import token_create
 from tests.portal.test_instance_api import create
 from tests.portal.test_jobs_and_preemption import submit_job
 

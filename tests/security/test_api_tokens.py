@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.models import ApiToken
-from portal.tokens import token_create
+from portal.services.tokens import token_create
 
 pytestmark = pytest.mark.django_db
 
@@ -86,7 +86,7 @@ def test_weak_passwords_are_refused(client, user, weak):
 
 
 def test_a_user_keeps_a_bounded_number_of_tokens(user):
-    from portal.tokens import MAX_PER_USER
+    from portal.services.tokens import MAX_PER_USER
 
     keys = [token_create(user=user, name=f"login {n}")[1] for n in range(MAX_PER_USER + 2)]
     assert ApiToken.objects.filter(user=user).count() == MAX_PER_USER

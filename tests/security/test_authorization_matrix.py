@@ -17,8 +17,8 @@ from django.urls import URLResolver, get_resolver, reverse
 
 from billing import teams
 from config.asgi import application
-from portal import arrays, services
 from portal.models import Image
+from portal.services import arrays, work
 from portal.sockets.routing import websocket_urlpatterns
 from scheduler.models import Node
 
@@ -252,8 +252,8 @@ def client_for(person) -> Client:
 def owned_objects(owner, catalog) -> dict:
     common = dict(owner=owner, name="x", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk)
     common |= dict(gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1)
-    instance = services.instance_create(**common, disk_gb=10)
-    job = services.job_create(**common, command="true")
+    instance = work.instance_create(**common, disk_gb=10)
+    job = work.job_create(**common, command="true")
     array = arrays.array_create(**common, command="true", array="0-1")
     image = Image.objects.create(
         name="saved", framework="x", framework_version="1", cuda_version="12", docker_ref="gpucloud-saved:x",

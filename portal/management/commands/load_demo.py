@@ -7,8 +7,8 @@ from django.core.management.base import BaseCommand
 
 from billing.ledger import user_account, wallet_credit
 from billing.models import PostingKind
-from portal.demo import catalog_load
-from portal.tokens import token_create
+from portal.services.demo import catalog_load
+from portal.services.tokens import token_create
 
 DEMO_CREDIT = Decimal("500.00")
 

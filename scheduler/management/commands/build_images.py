@@ -16,8 +16,8 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.demo import BASE_IMAGE
 from portal.models import Image, ImageVisibility
+from portal.services.demo import BASE_IMAGE
 from scheduler.node.images import base_image_build, image_exists, image_tag
 from scheduler.node.launcher import image_push
 from scheduler.registry import RegistryError, image_name, manifest_digest

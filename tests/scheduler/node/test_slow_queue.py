@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings
 
 from config.messages import ToNode
-from portal import services
 from portal.models import Instance
+from portal.services import work
 from scheduler.models import WorkloadEvent, WorkloadStatus
 from scheduler.node import agent, launcher
 from scheduler.node import tasks as node_tasks
@@ -78,7 +78,7 @@ def test_a_slow_operation_that_hangs_is_ended_at_its_time_limit_and_answers_so(u
     with_limits(monkeypatch, hard=4, soft=3)
     instance = stopped_instance(user, catalog)
     with hanging_growth(instance, tmp_path) as (slow, pid_file):
-        services.instance_grow_disk(instance=instance, disk_gb=20)
+        work.instance_grow_disk(instance=instance, disk_gb=20)
         wait_for(
             lambda: Instance.objects.get(pk=instance.pk).disk_growing_to is None,
             timeout=90,

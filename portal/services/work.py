@@ -1,4 +1,5 @@
-"""Writes for instances: create (validated, queued in one transaction) and the actions."""
+"""Writes for the user's work, instances and batch jobs alike: create (validated, queued in one transaction),
+the actions, and growing a disk."""
 
 import re
 from dataclasses import dataclass
@@ -13,10 +14,11 @@ from billing.enforcement import may_start, member_may_start
 from billing.ledger import payer_for
 from billing.models import Membership
 from config.messages import ToNode, ToScheduler, send_after_commit
-from portal import images, limits
+from portal import limits
 from portal.models import BillingMode, GpuType, Instance, Job
 from portal.selectors import image_list
-from portal.slow import slow_operation_admit, slow_operations_lock
+from portal.services import images
+from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus

@@ -1,4 +1,5 @@
-"""Reads for the portal, each limited to what the user may see."""
+"""Reads for the portal, each limited to what the user may see: here the catalog, instances, jobs and arrays;
+in connect.py how to reach a running instance's services, in rightsizing.py the share its peak needed."""
 
 from django.db.models import Q
 

@@ -35,7 +35,7 @@ from django.utils.dateparse import parse_datetime
 
 from config.relay import Op, Ticket, ticket_sign
 from portal.models import Instance, Job
-from portal.relay import CONNECT_S, IDLE_S, refusal, unreachable
+from portal.services.relay import CONNECT_S, IDLE_S, refusal, unreachable
 from scheduler.errors import InvalidInput, NotFound
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
 

@@ -7,7 +7,7 @@ absolute elsewhere) is refused here naming the field; the relay refuses a
 symbolic link that leads out of the path's root, and lists links as links.
 
 The web tier never talks to Docker: each operation goes to the relay of the
-node holding the container (``portal.relay``), and streams. A listing is read
+node holding the container (``portal.services.relay``), and streams. A listing is read
 line by line (the relay stops at its cap), a download flows from the relay to
 the browser a chunk at a time, an upload flows from Django's temporary file to
 the relay a chunk at a time. Each holds one of the user's session slots while
@@ -24,7 +24,7 @@ import requests
 from django.conf import settings
 
 from config.relay import FILE_ROOTS, HOME, Op, file_root
-from portal.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_target, unreachable
+from portal.services.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_target, unreachable
 from scheduler.errors import Conflict, InvalidInput
 
 ROOTS = FILE_ROOTS

@@ -22,9 +22,9 @@ from django.utils import timezone
 
 from billing.prices import estimate, rate_card_now
 from billing.statements import cost_so_far
-from portal import services
-from portal.array_spec import task_env, tasks_of
 from portal.models import ArrayStatus, Fallback, Job, JobArray
+from portal.services import work
+from portal.services.array_spec import task_env, tasks_of
 from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import Workload, WorkloadGroup, WorkloadStatus
 from scheduler.services import workloads as scheduler
@@ -86,7 +86,7 @@ def array_create(
         raise InvalidInput(f"one of {', '.join(Fallback.values)}", field="fallback")
     if budget is not None and budget <= 0:
         raise InvalidInput("a budget must be more than 0", field="budget")
-    job = services.job_prepare(
+    job = work.job_prepare(
         owner=owner,
         name=name,
         image_id=image_id,
@@ -98,7 +98,7 @@ def array_create(
         team=team,
         env=env,
     )
-    services.check_payable(owner, job.team)
+    work.check_payable(owner, job.team)
     waiting = Workload.objects.filter(owner=owner, status=S.QUEUED).count()
     if waiting + len(tasks) > settings.MAX_QUEUED_PER_USER:
         # Each task waits in the queue as a job of its own (the scheduler re-checks under its lock).
@@ -133,7 +133,7 @@ def array_create(
         WorkloadGroup.objects.filter(pk=group.pk).update(name=f"array {created.pk}: {name}"[:128])
         for task in tasks:
             suffix = f"[{task.index}]"
-            services.job_submit(
+            work.job_submit(
                 job,
                 priority=priority,
                 max_runtime_s=max_runtime_s,
@@ -193,7 +193,7 @@ def array_retry(*, array: JobArray) -> JobArray:
         spent = array_cost(_tasks(array))
         if spent >= array.budget:
             raise Conflict(f"its budget of {array.budget} {array.currency} is spent ({spent}): nothing to retry with")
-    services.check_payable(array.owner, again[0].workload.team)
+    work.check_payable(array.owner, again[0].workload.team)
     with transaction.atomic():
         JobArray.objects.filter(pk=array.pk).update(status=ArrayStatus.RUNNING, status_reason="", finished_at=None)
         for job in again:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from config.messages import ToNode, ToScheduler, send, send_after_commit
 from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
-from portal.slow import slow_operation_admit, slow_operations_lock
+from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import registry
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput, TooMany
