@@ -1,1 +1,2 @@
-"""What users see as products: catalog, instances, console pages and the REST API."""
+"""What users see as products: the catalog, instances, jobs and arrays (models.py), the logic and reads behind
+them (services/, selectors/), and the three ways in: console pages, live sockets and the REST API."""
