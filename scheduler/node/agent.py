@@ -75,8 +75,8 @@ def _launch(workload_id: int, node_name: str) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
     if workload is None or workload.status != S.STARTING:
         return
-    members = gang_service.gang_members(workload)
-    if members:
+    if workload.is_gang:
+        members = gang_service.gang_members(workload)
         member = next((m for m in members if m.node_name == node_name), None)
         if member is not None and member.status == MemberStatus.STARTING:
             _launch_member(workload, members, member)
@@ -229,8 +229,8 @@ def agent_stop(workload_id: int, node_name: str | None = None) -> None:
     workload = Workload.objects.filter(pk=workload_id).first()
     if workload is None or workload.status != S.STOPPING:
         return
-    member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
-    if member is not None or WorkloadMember.objects.filter(workload_id=workload.pk).exists():
+    if workload.is_gang:
+        member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
         if member is not None:
             _stop_member(workload, member)
         return

@@ -5,12 +5,14 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduler.clock import db_now
 from scheduler.models import ClusterWatch, Node, Workload, WorkloadStatus
 from scheduler.node import launcher
-from scheduler.node.agent import agent_launch, agent_register
+from scheduler.node.agent import agent_launch, agent_register, agent_stop
 from scheduler.node.reconcile import agent_reconcile
 from scheduler.services import lifecycle
 from scheduler.services.allocation import Share, allocation_create
@@ -205,3 +207,25 @@ def test_work_within_its_deadline_is_left_to_its_task(user, base_image):
 
     w.refresh_from_db()
     assert w.status == WorkloadStatus.STARTING
+
+
+def test_single_node_work_launches_and_stops_without_asking_for_gang_members(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    w = workload(user, image_ref=base_image, cpu=1)
+    card = node.gpus.get()
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    try:
+        with CaptureQueriesContext(connection) as launch:
+            agent_launch(w.pk)
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.RUNNING, w.status_reason
+        with CaptureQueriesContext(connection) as stop:
+            workload_stop(w, reason="stop requested")
+            agent_stop(w.pk)
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.STOPPED, w.status_reason
+    finally:
+        remove_node_containers(node.name)
+    # Its row says it is no gang (no rendezvous port): the members' table is none of its business.
+    for queries in (launch, stop):
+        assert not [q["sql"] for q in queries.captured_queries if "scheduler_workloadmember" in q["sql"]]
