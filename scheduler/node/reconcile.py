@@ -28,7 +28,7 @@ from django.db.models.functions import Now
 
 from scheduler.clock import AgentClock, db_now
 from scheduler.models import MemberStatus, NodeStatus, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
-from scheduler.node import disks, gangs, launcher
+from scheduler.node import disks, gangs, hostview, launcher
 from scheduler.node.agent import agent_release, agent_stop
 from scheduler.node.selffence import SelfFence, report_pending
 from scheduler.services import gangs as gang_service
@@ -42,7 +42,10 @@ S = WorkloadStatus
 def agent_reconcile(node_name: str) -> list[int]:
     """Converge the database with what Docker has on this node; returns the workloads changed."""
     report_pending(node_name)  # jobs this node stopped while cut off: requeued, not read as crashed
+    since = hostview.pins.mark()
     containers = launcher.containers_on_node(node_name)
+    # Containers that ended by themselves (this reconcile follows their exit) give their cores back.
+    hostview.pins.reset(node_name, {s.id: list(s.cores) for s in containers.values() if s.cores}, since=since)
     volumes = launcher.volumes_on_node(node_name)
     now = db_now()
     changed = _restarts_overdue(node_name, now)
