@@ -307,6 +307,15 @@ class Workload(models.Model):
         return min(self.memory_mb, settings.NO_GPU_MEMORY_MB) if self.no_gpu else self.memory_mb
 
     @property
+    def is_gang(self) -> bool:
+        """Whether its placement (the current one, or the last before it was queued again) spans several nodes.
+
+        Each placement writes the rendezvous port and the members together (``allocation.py``): a port for
+        a gang, none for single-node work. So the row itself says which it is, and a single-node launch or
+        stop never asks the members' table."""
+        return self.master_port is not None
+
+    @property
     def volume_name(self) -> str:
         return f"gpucloud-data-{self.uid}"
 

@@ -56,6 +56,15 @@ def real_services(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture(autouse=True)
+def fresh_pins():
+    """Each test reads its engine's pinned cores afresh, as an agent does when it starts (containers an earlier
+    test removed behind the agent's back are not counted)."""
+    from scheduler.node import hostview
+
+    hostview.pins.forget()
+
+
+@pytest.fixture(autouse=True)
 def fresh_throttles(monkeypatch):
     """Each test counts its own requests: throttle state never leaks from one test into the next."""
     from django.core.cache.backends.locmem import LocMemCache

@@ -7,8 +7,8 @@ every message (``close_old_connections``) — serial work that grows with the vi
 viewers of one node waited ~400 ms for a sample while daphne idled (``bench/ws_viewers.py``).
 
 Here a process holds one channel per watched group and one reader task for it; the reader
-hands the document's text, as the sampler serialized it, to each socket watching the group,
-one after the other, without leaving the event loop. Sockets join after they are authorized
+hands the document's text, as the sampler serialized it, to every socket watching the group
+at once, in the event loop (a slow socket delays no other's copy). Sockets join after they are authorized
 (the consumer's ``connect``) and leave when they close; the group's channel goes with its
 last watcher. A socket that joins is held (its samples queued, in order) until it has sent
 its backfill, so it never shows a live sample before the history it follows.
@@ -97,11 +97,12 @@ class Fanout:
             if message.get("type") != messages.TELEMETRY_SAMPLE:
                 continue
             text = message["doc"]
-            for watcher in list(self.watchers.get(group, ())):
-                try:
-                    await watcher.deliver(text)
-                except Exception:  # one socket gone wrong must not starve the others
-                    log.exception("monitor sample to a socket of %s failed", group)
+            # Every socket's send at once: a slow one delays no other's copy (the group's next sample waits for it).
+            watchers = list(self.watchers.get(group, ()))
+            sent = await asyncio.gather(*(watcher.deliver(text) for watcher in watchers), return_exceptions=True)
+            for outcome in sent:
+                if isinstance(outcome, Exception):  # one socket gone wrong must not starve the others
+                    log.error("monitor sample to a socket of %s failed", group, exc_info=outcome)
 
 
 _fanouts: dict[asyncio.AbstractEventLoop, Fanout] = {}

@@ -75,8 +75,8 @@ def _launch(workload_id: int, node_name: str) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
     if workload is None or workload.status != S.STARTING:
         return
-    members = gang_service.gang_members(workload)
-    if members:
+    if workload.is_gang:
+        members = gang_service.gang_members(workload)
         member = next((m for m in members if m.node_name == node_name), None)
         if member is not None and member.status == MemberStatus.STARTING:
             _launch_member(workload, members, member)
@@ -130,6 +130,10 @@ def _launch_member(workload: Workload, members: list[WorkloadMember], member: Wo
     name = member.container_name
     run = None
     try:
+        if launcher.image_missing(workload):
+            # As for single-node work: the slow queue pulls it, then sends this member's launch back here.
+            send(ToNode.IMAGE_PULL, workload.pk, member.node_name, node=member.node_name)
+            return
         if settings.INSTANCE_NETWORK_MODE == "fenced":
             network.fence_check()
         if sharedfs.enabled():
@@ -192,19 +196,31 @@ def _launch_failed(workload: Workload, exc: Exception) -> str:
     return reason
 
 
-def agent_image_pull(workload_id: int) -> None:
+def agent_image_pull(workload_id: int, node_name: str | None = None) -> None:
     """Pull a starting work's image into this host's engine (slow queue), then send its launch back to
-    the node's queue; a pull that fails fails the launch, saying why."""
+    the node's queue; a pull that fails fails the launch, saying why. ``node_name``: this host, where a
+    gang's member is launched (its failure is the member's: the gang stops as one)."""
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
     if workload is None or workload.status != S.STARTING:
         return
+    member = None
+    if workload.is_gang:
+        member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
+        if member is None or member.status != MemberStatus.STARTING:
+            return
     try:
         launcher.image_pull(workload.image_ref)
     except Exception as exc:  # the registry refused or is unreachable; out of time (soft limit)
         log.warning("pulling %s for workload %s failed: %s", workload.image_ref, workload_id, exc)
-        _launch_failed(workload, exc)
+        if member is None:
+            _launch_failed(workload, exc)
+        else:
+            gang_service.member_exited(member, exit_code=None, reason=_launch_reason(exc))
         return
-    send(ToNode.LAUNCH, workload.pk, node=workload.node.name)
+    if member is None:
+        send(ToNode.LAUNCH, workload.pk, node=workload.node.name)
+    else:
+        send(ToNode.LAUNCH, workload.pk, member.node_name, node=member.node_name)
 
 
 def _run_begin(workload: Workload) -> int:
@@ -229,8 +245,8 @@ def agent_stop(workload_id: int, node_name: str | None = None) -> None:
     workload = Workload.objects.filter(pk=workload_id).first()
     if workload is None or workload.status != S.STOPPING:
         return
-    member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
-    if member is not None or WorkloadMember.objects.filter(workload_id=workload.pk).exists():
+    if workload.is_gang:
+        member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
         if member is not None:
             _stop_member(workload, member)
         return

@@ -298,6 +298,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None, files: 
         # environment says how often it was resumed).
         collector.settle(existing.name)
         existing.remove(force=True)
+        hostview.pins.unpinned(existing.id)
         existing = None
     if existing is not None and _same_setup(existing, spec):
         if existing.status != "running":
@@ -307,6 +308,7 @@ def container_launch(workload, spec: dict, *, code: bytes | None = None, files: 
         existing.stop(timeout=settings.INSTANCE_STOP_GRACE_S)
         snapshot = existing.commit(repository=SNAPSHOT_REPOSITORY, tag=workload.uid)
         existing.remove()
+        hostview.pins.unpinned(existing.id)
         spec = {**spec, "image": snapshot.id}
     data_volume_ensure(workload, node_name=spec["labels"][f"{LABEL}.node"])
     _ensure_image(spec["image"])
@@ -439,6 +441,8 @@ def container_stop(name: str, *, grace_s: int) -> int | None:
         container.reload()
     except docker.errors.NotFound:  # removed meanwhile (a concurrent reconcile)
         return None
+    finally:
+        hostview.pins.unpinned(container.id)  # stopped, or gone (an error: the next reconcile reads it again)
     return container.attrs["State"]["ExitCode"]
 
 
@@ -465,6 +469,8 @@ def container_delete(name: str) -> None:
         # Two reconciles (events watcher, beat) may remove the same container: 409 "removal ... in progress".
         if exc.status_code != 409:
             raise
+    finally:
+        hostview.pins.unpinned(container.id)
 
 
 def volume_delete(name: str) -> None:
@@ -525,11 +531,13 @@ class ContainerState:
     oom_killed: bool
     kind: str = ""
     workload_id: int | None = None
+    cores: tuple[int, ...] = ()  # the cores it is pinned to, while it holds them (hostview.LIVE)
 
 
 def _state(c) -> ContainerState:
     state = c.attrs.get("State", {})
     workload = c.labels.get(f"{LABEL}.workload", "")
+    cpuset = hostview.cpuset_of(c.attrs) if c.status in hostview.LIVE else ""
     return ContainerState(
         c.id,
         c.labels.get(f"{LABEL}.uid", ""),
@@ -539,6 +547,7 @@ def _state(c) -> ContainerState:
         bool(state.get("OOMKilled")),
         kind=c.labels.get(f"{LABEL}.kind", ""),
         workload_id=int(workload) if workload.isdigit() else None,
+        cores=tuple(hostview.cpu_list(cpuset)),
     )
 
 

@@ -28,7 +28,7 @@ from django.db.models.functions import Now
 
 from scheduler.clock import AgentClock, db_now
 from scheduler.models import MemberStatus, NodeStatus, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
-from scheduler.node import disks, gangs, launcher
+from scheduler.node import disks, gangs, hostview, launcher
 from scheduler.node.agent import agent_release, agent_stop
 from scheduler.node.selffence import SelfFence, report_pending
 from scheduler.services import gangs as gang_service
@@ -42,7 +42,10 @@ S = WorkloadStatus
 def agent_reconcile(node_name: str) -> list[int]:
     """Converge the database with what Docker has on this node; returns the workloads changed."""
     report_pending(node_name)  # jobs this node stopped while cut off: requeued, not read as crashed
+    since = hostview.pins.mark()
     containers = launcher.containers_on_node(node_name)
+    # Containers that ended by themselves (this reconcile follows their exit) give their cores back.
+    hostview.pins.reset(node_name, {s.id: list(s.cores) for s in containers.values() if s.cores}, since=since)
     volumes = launcher.volumes_on_node(node_name)
     now = db_now()
     changed = _restarts_overdue(node_name, now)
@@ -221,19 +224,30 @@ def _settle_overdue(node_name: str, containers: dict, now) -> list[int]:
 
 
 def _fence(node_name: str, containers: dict, volumes: dict) -> None:
-    """Stop what may not run here; remove what belongs to no live work."""
+    """Stop what may not run here; remove what belongs to no live work, and gang members left behind."""
     owners = {w.uid: w for w in Workload.objects.filter(uid__in={*containers, *volumes}).select_related("node")}
     holding = set(S.holding_resources())
-    members = WorkloadMember.objects.filter(
-        node_name=node_name, status__in=[MemberStatus.STARTING, MemberStatus.RUNNING], workload__status__in=holding
-    ).select_related("workload")
-    gang_members = {m.container_name for m in members}
+    members = {
+        m.workload_id: m for m in WorkloadMember.objects.filter(node_name=node_name, workload__uid__in=containers)
+    }
+    live = [MemberStatus.STARTING, MemberStatus.RUNNING]
     for uid, state in containers.items():
         workload = owners.get(uid)
+        member = members.get(workload.pk) if workload is not None else None
+        if member is not None:
+            member.workload = workload
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan container %s", state.name)
             launcher.container_delete(state.name)
-        elif state.running and state.name in gang_members:
+        elif _left_behind(workload, member, state):
+            # A member of an earlier placement of its gang, which now runs on other nodes (or this node under
+            # another rank): its output is in the log and its checkpoints on the shared storage. By id: a launch
+            # of the gang here after this read may reuse the name.
+            log.warning("removing container %s: a member of an earlier placement of its gang", state.name)
+            if state.running:
+                launcher.container_stop(state.id, grace_s=settings.INSTANCE_STOP_GRACE_S)
+            launcher.container_delete(state.id)
+        elif state.running and member is not None and member.status in live and workload.status in holding:
             continue  # a live member of a gang here
         elif state.running and not (workload.status in holding and workload.node and workload.node.name == node_name):
             # Work that was lost, requeued elsewhere or stopped while this node was away: its disk stays.
@@ -246,6 +260,18 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan volume %s", name)
             launcher.volume_delete(name)
+
+
+def _left_behind(workload: Workload, member: WorkloadMember | None, state) -> bool:
+    """Whether the container is a gang's member that no longer belongs here: not the container of its work's
+    member on this node (rows of the last placement, kept while it waits in the queue), nor single-node
+    work's own container. Only a job's (gangs are jobs): a job starts afresh each run, an instance's
+    container is its disk."""
+    if workload.kind != WorkloadKind.JOB:
+        return False
+    if member is not None:
+        return state.name != member.container_name
+    return workload.is_gang or state.name != workload.container_name
 
 
 def watch_container_exits(node_name: str, stop: threading.Event) -> None:

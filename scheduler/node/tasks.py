@@ -62,8 +62,9 @@ def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int)
 
 # Within the launch's own deadline (TRANSITION_DEADLINE_S): the default limit.
 @shared_task(name=ToNode.IMAGE_PULL, **NODE_TASK)
-def agent_image_pull(workload_id: int):
-    agent.agent_image_pull(workload_id)
+def agent_image_pull(workload_id: int, node_name: str | None = None):
+    """``node_name``: this host (a gang's member there); older messages have none."""
+    agent.agent_image_pull(workload_id, node_name)
 
 
 @shared_task(name=ToNode.IMAGE_REMOVE, **NODE_TASK)

@@ -17,7 +17,6 @@ from config.messages import ToNode, ToScheduler, send, send_after_commit
 from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import (
     WHOLE_CARD,
-    Node,
     NodeStatus,
     Workload,
     WorkloadEvent,
@@ -179,13 +178,17 @@ def workload_stop(workload: Workload, *, reason: str = "") -> Workload:
     queued_reason = f"stopped while queued: {reason}" if reason else "stopped while queued"
     if workload_transition(workload, to=S.STOPPED, allowed_from=[S.QUEUED], reason=queued_reason):
         return workload
-    if WorkloadMember.objects.filter(workload_id=workload.pk).exists():
+    # Read now, not from the caller's copy (it may have been placed since): one query says both whether it
+    # is a gang and whether its node is lost.
+    row = Workload.objects.filter(pk=workload.pk).values_list("master_port", "node__status").first()
+    master_port, node_status = row or (None, None)
+    if master_port is not None:  # ``Workload.is_gang``
         # A gang: every member stops, and it ends stopped once the last one has.
         if not gang_stop(workload, reason=reason or "stopped", requeue=False):
             raise Conflict(f"cannot stop: the {workload.kind} is {workload.status}")
         return workload
     node = workload.node
-    if node is not None and Node.objects.filter(pk=node.pk, status=NodeStatus.LOST).exists():
+    if node is not None and node_status == NodeStatus.LOST:
         if workload_stop_on_lost_node(workload, node, reason=reason):
             return workload
     stopping = workload_transition(

@@ -5,15 +5,18 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduler.clock import db_now
-from scheduler.models import ClusterWatch, Node, Workload, WorkloadStatus
-from scheduler.node import launcher
-from scheduler.node.agent import agent_launch, agent_register
+from scheduler.models import ClusterWatch, MemberStatus, Node, Workload, WorkloadStatus
+from scheduler.node import gangs, launcher
+from scheduler.node.agent import agent_launch, agent_register, agent_stop
 from scheduler.node.reconcile import agent_reconcile
 from scheduler.services import lifecycle
-from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.allocation import Part, Placement, Share, allocation_create, allocations_create
+from scheduler.services.gangs import gang_member_on, gang_members, gang_step, gangs_of_lost_node
 from scheduler.services.node_loss import nodes_mark_lost
 from scheduler.services.workloads import workload_stop
 from tests.conftest import make_node, remove_node_containers
@@ -205,3 +208,66 @@ def test_work_within_its_deadline_is_left_to_its_task(user, base_image):
 
     w.refresh_from_db()
     assert w.status == WorkloadStatus.STARTING
+
+
+def test_single_node_work_launches_and_stops_without_asking_for_gang_members(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    w = workload(user, image_ref=base_image, cpu=1)
+    card = node.gpus.get()
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    try:
+        with CaptureQueriesContext(connection) as launch:
+            agent_launch(w.pk)
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.RUNNING, w.status_reason
+        with CaptureQueriesContext(connection) as stop:
+            workload_stop(w, reason="stop requested")
+            agent_stop(w.pk)
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.STOPPED, w.status_reason
+    finally:
+        remove_node_containers(node.name)
+    # Its row says it is no gang (no rendezvous port): the members' table is none of its business.
+    for queries in (launch, stop):
+        assert not [q["sql"] for q in queries.captured_queries if "scheduler_workloadmember" in q["sql"]]
+
+
+def test_a_returning_node_removes_the_container_of_a_gang_member_that_moved_elsewhere(user, base_image, monkeypatch):
+    a, b, c = (make_node("sim:1xRTX3090") for _ in range(3))
+    job = workload(user, kind="job", gpu_count=2, image_ref=base_image, cpu=1, memory_mb=256)
+
+    def place(first, second):
+        card, other = first.gpus.get(), second.gpus.get()
+        rest = (Part(second.pk, [Share(other.pk, 1000, other.memory_mb)]),)
+        assert allocations_create([Placement(job, first.pk, [Share(card.pk, 1000, card.memory_mb)], rest=rest)])
+
+    def names(node) -> set[str]:
+        return {state.name for state in launcher.containers_on_node(node.name).values()}
+
+    # The test's hosts share one engine, where a member's launch would take the other's container for its own
+    # earlier copy (one engine per host in production).
+    monkeypatch.setattr(gangs, "old_members_remove", lambda workload, keep: None)
+    try:
+        place(a, b)
+        for node in (a, b):
+            agent_launch(job.pk, node.name)
+        assert {m.status for m in gang_members(job)} == {MemberStatus.RUNNING}
+        # b is cut off: its agent stops its member, the control plane calls b lost, the gang stops as one...
+        rank1 = gang_member_on(job, b.name)
+        rank1.workload = job
+        launcher.container_stop(rank1.container_name, grace_s=1)
+        gangs_of_lost_node(b, why="silent")
+        agent_stop(job.pk, a.name)
+        assert gang_step(job.pk) == WorkloadStatus.QUEUED
+        # ...and is placed again on a (rank 0 again) and c, away from b, whose stopped member stays there.
+        place(a, c)
+        assert names(b) == {rank1.container_name}
+
+        for node in (a, b):
+            agent_reconcile(node.name)  # b's before it rejoins
+
+        assert names(b) == set()  # the member that moved away is gone from the host it left
+        assert names(a) == {job.container_name}  # rank 0's here is this placement's (its launch replaces it)
+    finally:
+        for node in (a, b, c):
+            remove_node_containers(node.name)

@@ -5,12 +5,16 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
+from django.conf import settings
+from docker.models.containers import ContainerCollection
 
 from scheduler.models import WorkloadStatus
 from scheduler.node import hostview, launcher
 from scheduler.node.agent import agent_launch
+from scheduler.node.reconcile import agent_reconcile
 from scheduler.services.allocation import Share, allocation_create
 from tests.scheduler.factories import workload
 
@@ -105,3 +109,55 @@ def test_cores_are_chosen_least_used_first_then_lowest():
     assert hostview.cpus_choose(1, 4, Counter({0: 2, 1: 1, 2: 1, 3: 1})) == "1"
     assert hostview.cpus_choose(3, 2, Counter()) == "0,1"  # never more cores than the host has
     assert hostview.cpu_list("0-2,5") == [0, 1, 2, 5]
+
+
+def pinned_load() -> Counter:
+    with hostview.pins.lock:
+        return hostview.pins.load(launcher.docker_client(), {"labels": {"gpucloud.deployment": settings.DEPLOYMENT_ID}})
+
+
+def test_a_launch_lists_no_containers_once_the_agent_has_read_its_engine(user, node, base_image, monkeypatch):
+    launched(user, node, base_image, cpu=1, card=0)  # the first launch reads the engine's pins
+    lists = []
+    real = ContainerCollection.list
+    monkeypatch.setattr(ContainerCollection, "list", lambda self, *a, **kw: lists.append(kw) or real(self, *a, **kw))
+
+    second = launched(user, node, base_image, cpu=1, card=1)
+
+    assert lists == []
+    assert pinned_load()[hostview.cpu_list(second.attrs["HostConfig"]["CpusetCpus"])[0]] >= 1
+
+
+def test_the_cores_of_a_container_that_ended_by_itself_are_free_after_the_reconcile_that_follows(
+    user, node, base_image
+):
+    container = launched(user, node, base_image, cpu=1)
+    core = hostview.cpu_list(container.attrs["HostConfig"]["CpusetCpus"])[0]
+    assert pinned_load()[core] == 1
+    container.kill()  # not through the agent: as a job that finishes, or a crash
+
+    agent_reconcile(node.name)  # what the agent runs on the container's exit (Docker's "die" event)
+
+    assert pinned_load()[core] == 0
+
+
+def test_what_a_launch_or_stop_changed_after_a_reconcile_read_docker_outlives_that_reconcile():
+    pins = hostview.PinnedCores()
+    nothing = SimpleNamespace(containers=SimpleNamespace(list=lambda **kw: []))
+    on = {"labels": {"gpucloud.node": "n1", "gpucloud.deployment": "d"}}
+    with pins.lock:
+        pins.load(nothing, on)  # read: empty
+        pins.pinned("stopped-during-the-read", on, "0")
+        pins.pinned("gone-behind-our-back", on, "2")
+        pins.pinned("other-node", {"labels": {"gpucloud.node": "n2"}}, "3")
+    since = pins.mark()
+    with pins.lock:
+        pins.pinned("launched-during-the-read", on, "1")
+    pins.unpinned("stopped-during-the-read")
+
+    # Docker was read before the launch and the stop: it shows the stopped one live, the launched one not.
+    pins.reset("n1", {"stopped-during-the-read": [0]}, since=since)
+
+    with pins.lock:
+        load = pins.load(nothing, on)
+    assert load == Counter({1: 1, 3: 1})  # the launch kept, the stop kept, the vanished gone, n2 untouched

@@ -13,12 +13,13 @@ from django.conf import settings
 from config.messages import ToNode
 from portal.models import Instance
 from portal.services import work
-from scheduler.models import WorkloadEvent, WorkloadStatus
+from scheduler.models import MemberStatus, WorkloadEvent, WorkloadStatus
 from scheduler.node import agent, launcher
 from scheduler.node import tasks as node_tasks
 from scheduler.node.slowworker import SlowWorker
 from scheduler.registry import RegistryError
-from scheduler.services.allocation import Share, allocation_create
+from scheduler.services.allocation import Part, Placement, Share, allocation_create, allocations_create
+from scheduler.services.gangs import gang_member_on
 from tests.conftest import database_url, make_node, wait_for, worker_for
 from tests.portal.test_operation_deadlines import stopped_instance
 from tests.scheduler.factories import workload
@@ -134,3 +135,53 @@ def test_a_pull_that_fails_fails_the_launch_saying_why(user, monkeypatch):
     w.refresh_from_db()
     assert w.status == S.FAILED and w.status_reason.endswith("unauthorized")
     assert w.node.gpus.get().allocated_milli == 0
+
+
+def starting_gang(user, image_ref: str):
+    """A gang of two starting members, rank 1 on the second node."""
+    a, b = make_node("sim:1xRTX3090"), make_node("sim:1xRTX3090")
+    w = workload(user, kind="job", gpu_count=2, image_ref=image_ref)
+    card_a, card_b = a.gpus.get(), b.gpus.get()
+    placement = Placement(
+        w, a.pk, [Share(card_a.pk, 1000, card_a.memory_mb)], rest=(Part(b.pk, [Share(card_b.pk, 1000, 1)]),)
+    )
+    assert allocations_create([placement])
+    w.refresh_from_db()
+    assert w.status == S.STARTING and w.is_gang
+    return w, gang_member_on(w, b.name)
+
+
+@pytest.mark.django_db
+def test_a_gang_members_launch_whose_image_is_not_on_the_host_hands_the_pull_to_the_slow_queue(user, monkeypatch):
+    sent = []
+    monkeypatch.setattr(agent, "send", lambda task, *args, node: sent.append((task, args, node)))
+    monkeypatch.setattr(launcher, "image_pull", lambda ref: pytest.fail("pulled on the agent's own threads"))
+    w, rank1 = starting_gang(user, "gpucloud-test/not-here:1")
+
+    agent.agent_launch(w.pk, rank1.node_name)
+
+    assert sent == [(ToNode.IMAGE_PULL, (w.pk, rank1.node_name), rank1.node_name)]
+    rank1.refresh_from_db()
+    assert rank1.status == MemberStatus.STARTING and not w.runs.exists()
+
+    monkeypatch.setattr(launcher, "image_pull", lambda ref: None)
+    agent.agent_image_pull(w.pk, rank1.node_name)  # pulled: this member's launch goes back to its node's queue
+    assert sent[-1] == (ToNode.LAUNCH, (w.pk, rank1.node_name), rank1.node_name)
+
+
+@pytest.mark.django_db
+def test_a_gang_members_pull_that_fails_is_that_members_failure_saying_why(user, monkeypatch):
+    monkeypatch.setattr(agent, "send", lambda *args, **kwargs: None)
+
+    def refused(ref):
+        raise RegistryError(f"cannot pull image {ref} from the registry r:5000: unauthorized")
+
+    monkeypatch.setattr(launcher, "image_pull", refused)
+    w, rank1 = starting_gang(user, "r:5000/gpucloud-saved:x")
+
+    agent.agent_image_pull(w.pk, rank1.node_name)
+
+    rank1.refresh_from_db()
+    assert rank1.status == MemberStatus.EXITED and rank1.reason.endswith("unauthorized")
+    w.refresh_from_db()
+    assert w.status == S.STARTING  # the control plane's step stops the gang as one (gangs.py)

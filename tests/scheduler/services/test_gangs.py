@@ -189,6 +189,23 @@ def test_a_preempted_gang_is_requeued_and_a_stopped_one_stops(user, nodes):
     assert gangs.gang_step(stopped.pk) == S.STOPPED
 
 
+def test_a_gang_requeued_and_placed_next_on_one_node_is_single_node_work_again(user, nodes):
+    w = gang_of(user, nodes[:2], cards_each=1)
+    place(w, nodes[:2], cards_each=1)
+    w.refresh_from_db()
+    assert w.is_gang
+    start(w)
+    assert workload_preempt(w, reason="room")
+    for member in gangs.gang_members(w):
+        gangs.member_stopped(member, exit_code=0)
+    assert gangs.gang_step(w.pk) == S.QUEUED
+    w.refresh_from_db()
+    assert w.is_gang  # its last placement's members are still its history until it is placed again
+    place(w, nodes[2:], cards_each=2)
+    w.refresh_from_db()
+    assert w.status == S.STARTING and not w.is_gang and gangs.gang_members(w) == []
+
+
 def test_a_member_that_cannot_start_stops_the_gang_while_starting(user, nodes):
     w = gang_of(user, nodes[:2])
     place(w, nodes[:2])
