@@ -152,7 +152,9 @@ class SpotPrice(models.Model):
 class MeterSegment(models.Model):
     """Opened when the container is really running, closed when it really stops."""
 
-    workload = models.ForeignKey(Workload, on_delete=models.PROTECT, related_name="meter_segments")
+    # No index of its own: one_segment_per_run (workload, started_at) serves lookups by workload, and
+    # settling updates 100,000 segments an hour, each update writing an entry into every index.
+    workload = models.ForeignKey(Workload, on_delete=models.PROTECT, related_name="meter_segments", db_index=False)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=255, blank=True)

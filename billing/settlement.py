@@ -304,12 +304,14 @@ def _write_postgresql(postings, updates, revenue: Account, now) -> None:
             copy.write("".join(rows))
         if updates:
             ids, until, accounts, rates = map(list, zip(*updates, strict=True))
+            # "s.id = ANY": the batch's rows found through the primary key; joined to the arrays alone, the
+            # planner reads the whole table (a million segments of history) once per batch.
             cursor.execute(
                 "UPDATE billing_metersegment s SET settled_until = 'epoch'::timestamptz + v.until * interval '1 us', "
                 "account_id = v.account, rate_card_id = v.rate "
                 "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) "
-                "AS v(id, until, account, rate) WHERE s.id = v.id",
-                [ids, [(t - EPOCH) // MICROSECOND for t in until], accounts, rates],
+                "AS v(id, until, account, rate) WHERE s.id = v.id AND s.id = ANY(%s::bigint[])",
+                [ids, [(t - EPOCH) // MICROSECOND for t in until], accounts, rates, ids],
             )
 
 
