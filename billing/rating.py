@@ -73,8 +73,6 @@ class Timeline:
         self._rate_times = [r.effective_from for r in self.rates]
         self._spot_times = [t for t, _ in self.spot]
         self._changes = {False: self._rate_times, True: sorted(set(self._rate_times) | set(self._spot_times))}
-        # (shape, rate, spot price) -> price: a settlement prices a few hundred shapes 300,000 times.
-        self._prices: dict[tuple[Shape, int, int], tuple[Decimal, Rate]] = {}
 
     def rate_at(self, t: datetime) -> Rate:
         i = bisect_right(self._rate_times, t) - 1
@@ -86,21 +84,6 @@ class Timeline:
         """The spot price in force; before any was computed, the top of the published band."""
         i = bisect_right(self._spot_times, t) - 1
         return self.spot[i][1] if i >= 0 else rate.card_hour * rate.spot_ceiling
-
-    def price(self, shape: Shape, at: datetime) -> tuple[Decimal, Rate]:
-        """The exact hourly price of ``shape`` at ``at`` (``hourly_price``), and the rate in force."""
-        r = bisect_right(self._rate_times, at) - 1
-        if r < 0:
-            raise LookupError(f"no rate card in force at {at.isoformat()}")
-        s = bisect_right(self._spot_times, at) - 1 if shape.spot else -1
-        found = self._prices.get((shape, r, s))
-        if found is None:
-            rate = self.rates[r]
-            spot = None
-            if shape.spot:
-                spot = self.spot[s][1] if s >= 0 else rate.card_hour * rate.spot_ceiling
-            found = self._prices[shape, r, s] = (hourly_price(shape, rate, spot), rate)
-        return found
 
     def changes_between(self, start: datetime, end: datetime, *, spot: bool) -> list[datetime]:
         times = self._changes[spot]
@@ -170,6 +153,11 @@ def charge_lines(
     return lines, max(limit, begin)
 
 
+def _price(shape: Shape, timeline: Timeline, at: datetime) -> tuple[Decimal, Rate]:
+    rate = timeline.rate_at(at)
+    return hourly_price(shape, rate, timeline.spot_at(at, rate) if shape.spot else None), rate
+
+
 MICROSECONDS_PER_HOUR = Decimal(3_600_000_000)
 
 
@@ -180,7 +168,7 @@ def _micro(delta: timedelta) -> int:
 def _line(shape: Shape, period: datetime, lo: datetime, hi: datetime, extra_s: float, timeline: Timeline) -> Line:
     """One period's line. Its detail lists the pieces only when there is more than one price in it."""
     changes = timeline.changes_between(lo, hi, spot=shape.spot)
-    price, first_rate = timeline.price(shape, lo)
+    price, first_rate = _price(shape, timeline, lo)
     if not changes:
         exact = price * _micro(hi - lo)
         pieces = [{"hourly": str(price), "rate": first_rate.id}]
@@ -188,7 +176,7 @@ def _line(shape: Shape, period: datetime, lo: datetime, hi: datetime, extra_s: f
         cuts = [lo, *changes, hi]
         exact, pieces = Decimal(0), []
         for a, b in zip(cuts, cuts[1:], strict=False):
-            price, rate = timeline.price(shape, a)
+            price, rate = _price(shape, timeline, a)
             exact += price * _micro(b - a)
             pieces.append(
                 {"from": a.isoformat(), "seconds": (b - a).total_seconds(), "hourly": str(price), "rate": rate.id}
