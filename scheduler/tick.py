@@ -7,6 +7,7 @@ launches and stops go to node queues after their commit.
 """
 
 import contextlib
+import gc
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -77,6 +78,24 @@ def tick_lock():
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [TICK_LOCK_KEY])
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off for the block (if it was on).
+
+    A tick makes ~60,000 objects that live until it ends (rows, the policy's works and requests). To
+    the collector they look long-lived, so it ran one or two full collections per tick over the whole
+    process (~150,000 objects: ~130 ms each, a third of a steady tick). What a tick makes is freed by
+    reference counting when it ends; the collector runs again from then on."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _wakeups():
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
 
@@ -96,13 +115,15 @@ def schedule_tick() -> TickResult:
     for attempt in range(MAX_RERUNS + 1):
         with tick_lock() as held:
             if held:
-                result = _tick()
+                with collector_paused():
+                    result = _tick()
         if not held:
             _wakeups().set(_wakeup_key(), 1)
             with tick_lock() as held:
                 if not held:
                     return result  # the holder will see the flag once it lets go
-                result = _tick()
+                with collector_paused():
+                    result = _tick()
         if not _wakeups().getdel(_wakeup_key()):
             return result
         log.info("a wake-up came during the tick: ticking again (%d)", attempt + 1)

@@ -115,3 +115,27 @@ def test_each_node_gets_one_signed_launch_message_naming_the_work_placed_on_it(u
         launched[name] = ids
     for w in Workload.objects.filter(pk__in=placed).select_related("node"):
         assert launched[w.node.name] == [w.pk]
+
+
+def test_a_tick_runs_with_the_garbage_collector_paused_and_turns_it_back_on(monkeypatch):
+    import gc
+
+    seen = []
+    monkeypatch.setattr(tick, "_tick", lambda: seen.append(gc.isenabled()) or tick.TickResult())
+    assert gc.isenabled()
+
+    tick.schedule_tick()
+
+    assert seen == [False] and gc.isenabled()
+
+
+def test_a_collector_that_was_off_stays_off():
+    import gc
+
+    gc.disable()
+    try:
+        with tick.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
