@@ -13,8 +13,9 @@ the nodes' queues on Redis. What it placed is then marked running.
 
     python bench/tick_steady.py [--nodes 1000] [--running 5000] [--queue 200] [--churn 200] [--ticks 30]
 
-Uses its own PostgreSQL database (gpucloud_bench_steady, recreated) and Redis database 14 (its node
-queues are deleted afterwards). Errors: cards whose allocated share is not the sum of their
+Uses its own PostgreSQL database (BENCH_DATABASE_URL, default gpucloud_bench_steady, recreated) and Redis
+database (BENCH_REDIS_URL, default database 14; its node queues are deleted afterwards). BENCH_PROFILE=FILE
+writes cProfile's stats of the timed ticks to FILE. Errors: cards whose allocated share is not the sum of their
 allocation rows, and running work that holds no card, at the end. Ends with {"tick_p50_ms",
 "tick_p99_ms", "placements_per_s", "running", "queued", "errors", "commit"}; targets: p99 < 250 ms,
 >= 1,000 committed placements/s.

@@ -3,9 +3,9 @@
 from collections import Counter
 
 from django.conf import settings
-from django.db.models import Avg, Count, Prefetch, Q
+from django.db.models import Avg, Count, FloatField, Func, Prefetch, Q
 
-from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus, WorkloadGpuMinute
+from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus, Workload, WorkloadGpuMinute, WorkloadStatus
 from scheduler.policy import CardSpec, NodeSpec
 
 
@@ -28,6 +28,66 @@ def cluster_capacity() -> list[NodeSpec]:
     ):
         nodes[node_id].cards.append(CardSpec(pk, model, memory, WHOLE_CARD - milli_held, memory - memory_held))
     return list(nodes.values())
+
+
+class EpochSeconds(Func):
+    """A timestamp as seconds since 1970, a float (NULL stays None).
+
+    Django parses each timestamp PostgreSQL sends in Python: for the tick's 5,000 holding rows that was
+    ~25 ms a column, where a float column costs ~3 ms."""
+
+    output_field = FloatField()
+    template = "EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+
+    def as_sqlite(self, compiler, connection, **extra_context):
+        template = "((julianday(%(expressions)s) - 2440587.5) * 86400.0)"
+        return self.as_sql(compiler, connection, template=template, **extra_context)
+
+
+# What the tick reads of each workload holding resources: the columns the policy, the service accrual
+# and the start estimates use.
+HOLDING_FIELDS = (
+    "pk",
+    "owner_id",
+    "team",
+    "kind",
+    "status",
+    "gpu_model",
+    "gpu_count",
+    "gpu_milli",
+    "cpu_cores",
+    "memory_mb",
+    "pinned_node_id",
+    "nodes",
+    "node_id",
+    "no_gpu",
+    "priority",
+    "preemptible",
+    "spot",
+    "group_id",
+    "preemptions",
+    "queue_level",
+    "attained_service",
+    "gpu_utilization",
+    "max_runtime_s",
+)
+HOLDING_TIMES = {
+    "created_s": "created_at",
+    "queued_s": "queued_at",
+    "started_s": "started_at",
+    "accrued_s": "accrued_at",
+}
+
+
+def holding_rows() -> list:
+    """Work holding resources (starting, running, stopping) as named rows of ``HOLDING_FIELDS`` and its
+    times as seconds since 1970 (``created_s``, ``queued_s``, ``started_s``, ``accrued_s``; None where unset).
+
+    Rows, not model objects: every tick reads every one (5,000 on 1,000 nodes), and building the models
+    (with their JSON fields parsed) and converting them took ~0.6 s of every tick."""
+    times = {name: EpochSeconds(field) for name, field in HOLDING_TIMES.items()}
+    rows = Workload.objects.filter(status__in=WorkloadStatus.holding_resources()).annotate(**times)
+    return list(rows.values_list(*HOLDING_FIELDS, *times, named=True))
 
 
 def node_list():

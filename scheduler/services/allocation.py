@@ -182,12 +182,19 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
         w = p.workload
         where = ", ".join(nodes[part.node_id].name for part in p.parts)
         w.status, w.status_reason, w.status_changed_at = S.STARTING, f"placed on {where}", now
-        w.node, w.started_at, w.finished_at, w.queue_position = nodes[p.node_id], None, None, None
+        w.node, w.started_at, w.finished_at, w.queue_position, w.accrued_at = nodes[p.node_id], None, None, None, None
         if p.queue_level is not None:
             w.queue_level = p.queue_level
         workloads.append(w)
+    # accrued_at cleared: this run's service counts from its start (scheduler.services.accrual), not from
+    # the last accrual of an earlier run.
     Workload.objects.filter(pk__in=[w.pk for w in workloads]).update(
-        status=S.STARTING, status_changed_at=Now(), started_at=None, finished_at=None, queue_position=None
+        status=S.STARTING,
+        status_changed_at=Now(),
+        started_at=None,
+        finished_at=None,
+        queue_position=None,
+        accrued_at=None,
     )
     rows_update(Workload, workloads, ["status_reason", "node", "queue_level", "master_port"])
     transitions_recorded(workloads, from_status=S.QUEUED)

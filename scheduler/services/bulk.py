@@ -1,27 +1,35 @@
 """One UPDATE for many rows with different values: ``UPDATE ... FROM unnest(arrays)`` on PostgreSQL.
 
 Django's ``bulk_update`` writes a CASE per column with a WHEN per row: for the
-tick's batches of placements, and its accrual over every running workload, that
+tick's batches of placements, and its accrual over running workloads, that
 statement costs tens of milliseconds to seconds to build and run. PostgreSQL
 joins one array per column instead (a handful of parameters, whatever the number
 of rows); other databases (SQLite in development) use ``bulk_update``.
 """
 
 from django.db import connection
+from django.db.models import F
 
 
-def rows_update(model, objects: list, fields: list[str], **same) -> None:
+def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...] = (), **same) -> None:
     """Write ``fields`` of each object (all of the same model) to its row, and ``same`` (field=value, one
-    value for every row) as well, in one statement."""
+    value for every row) as well, in one statement.
+
+    ``add``: fields whose object value is added to the row's own (``column = column + value``), so a
+    write of the column made since the object was read is kept, not overwritten."""
     if not objects:
         return
     if connection.vendor != "postgresql":
         for obj in objects:
             for name, value in same.items():
                 setattr(obj, name, value)
-        model.objects.bulk_update(objects, [*fields, *same])
+        if fields or same:
+            model.objects.bulk_update(objects, [*fields, *same])
+        for obj in objects if add else ():
+            model.objects.filter(pk=obj.pk).update(**{name: F(name) + getattr(obj, name) for name in add})
         return
-    columns = [model._meta.get_field(name) for name in fields]
+    columns = [model._meta.get_field(name) for name in [*fields, *add]]
+    added = {model._meta.get_field(name).column for name in add}
     pk = model._meta.pk
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
@@ -29,7 +37,13 @@ def rows_update(model, objects: list, fields: list[str], **same) -> None:
     arrays = ", ".join(f"%s::{c.db_type(connection)}[]" for c in [pk, *columns])
     shared = [model._meta.get_field(name) for name in same]
     assignments = ", ".join(
-        [f"{quote(c.column)} = v.{quote(c.column)}" for c in columns] + [f"{quote(c.column)} = %s" for c in shared]
+        [
+            f"{quote(c.column)} = {table}.{quote(c.column)} + v.{quote(c.column)}"
+            if c.column in added
+            else f"{quote(c.column)} = v.{quote(c.column)}"
+            for c in columns
+        ]
+        + [f"{quote(c.column)} = %s" for c in shared]
     )
     params = [c.get_db_prep_save(same[c.name], connection) for c in shared]
     params += [[pk.get_db_prep_value(obj.pk, connection) for obj in objects]] + [

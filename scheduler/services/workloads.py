@@ -251,7 +251,8 @@ def launches_send(workloads: list[Workload]) -> None:
     """After commit, tell each node which of these workloads to launch: one message per node.
 
     Every message is signed (an RSA signature costs about a millisecond), so the tick sends
-    one per node and the node fans the launches out on its own queue.
+    one per node and the node fans the launches out on its own queue. The messages go out in
+    one Redis pipeline (kombu's publish batch): a tick's ~200 nodes were ~200 round trips.
     """
     from config.celery import app
 
@@ -267,7 +268,7 @@ def launches_send(workloads: list[Workload]) -> None:
             by_node.setdefault(node_name, []).append(w.pk)
 
     def publish():
-        with app.producer_or_acquire() as producer:
+        with app.producer_or_acquire() as producer, producer.batch():
             for node, ids in by_node.items():
                 send(ToNode.LAUNCH_MANY, ids, node, node=node, producer=producer)
 

@@ -77,3 +77,65 @@ def test_a_running_tick_holds_no_lock_on_running_work(user, monkeypatch):
         assert Workload.objects.filter(pk=running.pk).update(gpu_utilization=0.5) == 1
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = 0")
+
+
+def queued_messages(queue: str) -> list[tuple[str, object]]:
+    """(task name, decoded body) of each message waiting on a Redis queue, oldest first, taken off it."""
+    import base64
+    import json
+
+    import redis
+    from django.conf import settings
+    from kombu.serialization import loads
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    raw = client.lrange(queue, 0, -1)
+    client.delete(queue)
+    messages = []
+    for item in reversed(raw):  # LPUSH puts the newest first
+        message = json.loads(item)
+        body = base64.b64decode(message["body"])
+        messages.append((message["headers"]["task"], loads(body, message["content-type"], message["content-encoding"])))
+    return messages
+
+
+def test_each_node_gets_one_signed_launch_message_naming_the_work_placed_on_it(user):
+    from config.messages import ToNode, node_queue
+
+    nodes = [make_node("sim:1xRTX3090", cpu_cores=8) for _ in range(3)]
+    works = [workload(user, name=f"w{i}") for i in range(3)]
+
+    placed = tick.schedule_tick().placed
+
+    assert sorted(placed) == sorted(w.pk for w in works)
+    launched = {}
+    for node in nodes:
+        [(task, ((ids, name), _, _))] = queued_messages(node_queue(node.name))
+        assert task == ToNode.LAUNCH_MANY
+        launched[name] = ids
+    for w in Workload.objects.filter(pk__in=placed).select_related("node"):
+        assert launched[w.node.name] == [w.pk]
+
+
+def test_a_tick_runs_with_the_garbage_collector_paused_and_turns_it_back_on(monkeypatch):
+    import gc
+
+    seen = []
+    monkeypatch.setattr(tick, "_tick", lambda: seen.append(gc.isenabled()) or tick.TickResult())
+    assert gc.isenabled()
+
+    tick.schedule_tick()
+
+    assert seen == [False] and gc.isenabled()
+
+
+def test_a_collector_that_was_off_stays_off():
+    import gc
+
+    gc.disable()
+    try:
+        with tick.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

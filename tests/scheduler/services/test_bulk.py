@@ -35,3 +35,17 @@ def test_nothing_to_write_is_no_statement():
     with CaptureQueriesContext(connection) as queries:
         rows_update(Workload, [], ["attained_service"])
     assert len(queries) == 0
+
+
+def test_added_fields_add_to_the_rows_value_so_a_write_made_since_the_read_is_kept():
+    owner = get_user_model().objects.create_user("owner")
+    first, second = workload(owner), workload(owner)
+    Workload.objects.filter(pk=first.pk).update(attained_service=100.0)  # after ``first`` was read
+    first.attained_service, second.attained_service = 1.5, 2.5  # what to add
+    first.queue_level = second.queue_level = 2
+    with CaptureQueriesContext(connection) as queries:
+        rows_update(Workload, [first, second], ["queue_level"], add=("attained_service",))
+    assert len(queries) == 1
+    rows = dict(Workload.objects.values_list("pk", "attained_service"))
+    assert (rows[first.pk], rows[second.pk]) == (101.5, 2.5)
+    assert list(Workload.objects.order_by("pk").values_list("queue_level", flat=True)) == [2, 2]
