@@ -454,10 +454,23 @@ def purge(*, live_uids: set[str], now: float | None = None) -> list[int]:
         if meta.get("uid") in live_uids:
             continue
         states = [state_read(workload_id, run) for run in runs_here(workload_id)]
-        if all(s is not None and s.finished and s.ended_at < horizon for s in states):
+        if not states:
+            # No run yet: a launch between its meta and its first run's state (run_begin), or one that
+            # crashed there. Only a folder left so for the whole retention goes.
+            ended = _mtime(entry.path) < horizon
+        else:
+            ended = all(s is not None and s.finished and s.ended_at < horizon for s in states)
+        if ended:
             shutil.rmtree(entry.path, ignore_errors=True)
             purged.append(workload_id)
     return purged
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return float("inf")  # gone already: nothing to purge
 
 
 def read_all(workload_id: int, run: int) -> Iterator[dict]:

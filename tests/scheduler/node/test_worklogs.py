@@ -3,6 +3,7 @@ twice, the cap removes the oldest segments and readers say so, retention purges 
 and the relay serves a log to its owner's ticket only, also after its container is gone."""
 
 import json
+import os
 import time
 
 import pytest
@@ -95,6 +96,22 @@ def test_retention_purges_only_finished_logs_of_work_whose_container_is_gone(set
     assert worklogs.purge(live_uids={"uid2"}) == [1]  # 2's container is still there; 3 ended just now
     assert not worklogs.workload_dir(1).exists() and worklogs.workload_dir(2).exists()
     assert worklogs.workload_dir(3).exists()
+
+
+def test_retention_leaves_a_log_whose_first_run_is_being_begun(settings):
+    """A launch writes its meta, then its run's state: a purge in between (the collector's scan) must not
+    take the folder (bench/log_flood.py met it: run_begin's write then found its folder gone)."""
+    settings.LOG_RETENTION_DAYS = 7
+    folder = worklogs.workload_dir(4)
+    folder.mkdir(parents=True)
+    worklogs._write_json(folder / "meta.json", {"workload": 4, "uid": "uid4", "deployment": settings.DEPLOYMENT_ID})
+    assert worklogs.purge(live_uids=set()) == []
+    assert folder.exists()
+
+    old = time.time() - 8 * 86400
+    os.utime(folder, (old, old))  # a launch that crashed there, a retention ago
+    assert worklogs.purge(live_uids=set()) == [4]
+    assert not folder.exists()
 
 
 def test_the_relay_serves_a_log_to_its_owners_ticket_only(settings, db):
