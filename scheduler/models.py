@@ -196,6 +196,12 @@ class WorkloadGroup(models.Model):
         return self.name
 
 
+def card_share(gpu_count: int, gpu_milli: int, *, no_gpu: bool = False) -> float:
+    """Cards held, in whole cards (2 x 0.5 = 1.0); none for work started without cards. For the model
+    (``Workload.gpu_share``) and for the tick's rows of it alike."""
+    return 0.0 if no_gpu else gpu_count * gpu_milli / WHOLE_CARD
+
+
 class Workload(models.Model):
     """A unit of work the scheduler queues, places and runs as one container."""
 
@@ -295,7 +301,7 @@ class Workload(models.Model):
 
     @property
     def gpu_share(self) -> float:
-        return 0.0 if self.no_gpu else self.gpu_count * self.gpu_milli / WHOLE_CARD
+        return card_share(self.gpu_count, self.gpu_milli, no_gpu=self.no_gpu)
 
     @property
     def held_cpu_cores(self) -> int:

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from scheduler import policy
-from scheduler.models import WHOLE_CARD, Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus
+from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus, card_share
 from scheduler.selectors import cluster_capacity, holding_rows
 from scheduler.services.accrual import service_accrue, service_record
 from scheduler.services.allocation import Part, Placement, Share, allocations_create
@@ -212,7 +212,7 @@ def _estimated_starts(waiting: dict, by_id: dict, holding: list, cluster) -> dic
     for w in holding:
         if w.kind == "job" and w.max_runtime_s and w.started_s:
             end = datetime.fromtimestamp(w.started_s + w.max_runtime_s, UTC)
-            ends.setdefault(w.gpu_model, []).append((end, 0.0 if w.no_gpu else w.gpu_count * w.gpu_milli / WHOLE_CARD))
+            ends.setdefault(w.gpu_model, []).append((end, card_share(w.gpu_count, w.gpu_milli, no_gpu=w.no_gpu)))
     claimed: dict[str, float] = {}
     estimates = {}
     for work_id, _ in sorted(waiting.items(), key=lambda item: (item[1].level, item[1].position)):

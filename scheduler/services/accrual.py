@@ -24,7 +24,7 @@ set since the tick read the row is kept. Only the tick writes these columns
 from dataclasses import dataclass
 from datetime import datetime
 
-from scheduler.models import WHOLE_CARD, Workload, WorkloadStatus
+from scheduler.models import Workload, WorkloadStatus, card_share
 from scheduler.services.bulk import rows_update
 
 ACCRUAL_WRITE_S = 60.0
@@ -56,7 +56,7 @@ def service_accrue(rows, *, now: datetime, idle_util: float, idle_weight: float)
         if w.status == WorkloadStatus.RUNNING and since is not None and not w.no_gpu:  # no cards held: no service
             idle = w.gpu_utilization is not None and w.gpu_utilization < idle_util
             seconds = max(now_s - since, 0.0)
-            delta = w.gpu_count * w.gpu_milli / WHOLE_CARD * seconds * (idle_weight if idle else 1.0)
+            delta = card_share(w.gpu_count, w.gpu_milli) * seconds * (idle_weight if idle else 1.0)
             accrued[w.pk] = Accrued(w.pk, w.attained_service + delta, delta, now, w.queue_level, since)
         else:
             accrued[w.pk] = Accrued(w.pk, w.attained_service, 0.0, None, w.queue_level, None)
