@@ -1,11 +1,11 @@
 """Settlement: metered segments become usage postings — hourly while work runs, and at each stop.
 
-A batch of segments is settled in one transaction, one settler at a time (a
-transaction-level advisory lock on PostgreSQL; a second settler waits, then
-reads what the first wrote): their charge lines computed from ``settled_until`` (``rating.charge_lines``), the postings
-inserted (unique per segment and period), balances moved and ``settled_until``
-advanced. Killed half way, the transaction is rolled back and the next run
-computes exactly the same lines: never a double charge, never a lost one.
+One settler at a time (an advisory lock on PostgreSQL; a second settler waits, then reads what the
+first wrote). Segments are settled in batches, one transaction each: their charge lines computed from
+``settled_until`` (``rating.charge_lines``), the postings inserted (unique per segment and period),
+balances moved and ``settled_until`` advanced. Killed half way, the batch's transaction is rolled
+back and the next run computes exactly the same lines: never a double charge, never a lost one.
+Rating (pure Python) runs in a second thread, a batch ahead of the writing.
 
 Open segments are settled only for whole hours and only while their work is
 still running when read, so their end — recorded later — cannot fall inside
@@ -14,27 +14,29 @@ an hour already charged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Max, Min, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.ledger import payer_for, platform_account
 from billing.models import Account, AccountKind, MeterSegment, Posting, PostingKind, RateCard, SpotPrice
-from billing.rating import Rate, Shape, Timeline, charge_lines
+from billing.rating import Line, Rate, Shape, Timeline, charge_lines
 from scheduler.models import WorkloadStatus
 from scheduler.policy.cluster import WHOLE_CARD
 
 log = logging.getLogger(__name__)
-BATCH = 20000
-SETTLEMENT_LOCK = 0x6770_5345_544C  # pg_advisory_xact_lock key: one settling transaction at a time
+BATCH = 10000  # per transaction; 10,000 overlapped rating and writing best (bench/billing_settle.py)
+SETTLEMENT_LOCK = 0x6770_5345_544C  # advisory lock key: one settler at a time
 
 
 @dataclass
@@ -128,22 +130,69 @@ def pending_segments():
 
 
 def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH) -> Settled:
+    """Settle what is pending (or those of ``segment_ids`` that are), ``batch`` segments per transaction.
+
+    One settler at a time (``_one_settler``). The batches go through a pipeline of two threads: while
+    this one writes batch k and reads batch k+2, a second rates batch k+1 (``_rate_batch``: pure
+    Python, no database), so pricing and writing overlap instead of taking turns (the database
+    waits release the GIL). Payers not yet recorded are looked up here, where the connection is.
+    """
     now = now or timezone.now()
-    segments = pending_segments()
-    if segment_ids is not None:
-        segments = segments.filter(pk__in=segment_ids)
-    ids = list(segments.order_by("pk").values_list("pk", flat=True))
-    since = segments.aggregate(t=Min(Coalesce("settled_until", "started_at")))["t"]
-    lines = timelines(since=since or now)
-    revenue = platform_account(AccountKind.REVENUE)
-    payers: dict[tuple[int, str], int] = {}
     total = Settled()
-    for start in range(0, len(ids), batch):
-        done = _settle_batch(ids[start : start + batch], now, lines, revenue, payers)
-        total.segments += done.segments
-        total.postings += done.postings
-        total.amount += done.amount
+    with _one_settler():
+        segments = pending_segments()
+        if segment_ids is not None:
+            segments = segments.filter(pk__in=segment_ids)
+        ids = list(segments.order_by("pk").values_list("pk", flat=True))
+        if not ids:
+            return total
+        since = segments.aggregate(t=Min(Coalesce("settled_until", "started_at")))["t"]
+        lines = timelines(since=since or now)
+        revenue = platform_account(AccountKind.REVENUE)
+        copy = connection.vendor == "postgresql"
+        chunks = [ids[start : start + batch] for start in range(0, len(ids), batch)]
+        payers: dict[tuple[int, str], int] = {}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle-rating") as rater:
+
+            def rated(chunk: list[int]) -> Future:
+                rows = _payers_recorded(_segment_rows(chunk), payers)
+                return rater.submit(_rate_batch, rows, now, lines, revenue, copy=copy)
+
+            ahead = deque(rated(chunk) for chunk in chunks[:2])
+            for k in range(len(chunks)):
+                rated_batch = ahead.popleft().result()
+                if k + 2 < len(chunks):
+                    ahead.append(rated(chunks[k + 2]))
+                _write_batch(rated_batch, revenue, now)
+                total.segments += len(rated_batch.updates)
+                total.postings += len(rated_batch.postings)
+                total.amount += rated_batch.amount
     return total
+
+
+@contextlib.contextmanager
+def _one_settler():
+    """One settler at a time on PostgreSQL: a second waits, then reads what the first wrote.
+
+    An advisory lock instead of locking every segment row (row locks on 100,000 segments cost more
+    than the settling): inside a caller's transaction a transaction lock, held to its end; else a
+    session lock, released at the end (or with the connection, if the process dies).
+    """
+    if connection.vendor != "postgresql":
+        yield
+        return
+    held = not connection.in_atomic_block
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT pg_advisory{'' if held else '_xact'}_lock(%s)", [SETTLEMENT_LOCK])
+    try:
+        yield
+    finally:
+        if held:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [SETTLEMENT_LOCK])
+            except DatabaseError:  # the connection is gone, and the lock with it; never keep a broken one
+                connection.close()
 
 
 SEGMENT_COLUMNS = (
@@ -164,70 +213,100 @@ SEGMENT_COLUMNS = (
     "workload__team",
     "no_gpu",
 )
+ACCOUNT = SEGMENT_COLUMNS.index("account_id")
 
 
-def _settle_batch(ids: list[int], now, lines: dict[str, Timeline], revenue: Account, payers: dict) -> Settled:
-    done = Settled()
+def _payers_recorded(rows: list[tuple], payers: dict[tuple[int, str], int]) -> list[tuple]:
+    """The rows with the payer filled in where ``segment_assign`` did not record it (looked up once per
+    owner and team)."""
+    filled = []
+    for row in rows:
+        if row[ACCOUNT] is None:
+            owner, team = row[-3], row[-2]
+            if (owner, team) not in payers:
+                payers[owner, team] = payer_for(owner_id=owner, team_slug=team).pk
+            row = (*row[:ACCOUNT], payers[owner, team], *row[ACCOUNT + 1 :])
+        filled.append(row)
+    return filled
+
+
+@dataclass
+class RatedBatch:
+    """A batch's charges, ready to write: postings (segment, payer, line, GPU-seconds), segment updates
+    (segment, new settled_until, payer, rate), balance moves, their sum and (PostgreSQL) the COPY text."""
+
+    postings: list[tuple[int, int, Line, float]] = field(default_factory=list)
+    updates: list[tuple[int, datetime, int, int]] = field(default_factory=list)
+    moved: dict[int, Decimal] = field(default_factory=lambda: defaultdict(Decimal))
+    amount: Decimal = Decimal("0.00")
+    copy_text: str = ""
+
+
+def _rate_batch(rows: list[tuple], now, lines: dict[str, Timeline], revenue: Account, *, copy: bool) -> RatedBatch:
+    """Charge lines for a batch's segments, from ``settled_until`` to their end (open ones: to the last
+    whole hour before ``now``). Pure: it runs in the rating thread and touches no database."""
+    done = RatedBatch()
+    moved = done.moved
+    for (
+        pk,
+        started,
+        ended,
+        settled,
+        account_id,
+        rate_id,
+        status,
+        model,
+        cards,
+        milli,
+        cores,
+        mem,
+        spot,
+        _owner,
+        _team,
+        no_gpu,
+    ) in rows:
+        if ended is None and status != WorkloadStatus.RUNNING:
+            continue  # its end is being recorded: settle it once it is
+        timeline = timeline_for(lines, model)
+        if timeline is None:
+            log.error("no rate card for %s: segment %s is not settled", model, pk)
+            continue
+        shape = Shape(model, cards, milli, cores, mem, spot, no_gpu)
+        try:
+            new_lines, settled_until = charge_lines(
+                shape, started_at=started, ended_at=ended, settled_until=settled, settle_to=now, timeline=timeline
+            )
+        except LookupError as exc:
+            log.error("segment %s: %s", pk, exc)
+            continue
+        if settled_until is None:
+            continue
+        if rate_id is None:
+            rate_id = timeline.rate_at(started).id
+        share = cards * milli / WHOLE_CARD
+        charged = Decimal(0)
+        for line in new_lines:
+            done.postings.append((pk, account_id, line, line.seconds * share))
+            charged += line.amount
+        moved[account_id] -= charged
+        moved[revenue.pk] += charged
+        done.amount += charged
+        done.updates.append((pk, settled_until, account_id, rate_id))
+    if copy:
+        done.copy_text = _copy_text(done.postings, revenue, now)
+    return done
+
+
+def _write_batch(rated: RatedBatch, revenue: Account, now) -> None:
+    """One transaction: the postings in (the unique index still refuses a period charged twice), the
+    segments advanced, the balances moved. Killed half way, it is rolled back and the next run rates
+    the same segments again: never a double charge, never a lost one."""
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            # One settling transaction at a time (a second waits, then reads what the first wrote), instead
-            # of locking every segment row: row locks on 100,000 segments cost more than the settling.
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SETTLEMENT_LOCK])
-        rows = _segment_rows(ids)
-        postings, updates = [], []
-        moved: dict[int, Decimal] = defaultdict(Decimal)
-        for (
-            pk,
-            started,
-            ended,
-            settled,
-            account_id,
-            rate_id,
-            status,
-            model,
-            cards,
-            milli,
-            cores,
-            mem,
-            spot,
-            owner,
-            team,
-            no_gpu,
-        ) in rows:
-            if ended is None and status != WorkloadStatus.RUNNING:
-                continue  # its end is being recorded: settle it once it is
-            timeline = timeline_for(lines, model)
-            if timeline is None:
-                log.error("no rate card for %s: segment %s is not settled", model, pk)
-                continue
-            shape = Shape(model, cards, milli, cores, mem, spot, no_gpu)
-            try:
-                new_lines, settled_until = charge_lines(
-                    shape, started_at=started, ended_at=ended, settled_until=settled, settle_to=now, timeline=timeline
-                )
-            except LookupError as exc:
-                log.error("segment %s: %s", pk, exc)
-                continue
-            if settled_until is None:
-                continue
-            if account_id is None:
-                if (owner, team) not in payers:
-                    payers[owner, team] = payer_for(owner_id=owner, team_slug=team).pk
-                account_id = payers[owner, team]
-            if rate_id is None:
-                rate_id = timeline.rate_at(started).id
-            share = cards * milli / WHOLE_CARD
-            for line in new_lines:
-                postings.append((pk, account_id, line, line.seconds * share))
-                moved[account_id] -= line.amount
-                done.amount += line.amount
-            moved[revenue.pk] += sum((line.amount for line in new_lines), Decimal(0))
-            updates.append((pk, settled_until, account_id, rate_id))
-        (_write_postgresql if connection.vendor == "postgresql" else _write_orm)(postings, updates, revenue, now)
-        _balances_move({account_id: delta for account_id, delta in moved.items() if delta})
-    done.segments, done.postings = len(updates), len(postings)
-    return done
+            _write_postgresql(rated.copy_text, rated.updates)
+        else:
+            _write_orm(rated.postings, rated.updates, revenue, now)
+        _balances_move({account_id: delta for account_id, delta in rated.moved.items() if delta})
 
 
 def _balances_move(deltas: dict[int, Decimal]) -> None:
@@ -286,13 +365,10 @@ POSTING_COPY = (
 )
 
 
-def _write_postgresql(postings, updates, revenue: Account, now) -> None:
-    """COPY the postings in (the unique index still refuses a period charged twice), one UPDATE for segments.
-
-    The COPY's text is written here rather than row by row through psycopg's adapters: every field
-    is a number, a fixed word or an ISO time, and the one free text, the JSON detail, has its
-    backslashes doubled (JSON escapes tabs and newlines itself).
-    """
+def _copy_text(postings, revenue: Account, now) -> str:
+    """The postings as COPY text, written here rather than row by row through psycopg's adapters:
+    every field is a number, a fixed word or an ISO time, and the one free text, the JSON detail, has
+    its backslashes doubled (JSON escapes tabs and newlines itself)."""
     head = f"{now.isoformat()}\t{PostingKind.USAGE}\t"
     tail = f"\t{revenue.pk}\t"
     currency = f"\t{revenue.currency}\t"
@@ -305,9 +381,14 @@ def _write_postgresql(postings, updates, revenue: Account, now) -> None:
             f"{head}{debit_id}{tail}{line.amount}{currency}{segment_id}\t{period}\t{line.seconds!r}\t"
             f"{float(gpu_seconds)!r}\t{detail}\t\n"
         )
+    return "".join(rows)
+
+
+def _write_postgresql(copy_text: str, updates) -> None:
+    """COPY the postings in, then one UPDATE for the segments."""
     with connection.cursor() as cursor:
         with cursor.copy(POSTING_COPY) as copy:
-            copy.write("".join(rows))
+            copy.write(copy_text)
         if updates:
             ids, until, accounts, rates = map(list, zip(*updates, strict=True))
             # "s.id = ANY": the batch's rows found through the primary key; joined to the arrays alone, the

@@ -5,9 +5,10 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from billing import settlement
 from billing.ledger import ledger_check, user_account, wallet_credit
 from billing.models import MeterSegment, Posting, PostingKind, RateCard
 from billing.settlement import settle
@@ -146,3 +147,37 @@ def test_the_payer_and_the_rate_are_recorded_when_a_segment_opens(user, rates):
     seg.refresh_from_db()
     assert (seg.account, seg.rate_card) == (user_account(user), rates)
     assert segment_assign(seg.workload_id) == 0, "recorded once"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_one_charges_the_rest(
+    user, rates, monkeypatch
+):
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    segments = [segment(user, start=START + timedelta(minutes=i), seconds=600) for i in range(4)]
+    real_write, writes = settlement._write_batch, []
+
+    def second_write_fails(*args, **kwargs):
+        writes.append(args)
+        if len(writes) == 2:
+            raise DatabaseError("the database went away")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(settlement, "_write_batch", second_write_fails)
+    with pytest.raises(DatabaseError):
+        settle(now=START + timedelta(days=1), batch=1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND ((classid::bigint << 32) | objid::bigint) = %s",
+            [settlement.SETTLEMENT_LOCK],
+        )
+        assert cursor.fetchone()[0] == 0, "a failed settlement left the lock held: every later settler would wait"
+    assert Posting.objects.filter(kind=PostingKind.USAGE).count() == 1, "the first batch was committed"
+
+    monkeypatch.undo()
+    settle(now=START + timedelta(days=1), batch=1)
+    charged = Posting.objects.filter(kind=PostingKind.USAGE)
+    assert sorted(charged.values_list("segment", flat=True)) == sorted(s.pk for s in segments)
+    assert ledger_check().ok
