@@ -19,6 +19,7 @@ Rules (README, "Billing"):
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -95,14 +96,41 @@ def hourly_price(shape: Shape, rate: Rate, spot_card_hour: Decimal | None = None
     if shape.no_gpu:
         return rate.no_gpu_hour
     card = spot_card_hour if shape.spot and spot_card_hour is not None else rate.card_hour
+    share, cpu, memory = _beyond_allotment(shape, rate)
+    return card * share + cpu + memory
+
+
+def _beyond_allotment(shape: Shape, rate: Rate) -> tuple[Decimal, Decimal, Decimal]:
+    """The shape's share of cards, and what its cores and its memory beyond the cards' allotment cost an hour."""
     share = shape.share
     extra_cpu = max(Decimal(shape.cpu_cores) - rate.cpus_per_card * share, Decimal(0))
     extra_memory = max(Decimal(shape.memory_mb) / 1024 - rate.memory_gb_per_card * share, Decimal(0))
-    return card * share + extra_cpu * rate.cpu_core_hour + extra_memory * rate.memory_gb_hour
+    return share, extra_cpu * rate.cpu_core_hour, extra_memory * rate.memory_gb_hour
+
+
+def _pricer(shape: Shape, timeline: Timeline) -> Callable[[datetime], tuple[Decimal, Rate]]:
+    """``at -> (exact hourly price, rate card)`` for one shape, ``hourly_price`` at ``at``; what depends
+    on the rate card alone is worked out once per card (a spot line has a price every few minutes)."""
+    parts: dict[int, tuple[Decimal, Decimal, Decimal]] = {}
+
+    def price_at(at: datetime) -> tuple[Decimal, Rate]:
+        rate = timeline.rate_at(at)
+        if shape.no_gpu:
+            return rate.no_gpu_hour, rate
+        part = parts.get(id(rate))
+        if part is None:
+            part = parts[id(rate)] = _beyond_allotment(shape, rate)
+        share, cpu, memory = part
+        card = timeline.spot_at(at, rate) if shape.spot else rate.card_hour
+        return card * share + cpu + memory, rate
+
+    return price_at
 
 
 def hour_of(t: datetime) -> datetime:
-    return t.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    if t.tzinfo is not UTC:
+        t = t.astimezone(UTC)
+    return t.replace(minute=0, second=0, microsecond=0)
 
 
 @dataclass(frozen=True)
@@ -141,21 +169,16 @@ def charge_lines(
     begin = settled_until or started_at
     if limit <= begin and not (short_by and settled_until is None):
         return [], None
-    lines = []
+    lines, price_at = [], _pricer(shape, timeline)
     period = hour_of(begin)
     while period < limit:
-        lines.append(_line(shape, period, max(begin, period), min(limit, period + HOUR), 0.0, timeline))
+        lines.append(_line(shape, period, max(begin, period), min(limit, period + HOUR), 0.0, timeline, price_at))
         period += HOUR
     if short_by:  # a closed run under a minute: never settled before, so its lines start at its start
         last = lines.pop() if lines else None
         period = last.period_start if last else hour_of(started_at)
-        lines.append(_line(shape, period, max(begin, period), limit, short_by, timeline))
+        lines.append(_line(shape, period, max(begin, period), limit, short_by, timeline, price_at))
     return lines, max(limit, begin)
-
-
-def _price(shape: Shape, timeline: Timeline, at: datetime) -> tuple[Decimal, Rate]:
-    rate = timeline.rate_at(at)
-    return hourly_price(shape, rate, timeline.spot_at(at, rate) if shape.spot else None), rate
 
 
 MICROSECONDS_PER_HOUR = Decimal(3_600_000_000)
@@ -165,10 +188,12 @@ def _micro(delta: timedelta) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def _line(shape: Shape, period: datetime, lo: datetime, hi: datetime, extra_s: float, timeline: Timeline) -> Line:
+def _line(
+    shape: Shape, period: datetime, lo: datetime, hi: datetime, extra_s: float, timeline: Timeline, price_at
+) -> Line:
     """One period's line. Its detail lists the pieces only when there is more than one price in it."""
     changes = timeline.changes_between(lo, hi, spot=shape.spot)
-    price, first_rate = _price(shape, timeline, lo)
+    price, first_rate = price_at(lo)
     if not changes:
         exact = price * _micro(hi - lo)
         pieces = [{"hourly": str(price), "rate": first_rate.id}]
@@ -176,7 +201,7 @@ def _line(shape: Shape, period: datetime, lo: datetime, hi: datetime, extra_s: f
         cuts = [lo, *changes, hi]
         exact, pieces = Decimal(0), []
         for a, b in zip(cuts, cuts[1:], strict=False):
-            price, rate = _price(shape, timeline, a)
+            price, rate = price_at(a)
             exact += price * _micro(b - a)
             pieces.append(
                 {"from": a.isoformat(), "seconds": (b - a).total_seconds(), "hourly": str(price), "rate": rate.id}

@@ -373,10 +373,17 @@ def _copy_text(postings, revenue: Account, now) -> str:
     tail = f"\t{revenue.pk}\t"
     currency = f"\t{revenue.currency}\t"
     periods: dict[datetime, str] = {}
+    details: dict[tuple, str] = {}  # one price all period long: the same few details again and again
     rows = []
     for segment_id, debit_id, line, gpu_seconds in postings:
         period = periods.get(line.period_start) or periods.setdefault(line.period_start, line.period_start.isoformat())
-        detail = json.dumps({"pieces": line.pieces}).replace("\\", "\\\\")
+        pieces = line.pieces
+        key = tuple(pieces[0].items()) if len(pieces) == 1 else None
+        detail = details.get(key) if key else None
+        if detail is None:
+            detail = json.dumps({"pieces": pieces}).replace("\\", "\\\\")
+            if key:
+                details[key] = detail
         rows.append(
             f"{head}{debit_id}{tail}{line.amount}{currency}{segment_id}\t{period}\t{line.seconds!r}\t"
             f"{float(gpu_seconds)!r}\t{detail}\t\n"
