@@ -149,14 +149,14 @@ def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH
         since = segments.aggregate(t=Min(Coalesce("settled_until", "started_at")))["t"]
         lines = timelines(since=since or now)
         revenue = platform_account(AccountKind.REVENUE)
-        copy = connection.vendor == "postgresql"
+        postgresql = connection.vendor == "postgresql"
         chunks = [ids[start : start + batch] for start in range(0, len(ids), batch)]
         payers: dict[tuple[int, str], int] = {}
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle-rating") as rater:
 
             def rated(chunk: list[int]) -> Future:
                 rows = _payers_recorded(_segment_rows(chunk), payers)
-                return rater.submit(_rate_batch, rows, now, lines, revenue, copy=copy)
+                return rater.submit(_rate_batch, rows, now, lines, revenue, postgresql=postgresql)
 
             ahead = deque(rated(chunk) for chunk in chunks[:2])
             for k in range(len(chunks)):
@@ -242,9 +242,12 @@ class RatedBatch:
     copy_text: str = ""
 
 
-def _rate_batch(rows: list[tuple], now, lines: dict[str, Timeline], revenue: Account, *, copy: bool) -> RatedBatch:
+def _rate_batch(
+    rows: list[tuple], now, lines: dict[str, Timeline], revenue: Account, *, postgresql: bool
+) -> RatedBatch:
     """Charge lines for a batch's segments, from ``settled_until`` to their end (open ones: to the last
-    whole hour before ``now``). Pure: it runs in the rating thread and touches no database."""
+    whole hour before ``now``). Pure: it runs in the rating thread and touches no database. On
+    PostgreSQL, the rows' times come as microseconds and the result carries the COPY text."""
     done = RatedBatch()
     moved = done.moved
     for (
@@ -267,6 +270,8 @@ def _rate_batch(rows: list[tuple], now, lines: dict[str, Timeline], revenue: Acc
     ) in rows:
         if ended is None and status != WorkloadStatus.RUNNING:
             continue  # its end is being recorded: settle it once it is
+        if postgresql:
+            started, ended, settled = _time(started), _time(ended), _time(settled)
         timeline = timeline_for(lines, model)
         if timeline is None:
             log.error("no rate card for %s: segment %s is not settled", model, pk)
@@ -292,7 +297,7 @@ def _rate_batch(rows: list[tuple], now, lines: dict[str, Timeline], revenue: Acc
         moved[revenue.pk] += charged
         done.amount += charged
         done.updates.append((pk, settled_until, account_id, rate_id))
-    if copy:
+    if postgresql:
         done.copy_text = _copy_text(done.postings, revenue, now)
     return done
 
@@ -344,15 +349,13 @@ def _bigints(values) -> str:
 
 
 def _segment_rows(ids: list[int]):
-    """The batch's segments with what rating needs of their work (one plain query on PostgreSQL)."""
+    """The batch's segments with what rating needs of their work (one plain query on PostgreSQL, its
+    times left as microseconds since the epoch for the rating thread to convert)."""
     if connection.vendor != "postgresql":
         return MeterSegment.objects.filter(pk__in=ids).values_list(*SEGMENT_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(SEGMENT_SQL, [_bigints(ids)])
-        return [
-            (pk, _time(started), _time(ended), _time(settled), *rest)
-            for pk, started, ended, settled, *rest in cursor.fetchall()
-        ]
+        return cursor.fetchall()  # times as microseconds: _rate_batch turns them into datetimes
 
 
 def _time(microseconds: int | None) -> datetime | None:
