@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.http import HttpResponse
 from django.utils.translation import gettext as _
 
-from portal.api.throttles import sign_in_wait
+from portal.throttles import sign_in_wait
 
 
 class AdminSite(admin.AdminSite):

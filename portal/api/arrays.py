@@ -10,10 +10,10 @@ from rest_framework.views import APIView
 from portal import limits, selectors
 from portal.api.idempotency import idempotent
 from portal.api.pagination import Pages, page_of
-from portal.api.throttles import CreateRateThrottle
 from portal.api.views import IDEMPOTENCY_KEY, JobListApi
 from portal.models import Fallback, JobArray
 from portal.services import arrays
+from portal.throttles import CreateRateThrottle
 from scheduler.models import Priority
 
 

@@ -13,8 +13,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.api.throttles import LoginRateThrottle
 from portal.services import tokens
+from portal.throttles import LoginRateThrottle
 from scheduler.errors import InvalidInput
 
 

@@ -16,10 +16,10 @@ from portal.api.idempotency import HEADER, idempotent
 from portal.api.pagination import page_of, paginated, paginated_rows
 from portal.api.rows import Rows
 from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceDetailOutput, InstanceOutput, JobOutput
-from portal.api.throttles import CreateRateThrottle
 from portal.models import BillingMode
 from portal.services import images, work
 from portal.services.recommend import BYTES, recommend
+from portal.throttles import CreateRateThrottle
 from scheduler import selectors as cluster
 from scheduler.errors import InvalidInput, NotFound
 from scheduler.models import Priority

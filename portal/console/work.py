@@ -18,12 +18,12 @@ from billing.prices import rate_card_now
 from billing.statements import cost_so_far
 from billing.teams import teams_of
 from portal import selectors
-from portal.api.throttles import sign_in_wait
 from portal.console.forms import InstanceCreateForm, JobCreateForm
 from portal.console.shortcuts import or_404
 from portal.services import arrays, work
 from portal.services.housekeeping import release_due_at
 from portal.services.logs import logs_panel
+from portal.throttles import sign_in_wait
 from scheduler.errors import InvalidInput, ServiceError
 
 

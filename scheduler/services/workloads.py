@@ -282,8 +282,9 @@ def tick_soon() -> None:
 def workload_preempt(workload: Workload, *, reason: str) -> bool:
     """Evict running work: SIGTERM, PREEMPTION_GRACE_S to checkpoint, then stop. Call after the tick decided.
 
-    A gang is evicted whole: every member stops, and it is requeued as one."""
-    if WorkloadMember.objects.filter(workload_id=workload.pk).exists():
+    A gang is evicted whole: every member stops, and it is requeued as one. ``workload`` as just read (its
+    ``is_gang`` is the row's own: no question to the members' table)."""
+    if workload.is_gang:
         return gang_stop(workload, reason=f"preempted: {reason}", requeue=True)
     if not workload_transition(
         workload, to=S.STOPPING, allowed_from=[S.RUNNING], reason=f"preempted: {reason}", preempt_requested=True

@@ -1,4 +1,5 @@
-"""Request rate limits (DRF throttles on the shared Redis cache, so every web worker counts together)."""
+"""Request rate limits, shared by the API, the console and the admin (DRF throttles on the shared Redis cache, so
+every web worker counts together)."""
 
 import hashlib
 
