@@ -239,11 +239,12 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan container %s", state.name)
             launcher.container_delete(state.name)
-        elif _left_behind(workload, member, state):
-            # A member of an earlier placement of its gang, which now runs on other nodes (or this node under
-            # another rank): its output is in the log and its checkpoints on the shared storage. By id: a launch
-            # of the gang here after this read may reuse the name.
-            log.warning("removing container %s: a member of an earlier placement of its gang", state.name)
+        elif _left_behind(workload, member, state, node_name):
+            # A job's container of an earlier placement: a gang's member that now runs on other nodes (or this
+            # node under another rank), or single-node work requeued when this host was lost. Its output is in
+            # the log, its checkpoints on a volume or the shared storage. By id: a launch here after this read
+            # may reuse the name.
+            log.warning("removing container %s: its %s has left this node", state.name, workload.kind)
             if state.running:
                 launcher.container_stop(state.id, grace_s=settings.INSTANCE_STOP_GRACE_S)
             launcher.container_delete(state.id)
@@ -262,16 +263,18 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
             launcher.volume_delete(name)
 
 
-def _left_behind(workload: Workload, member: WorkloadMember | None, state) -> bool:
-    """Whether the container is a gang's member that no longer belongs here: not the container of its work's
-    member on this node (rows of the last placement, kept while it waits in the queue), nor single-node
-    work's own container. Only a job's (gangs are jobs): a job starts afresh each run, an instance's
-    container is its disk."""
+def _left_behind(workload: Workload, member: WorkloadMember | None, state, node_name: str) -> bool:
+    """Whether the container is a job's that no longer belongs here: not the container of its work's member
+    on this node (rows of the last placement, kept while it waits in the queue), nor the container of
+    single-node work placed here (last). Only a job's: a job starts afresh each run, an instance's container
+    is its disk."""
     if workload.kind != WorkloadKind.JOB:
         return False
     if member is not None:
         return state.name != member.container_name
-    return workload.is_gang or state.name != workload.container_name
+    if workload.is_gang or state.name != workload.container_name:
+        return True
+    return workload.node is None or workload.node.name != node_name  # requeued while this host was away
 
 
 def watch_container_exits(node_name: str, stop: threading.Event) -> None:

@@ -102,7 +102,7 @@ def test_a_returning_node_keeps_its_running_instance_and_stops_what_was_stopped_
     try:
         kept = running_instance(user, node, base_image)
         stopped = running_instance(user, node, base_image)
-        ClusterWatch.objects.create(checked_at=db_now(), watching_since=db_now() - timedelta(hours=1))
+        ClusterWatch.objects.create(pk=1, checked_at=db_now(), watching_since=db_now() - timedelta(hours=1))
         Node.objects.filter(pk=node.pk).update(last_heartbeat=db_now() - timedelta(minutes=5))
         assert nodes_mark_lost(silent_for=timedelta(seconds=30)) == [node.name]
         workload_stop(stopped, reason="stop requested")  # its owner stops it while the node is away
@@ -270,4 +270,25 @@ def test_a_returning_node_removes_the_container_of_a_gang_member_that_moved_else
         assert names(a) == {job.container_name}  # rank 0's here is this placement's (its launch replaces it)
     finally:
         for node in (a, b, c):
+            remove_node_containers(node.name)
+
+
+def test_a_returning_node_removes_the_container_of_a_single_node_job_requeued_elsewhere(user, base_image):
+    lost, other = make_node("sim:1xRTX3090"), make_node("sim:1xRTX3090")
+    try:
+        job = running_instance(user, lost, base_image, kind="job", memory_mb=256)
+        ClusterWatch.objects.create(pk=1, checked_at=db_now(), watching_since=db_now() - timedelta(hours=1))
+        Node.objects.filter(pk=lost.pk).update(last_heartbeat=db_now() - timedelta(minutes=5))
+        assert nodes_mark_lost(silent_for=timedelta(seconds=30)) == [lost.name]
+        job.refresh_from_db()
+        assert job.status == WorkloadStatus.QUEUED and job.node is None  # requeued while its host is cut off
+        card = other.gpus.get()
+        assert allocation_create(workload=job, node_id=other.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+        assert job.uid in launcher.containers_on_node(lost.name)  # the cut-off host still has the old run
+
+        agent_reconcile(lost.name)  # the fence the agent runs before it rejoins
+
+        assert job.uid not in launcher.containers_on_node(lost.name)  # gone from the host it left
+    finally:
+        for node in (lost, other):
             remove_node_containers(node.name)
