@@ -354,6 +354,9 @@ NODE_OVERCOMMIT_SIMULATED = env.bool("NODE_OVERCOMMIT_SIMULATED", default=False)
 # The address the control plane and the other GPU hosts reach this host at (its LAN address).
 NODE_ADDRESS = env.str("NODE_ADDRESS", default="127.0.0.1")
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
+# An agent that starts while the control plane's database cannot be reached (starting too, or a moment
+# away) tries its start (fence, register) again for this long, then gives up with the reason.
+NODE_START_PATIENCE_S = env.int("NODE_START_PATIENCE_S", default=120)
 # The agent's relay (scheduler/node/relay/): terminal and files of its containers for the web tier,
 # which never talks to Docker itself. It listens on RELAY_BIND (default NODE_ADDRESS):RELAY_PORT
 # (0: any free port, e.g. for tests) and is registered as the node's relay URL.

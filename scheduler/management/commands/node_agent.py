@@ -6,9 +6,11 @@ import os
 import signal
 import socket
 import threading
+import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import InterfaceError, OperationalError, connection
 
 from config.celery import app
 from scheduler import sharedfs
@@ -25,6 +27,40 @@ from scheduler.node.selffence import SelfFence
 from scheduler.node.sharedfs import mount_ensure
 from scheduler.node.slowworker import SlowWorker, worker_args
 from scheduler.telemetry.sampler import sampler_for
+
+log = logging.getLogger(__name__)
+
+
+def agent_start(name: str, relay_url: str, *, wait=time.sleep):
+    """Fence the host, mount the shared storage, register: the node and where the storage is mounted.
+
+    While the control plane's database cannot be reached (it is starting too, or a moment away), the
+    whole start is tried again — each step is idempotent — for ``NODE_START_PATIENCE_S``, then the agent
+    gives up saying why, instead of dying at the first refused connection.
+    """
+    waited, delay = 0.0, 1.0
+    while True:
+        try:
+            # Fence first: whatever this host runs that the database no longer assigns to it
+            # (work lost or released while the agent was away) stops before it takes new work.
+            agent_reconcile(name)
+            if settings.INSTANCE_NETWORK_MODE == "fenced":
+                fence_install()  # tenants' network fenced off before any of them runs here
+            # The users' shared storage mounted before any work is placed here (it says why it cannot be).
+            shared = mount_ensure() if sharedfs.enabled() else None
+            node = agent_register(name, relay_url=relay_url)
+            agent_clock.measure()
+            return node, shared
+        except (OperationalError, InterfaceError) as exc:
+            connection.close()  # a broken connection is not reused
+            if waited + delay > settings.NODE_START_PATIENCE_S:
+                raise CommandError(
+                    f"the control plane's database cannot be reached (tried for {waited:.0f} s): {exc}"
+                ) from exc
+            log.warning("the control plane's database cannot be reached (%s): trying again in %.0f s", exc, delay)
+            wait(delay)
+            waited += delay
+            delay = min(delay * 2, 15.0)
 
 
 class Command(BaseCommand):
@@ -51,15 +87,7 @@ class Command(BaseCommand):
         except OSError as exc:  # the port is taken, or the address is not this host's
             raise CommandError(f"the relay cannot listen on {relay.host}:{relay.port}: {exc}") from exc
         try:
-            # Fence first: whatever this host runs that the database no longer assigns to it
-            # (work lost or released while the agent was away) stops before it takes new work.
-            agent_reconcile(name)
-            if settings.INSTANCE_NETWORK_MODE == "fenced":
-                fence_install()  # tenants' network fenced off before any of them runs here
-            # The users' shared storage mounted before any work is placed here (it says why it cannot be).
-            shared = mount_ensure() if sharedfs.enabled() else None
-            node = agent_register(name, relay_url=relay_url)
-            agent_clock.measure()
+            node, shared = agent_start(name, relay_url)
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
         except IptablesError as exc:
@@ -91,7 +119,7 @@ class Command(BaseCommand):
             sampler = sampler_for(node, launcher.docker_client(), clock=agent_clock.time)
         except Exception:  # NVML gone since registration: the node still runs work, without live stats
             self.stderr.write("GPU sampling could not start; this node runs without live stats (see the log)")
-            logging.getLogger(__name__).exception("GPU sampler on %s", node.name)
+            log.exception("GPU sampler on %s", node.name)
         else:
             threading.Thread(target=sampler.run_forever, args=(stop,), name="gpu-sampler", daemon=True).start()
         threading.Thread(target=watch_container_exits, args=(node.name, stop), daemon=True).start()

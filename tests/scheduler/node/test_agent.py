@@ -292,3 +292,50 @@ def test_a_returning_node_removes_the_container_of_a_single_node_job_requeued_el
     finally:
         for node in (lost, other):
             remove_node_containers(node.name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_starting_while_the_database_is_unreachable_tries_again_then_registers(settings, monkeypatch):
+    from django.db import OperationalError
+
+    from scheduler.management.commands import node_agent
+
+    settings.GPU_BACKEND = "sim:1xT4"
+    real_register, attempts, waits = node_agent.agent_register, [], []
+
+    def unreachable_twice(name, **kwargs):
+        attempts.append(name)
+        if len(attempts) <= 2:
+            raise OperationalError("consuming input failed: could not receive data from server: Connection timed out")
+        return real_register(name, **kwargs)
+
+    monkeypatch.setattr(node_agent, "agent_register", unreachable_twice)
+    try:
+        node, _ = node_agent.agent_start("test-db-away", "", wait=waits.append)
+        assert (node.name, node.status) == ("test-db-away", "active")
+        assert waits == [1.0, 2.0]  # it waited, longer each time, and did not die at the first refusal
+    finally:
+        remove_node_containers("test-db-away")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_whose_database_never_answers_gives_up_after_its_patience_saying_why(settings, monkeypatch):
+    from django.core.management.base import CommandError
+    from django.db import OperationalError
+
+    from scheduler.management.commands import node_agent
+
+    settings.GPU_BACKEND = "sim:1xT4"
+    settings.NODE_START_PATIENCE_S = 30
+    waits = []
+
+    def never(name, **kwargs):
+        raise OperationalError("connection timeout expired")
+
+    monkeypatch.setattr(node_agent, "agent_register", never)
+    try:
+        with pytest.raises(CommandError, match="cannot be reached .*connection timeout expired"):
+            node_agent.agent_start("test-db-never", "", wait=waits.append)
+        assert waits == [1.0, 2.0, 4.0, 8.0, 15.0][: len(waits)] and sum(waits) <= 30 < sum(waits) + 15.0
+    finally:
+        remove_node_containers("test-db-never")
