@@ -80,9 +80,10 @@ stop_process() { # stop_process <name> [seconds]: TERM its process group, KILL a
   rm -f "$RUN/$name.pid"
 }
 
-wait_for() { # wait_for <seconds> <what> <command...>
+wait_for() { # [LOG_TAIL=<file>] wait_for <seconds> <what> <command...>: LOG_TAIL's last lines if it never does
   local seconds=$1 what=$2; shift 2
   for _ in $(seq $((seconds * 4))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.25; done
+  [ -z "${LOG_TAIL:-}" ] || { echo "--- last lines of $LOG_TAIL:" >&2; tail -n 30 "$LOG_TAIL" >&2 || true; }
   die "$what did not come up within ${seconds}s (logs: $LOG/)"
 }
 
@@ -360,7 +361,9 @@ veth_check() { # veth_check <i>...: these agents' database and Redis connections
 
 wait_hosts() {
   local i
-  for i in "$@"; do wait_for 90 "host h$i's node agent (registration)" host_registered "$i"; done
+  for i in "$@"; do
+    LOG_TAIL="$LOG/h$i-agent.log" wait_for 90 "host h$i's node agent (registration)" host_registered "$i"
+  done
   # Registration was over the database; the broker connection comes with the worker, just after.
   for _ in $(seq 60); do (veth_check "$@") >/dev/null 2>&1 && break; sleep 0.5; done
   veth_check "$@"
