@@ -55,7 +55,8 @@ def agent_start(name: str, relay_url: str, *, wait=time.sleep):
             connection.close()  # a broken connection is not reused
             if waited + delay > settings.NODE_START_PATIENCE_S:
                 raise CommandError(
-                    f"the control plane's database cannot be reached (tried for {waited:.0f} s): {exc}"
+                    f"the control plane's database cannot be reached (given up after waiting {waited:.0f} s "
+                    f"between tries): {exc}"
                 ) from exc
             log.warning("the control plane's database cannot be reached (%s): trying again in %.0f s", exc, delay)
             wait(delay)
