@@ -31,8 +31,7 @@ from django.utils import timezone
 from billing.ledger import payer_for, platform_account
 from billing.models import Account, AccountKind, MeterSegment, Posting, PostingKind, RateCard, SpotPrice
 from billing.rating import Line, Rate, Shape, Timeline, charge_lines
-from scheduler.models import WorkloadStatus
-from scheduler.policy.cluster import WHOLE_CARD
+from scheduler.models import WorkloadStatus, card_share
 
 log = logging.getLogger(__name__)
 BATCH = 10000  # per transaction; 10,000 overlapped rating and writing best (bench/billing_settle.py)
@@ -215,7 +214,7 @@ SEGMENT_COLUMNS = (
     "workload__team",
     "no_gpu",
 )
-ACCOUNT = SEGMENT_COLUMNS.index("account_id")
+ACCOUNT, OWNER, TEAM = (SEGMENT_COLUMNS.index(c) for c in ("account_id", "workload__owner_id", "workload__team"))
 
 
 def _payers_recorded(rows: list[tuple], payers: dict[tuple[int, str], int]) -> list[tuple]:
@@ -224,7 +223,7 @@ def _payers_recorded(rows: list[tuple], payers: dict[tuple[int, str], int]) -> l
     filled = []
     for row in rows:
         if row[ACCOUNT] is None:
-            owner, team = row[-3], row[-2]
+            owner, team = row[OWNER], row[TEAM]
             if (owner, team) not in payers:
                 payers[owner, team] = payer_for(owner_id=owner, team_slug=team).pk
             row = (*row[:ACCOUNT], payers[owner, team], *row[ACCOUNT + 1 :])
@@ -290,7 +289,7 @@ def _rate_batch(
             continue
         if rate_id is None:
             rate_id = timeline.rate_at(started).id
-        share = cards * milli / WHOLE_CARD
+        share = card_share(cards, milli)  # also for a segment run without a GPU (its work's cards): as before
         charged = Decimal(0)
         for line in new_lines:
             done.postings.append((pk, account_id, line, line.seconds * share))
