@@ -96,8 +96,13 @@ def hourly_price(shape: Shape, rate: Rate, spot_card_hour: Decimal | None = None
     if shape.no_gpu:
         return rate.no_gpu_hour
     card = spot_card_hour if shape.spot and spot_card_hour is not None else rate.card_hour
-    share, cpu, memory = _beyond_allotment(shape, rate)
-    return card * share + cpu + memory
+    return _priced(card, _beyond_allotment(shape, rate))
+
+
+def _priced(card_hour: Decimal, allotment: tuple[Decimal, Decimal, Decimal]) -> Decimal:
+    """The hourly price: the share of ``card_hour`` plus what the cores and memory beyond it cost."""
+    share, cpu, memory = allotment
+    return card_hour * share + cpu + memory
 
 
 def _beyond_allotment(shape: Shape, rate: Rate) -> tuple[Decimal, Decimal, Decimal]:
@@ -120,9 +125,8 @@ def _pricer(shape: Shape, timeline: Timeline) -> Callable[[datetime], tuple[Deci
         part = parts.get(id(rate))
         if part is None:
             part = parts[id(rate)] = _beyond_allotment(shape, rate)
-        share, cpu, memory = part
         card = timeline.spot_at(at, rate) if shape.spot else rate.card_hour
-        return card * share + cpu + memory, rate
+        return _priced(card, part), rate
 
     return price_at
 
