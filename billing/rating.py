@@ -19,15 +19,14 @@ Rules (README, "Billing"):
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from functools import lru_cache
 
 from scheduler.policy.cluster import WHOLE_CARD
 
 CENT = Decimal("0.01")
-HOUR = timedelta(hours=1)
 MINIMUM_S = 60
 
 
@@ -73,7 +72,10 @@ class Timeline:
         self.spot.sort()
         self._rate_times = [r.effective_from for r in self.rates]
         self._spot_times = [t for t, _ in self.spot]
-        self._changes = {False: self._rate_times, True: sorted(set(self._rate_times) | set(self._spot_times))}
+        changes = {False: self._rate_times, True: sorted(set(self._rate_times) | set(self._spot_times))}
+        # Every moment a price can change, as microseconds since the epoch: on-demand work's, spot work's.
+        self._changes_us = {spot: [micros(t) for t in times] for spot, times in changes.items()}
+        self._stretches: dict[bool, dict[int, tuple[Rate, Decimal]]] = {False: {}, True: {}}
 
     def rate_at(self, t: datetime) -> Rate:
         i = bisect_right(self._rate_times, t) - 1
@@ -86,9 +88,15 @@ class Timeline:
         i = bisect_right(self._spot_times, t) - 1
         return self.spot[i][1] if i >= 0 else rate.card_hour * rate.spot_ceiling
 
-    def changes_between(self, start: datetime, end: datetime, *, spot: bool) -> list[datetime]:
-        times = self._changes[spot]
-        return times[bisect_right(times, start) : bisect_left(times, end)]
+    def stretch(self, spot: bool, i: int, us: int) -> tuple[Rate, Decimal]:
+        """The rate card and card-hour price in force in stretch ``i`` between ``spot`` (or on-demand) work's
+        price changes, ``us`` a moment in it; looked up once per stretch. LookupError before the first card."""
+        known = self._stretches[spot].get(i)
+        if known is None:
+            t = moment(us)
+            rate = self.rate_at(t)
+            known = self._stretches[spot][i] = (rate, self.spot_at(t, rate) if spot else rate.card_hour)
+        return known
 
 
 def hourly_price(shape: Shape, rate: Rate, spot_card_hour: Decimal | None = None) -> Decimal:
@@ -113,37 +121,72 @@ def _beyond_allotment(shape: Shape, rate: Rate) -> tuple[Decimal, Decimal, Decim
     return share, extra_cpu * rate.cpu_core_hour, extra_memory * rate.memory_gb_hour
 
 
-def _pricer(shape: Shape, timeline: Timeline) -> Callable[[datetime], tuple[Decimal, Rate]]:
-    """``at -> (exact hourly price, rate card)`` for one shape, ``hourly_price`` at ``at``; what depends
-    on the rate card alone is worked out once per card (a spot line has a price every few minutes)."""
-    parts: dict[int, tuple[Decimal, Decimal, Decimal]] = {}
+# Rating works on times as integer microseconds since the epoch (UTC): exact, and cheap to compare,
+# subtract and cut into hours, where a datetime costs an object and a time-zone lookup each time.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+US = 1_000_000  # per second
+HOUR_US = 3600 * US
 
-    def price_at(at: datetime) -> tuple[Decimal, Rate]:
-        rate = timeline.rate_at(at)
-        if shape.no_gpu:
-            return rate.no_gpu_hour, rate
-        part = parts.get(id(rate))
+
+def micros(t: datetime) -> int:
+    """An aware time as microseconds since the epoch."""
+    return (t - EPOCH) // MICROSECOND
+
+
+def moment(us: int) -> datetime:
+    """Microseconds since the epoch as a UTC time."""
+    return EPOCH + timedelta(microseconds=us)
+
+
+@lru_cache(maxsize=16384)
+def _hour_or_change(us: int) -> tuple[datetime, str]:
+    """An hour's start or a price change (few, seen again and again) as a time and its ISO text."""
+    t = moment(us)
+    return t, t.isoformat()
+
+
+class Pricer:
+    """One shape's prices on one timeline. Between two price changes the price is one, so it is worked out
+    once per stretch (``at``), with the text a line's detail shows; what depends on the rate card alone
+    (share, cores and memory beyond the allotment) once per card."""
+
+    def __init__(self, shape: Shape, timeline: Timeline):
+        self.shape, self.timeline = shape, timeline
+        self.changes = timeline._changes_us[shape.spot]  # the stretches' bounds
+        self._stretches: dict[int, tuple] = {}
+        self._parts: dict[int, tuple[Decimal, Decimal, Decimal]] = {}
+
+    def at(self, us: int, i: int | None = None) -> tuple[int, Decimal, Rate, str, list[dict]]:
+        """The stretch ``us`` falls in (``i`` when known) and its exact hourly price, rate card, price as
+        text and one-piece detail. Raises LookupError before the first rate card."""
+        if i is None:
+            i = bisect_right(self.changes, us)
+        stretch = self._stretches.get(i)
+        if stretch is None:
+            rate, card = self.timeline.stretch(self.shape.spot, i, us)
+            price = self._price(rate, card)
+            hourly = str(price)
+            stretch = self._stretches[i] = (i, price, rate, hourly, [{"hourly": hourly, "rate": rate.id}])
+        return stretch
+
+    def _price(self, rate: Rate, card_hour: Decimal) -> Decimal:
+        """``hourly_price`` under ``rate`` with ``card_hour`` the card's price."""
+        if self.shape.no_gpu:
+            return rate.no_gpu_hour
+        part = self._parts.get(id(rate))
         if part is None:
-            part = parts[id(rate)] = _beyond_allotment(shape, rate)
-        card = timeline.spot_at(at, rate) if shape.spot else rate.card_hour
-        return _priced(card, part), rate
-
-    return price_at
+            part = self._parts[id(rate)] = _beyond_allotment(self.shape, rate)
+        return _priced(card_hour, part)
 
 
-def hour_of(t: datetime) -> datetime:
-    if t.tzinfo is not UTC:
-        t = t.astimezone(UTC)
-    return t.replace(minute=0, second=0, microsecond=0)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Line:
     period_start: datetime
     seconds: float  # billed (includes the minimum's extra seconds)
     amount: Decimal  # rounded once, to the cent
     rate_id: int | None  # in force at the line's first piece
-    pieces: list[dict]  # [{"from", "seconds", "hourly"}]
+    pieces: list[dict]  # [{"from", "seconds", "hourly"}]; shared by lines of one price: read, never change
 
 
 def charge_lines(
@@ -157,65 +200,80 @@ def charge_lines(
 ) -> tuple[list[Line], datetime | None]:
     """Lines for the periods not yet settled, and the new ``settled_until`` (None: nothing to do).
 
+    ``lines_between`` on aware times."""
+    lines, until = lines_between(
+        Pricer(shape, timeline),
+        started=micros(started_at),
+        ended=None if ended_at is None else micros(ended_at),
+        settled=None if settled_until is None else micros(settled_until),
+        settle_to=micros(settle_to),
+    )
+    return lines, None if until is None else moment(until)
+
+
+def lines_between(
+    pricer: Pricer, *, started: int, ended: int | None, settled: int | None, settle_to: int
+) -> tuple[list[Line], int | None]:
+    """Lines for the periods not yet settled, and the new settled-until (None: nothing to do); times as
+    microseconds since the epoch.
+
     A closed segment is settled up to its end, with the one-minute minimum on
-    its last line. An open one (``ended_at`` None; the caller has checked its
+    its last line. An open one (``ended`` None; the caller has checked its
     work is still running at ``settle_to``) is settled for whole hours before
     ``settle_to`` only, and not before it is a minute old — so it will end
     after ``settle_to`` and no minimum can fall on a line already written.
     """
-    if ended_at is None:
-        if (settle_to - started_at).total_seconds() < MINIMUM_S:
+    if ended is None:
+        if settle_to - started < MINIMUM_S * US:
             return [], None
-        limit, short_by = hour_of(settle_to), 0.0
+        limit, short_by = settle_to - settle_to % HOUR_US, 0.0
     else:
-        limit = ended_at
-        short_by = max(MINIMUM_S - (ended_at - started_at).total_seconds(), 0.0)
-    begin = settled_until or started_at
-    if limit <= begin and not (short_by and settled_until is None):
+        limit = ended
+        short_by = max(MINIMUM_S - (ended - started) / US, 0.0)
+    begin = started if settled is None else settled
+    if limit <= begin and not (short_by and settled is None):
         return [], None
-    lines, price_at = [], _pricer(shape, timeline)
-    period = hour_of(begin)
+    lines = []
+    period = begin - begin % HOUR_US
     while period < limit:
-        lines.append(_line(shape, period, max(begin, period), min(limit, period + HOUR), 0.0, timeline, price_at))
-        period += HOUR
+        end = period + HOUR_US
+        lines.append(_line(pricer, period, begin if begin > period else period, end if end < limit else limit, 0.0))
+        period += HOUR_US
     if short_by:  # a closed run under a minute: never settled before, so its lines start at its start
-        last = lines.pop() if lines else None
-        period = last.period_start if last else hour_of(started_at)
-        lines.append(_line(shape, period, max(begin, period), limit, short_by, timeline, price_at))
+        if lines:
+            lines.pop()
+            period -= HOUR_US  # the popped line's
+        else:
+            period = started - started % HOUR_US
+        lines.append(_line(pricer, period, max(begin, period), limit, short_by))
     return lines, max(limit, begin)
 
 
-MICROSECONDS_PER_HOUR = Decimal(3_600_000_000)
+MICROSECONDS_PER_HOUR = Decimal(HOUR_US)
 
 
-def _micro(delta: timedelta) -> int:
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _line(
-    shape: Shape, period: datetime, lo: datetime, hi: datetime, extra_s: float, timeline: Timeline, price_at
-) -> Line:
-    """One period's line. Its detail lists the pieces only when there is more than one price in it."""
-    changes = timeline.changes_between(lo, hi, spot=shape.spot)
-    price, first_rate = price_at(lo)
-    if not changes:
-        exact = price * _micro(hi - lo)
-        pieces = [{"hourly": str(price), "rate": first_rate.id}]
+def _line(pricer: Pricer, period: int, lo: int, hi: int, extra_s: float) -> Line:
+    """One period's line (times in microseconds). Its detail lists the pieces only when there is more
+    than one price in it."""
+    first, price, first_rate, hourly, pieces = pricer.at(lo)
+    changes = pricer.changes
+    last = bisect_left(changes, hi, first)  # the changes inside (lo, hi): changes[first:last]
+    if last <= first:
+        exact = price * (hi - lo)
     else:
-        cuts = [lo, *changes, hi]
-        exact, pieces = Decimal(0), []
-        for a, b in zip(cuts, cuts[1:], strict=False):
-            price, rate = price_at(a)
-            exact += price * _micro(b - a)
-            pieces.append(
-                {"from": a.isoformat(), "seconds": (b - a).total_seconds(), "hourly": str(price), "rate": rate.id}
-            )
+        exact, pieces, a = Decimal(0), [], lo
+        for i, b in enumerate([*changes[first:last], hi], first):
+            _, price, rate, hourly, _ = pricer.at(a, i)
+            exact += price * (b - a)
+            since = moment(a).isoformat() if i == first else _hour_or_change(a)[1]
+            pieces.append({"from": since, "seconds": (b - a) / US, "hourly": hourly, "rate": rate.id})
+            a = b
     if extra_s:
         exact += price * int(extra_s * 1_000_000)
-        pieces.append({"minimum_extra_seconds": extra_s, "hourly": str(price)})
+        pieces = [*pieces, {"minimum_extra_seconds": extra_s, "hourly": hourly}]
     return Line(
-        period_start=period,
-        seconds=(hi - lo).total_seconds() + extra_s,
+        period_start=_hour_or_change(period)[0],
+        seconds=(hi - lo) / US + extra_s,
         amount=(exact / MICROSECONDS_PER_HOUR).quantize(CENT, rounding=ROUND_HALF_UP),
         rate_id=first_rate.id,
         pieces=pieces,

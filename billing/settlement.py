@@ -2,7 +2,7 @@
 
 One settler at a time (an advisory lock on PostgreSQL; a second settler waits, then reads what the
 first wrote). Segments are settled in batches, one transaction each: their charge lines computed from
-``settled_until`` (``rating.charge_lines``), the postings inserted (unique per segment and period),
+``settled_until`` (``rating.lines_between``), the postings inserted (unique per segment and period),
 balances moved and ``settled_until`` advanced. Killed half way, the batch's transaction is rolled
 back and the next run computes exactly the same lines: never a double charge, never a lost one.
 Rating (pure Python) runs in a second thread, a batch ahead of the writing.
@@ -20,7 +20,7 @@ import logging
 from collections import defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from django.db import DatabaseError, connection, transaction
@@ -30,7 +30,8 @@ from django.utils import timezone
 
 from billing.ledger import payer_for, platform_account
 from billing.models import Account, AccountKind, MeterSegment, Posting, PostingKind, RateCard, SpotPrice
-from billing.rating import Line, Rate, Shape, Timeline, charge_lines
+from billing.rating import Line, Pricer, Rate, Shape, Timeline, lines_between, micros, moment
+from config.memory import collector_paused
 from scheduler.models import WorkloadStatus, card_share
 
 log = logging.getLogger(__name__)
@@ -135,12 +136,13 @@ def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH
     this one writes batch k and reads batch k+2, a second rates batch k+1 (``_rate_batch``: pure
     Python, no database), so pricing and writing overlap instead of taking turns (the database
     waits release the GIL). Payers not yet recorded are looked up here, where the connection is.
-    (Measured and left out: reading on the rating thread's own connection, smaller first and last
-    batches; neither gained, the rating holds the GIL for most of the run.)
+    Python's garbage collector is paused for the run (``collector_paused``): its full collections over
+    the piling lines held the GIL the writing thread waits for. (Measured and left out: reading on the
+    rating thread's own connection, smaller first and last batches, fillfactor on segments; none gained.)
     """
     now = now or timezone.now()
     total = Settled()
-    with _one_settler():
+    with _one_settler(), collector_paused():
         segments = pending_segments()
         if segment_ids is not None:
             segments = segments.filter(pk__in=segment_ids)
@@ -234,10 +236,11 @@ def _payers_recorded(rows: list[tuple], payers: dict[tuple[int, str], int]) -> l
 @dataclass
 class RatedBatch:
     """A batch's charges, ready to write: postings (segment, payer, line, GPU-seconds), segment updates
-    (segment, new settled_until, payer, rate), balance moves, their sum and (PostgreSQL) the COPY text."""
+    (segment, new settled_until in microseconds since the epoch, payer, rate), balance moves, their sum
+    and (PostgreSQL) the COPY text."""
 
     postings: list[tuple[int, int, Line, float]] = field(default_factory=list)
-    updates: list[tuple[int, datetime, int, int]] = field(default_factory=list)
+    updates: list[tuple[int, int, int, int]] = field(default_factory=list)
     moved: dict[int, Decimal] = field(default_factory=lambda: defaultdict(Decimal))
     amount: Decimal = Decimal("0.00")
     copy_text: str = ""
@@ -251,6 +254,8 @@ def _rate_batch(
     PostgreSQL, the rows' times come as microseconds and the result carries the COPY text."""
     done = RatedBatch()
     moved = done.moved
+    pricers: dict[tuple, Pricer] = {}  # per shape: its prices are worked out once per stretch
+    settle_to = micros(now)
     for (
         pk,
         started,
@@ -271,16 +276,19 @@ def _rate_batch(
     ) in rows:
         if ended is None and status != WorkloadStatus.RUNNING:
             continue  # its end is being recorded: settle it once it is
-        if postgresql:
-            started, ended, settled = _time(started), _time(ended), _time(settled)
-        timeline = timeline_for(lines, model)
-        if timeline is None:
-            log.error("no rate card for %s: segment %s is not settled", model, pk)
-            continue
-        shape = Shape(model, cards, milli, cores, mem, spot, no_gpu)
+        if not postgresql:
+            started, ended, settled = (None if t is None else micros(t) for t in (started, ended, settled))
+        key = (model, cards, milli, cores, mem, spot, no_gpu)
+        pricer = pricers.get(key)
+        if pricer is None:
+            timeline = timeline_for(lines, model)
+            if timeline is None:
+                log.error("no rate card for %s: segment %s is not settled", model, pk)
+                continue
+            pricer = pricers[key] = Pricer(Shape(*key), timeline)
         try:
-            new_lines, settled_until = charge_lines(
-                shape, started_at=started, ended_at=ended, settled_until=settled, settle_to=now, timeline=timeline
+            new_lines, settled_until = lines_between(
+                pricer, started=started, ended=ended, settled=settled, settle_to=settle_to
             )
         except LookupError as exc:
             log.error("segment %s: %s", pk, exc)
@@ -288,7 +296,7 @@ def _rate_batch(
         if settled_until is None:
             continue
         if rate_id is None:
-            rate_id = timeline.rate_at(started).id
+            rate_id = pricer.at(started)[2].id
         share = card_share(cards, milli)  # also for a segment run without a GPU (its work's cards): as before
         charged = Decimal(0)
         for line in new_lines:
@@ -333,7 +341,6 @@ def _balances_move(deltas: dict[int, Decimal]) -> None:
 
 # Times travel as microseconds since the epoch: psycopg reads and writes integers in C, while each
 # timestamp goes through Python (Django's time-zone loader), a large part of settling 100,000 rows.
-EPOCH, MICROSECOND = datetime(1970, 1, 1, tzinfo=UTC), timedelta(microseconds=1)
 SEGMENT_SQL = (
     "SELECT s.id, (extract(epoch FROM s.started_at) * 1000000)::bigint, "
     "(extract(epoch FROM s.ended_at) * 1000000)::bigint, (extract(epoch FROM s.settled_until) * 1000000)::bigint, "
@@ -356,11 +363,7 @@ def _segment_rows(ids: list[int]):
         return MeterSegment.objects.filter(pk__in=ids).values_list(*SEGMENT_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(SEGMENT_SQL, [_bigints(ids)])
-        return cursor.fetchall()  # times as microseconds: _rate_batch turns them into datetimes
-
-
-def _time(microseconds: int | None) -> datetime | None:
-    return None if microseconds is None else EPOCH + timedelta(microseconds=microseconds)
+        return cursor.fetchall()  # times as microseconds, as rating counts them
 
 
 POSTING_COPY = (
@@ -409,13 +412,7 @@ def _write_postgresql(copy_text: str, updates) -> None:
                 "account_id = v.account, rate_card_id = v.rate "
                 "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) "
                 "AS v(id, until, account, rate) WHERE s.id = v.id AND s.id = ANY(%s::bigint[])",
-                [
-                    _bigints(ids),
-                    _bigints((t - EPOCH) // MICROSECOND for t in until),
-                    _bigints(accounts),
-                    _bigints(rates),
-                    _bigints(ids),
-                ],
+                [_bigints(ids), _bigints(until), _bigints(accounts), _bigints(rates), _bigints(ids)],
             )
 
 
@@ -439,7 +436,7 @@ def _write_orm(postings, updates, revenue: Account, now) -> None:
         batch_size=500,
     )
     MeterSegment.objects.bulk_update(
-        [MeterSegment(pk=pk, settled_until=until, account_id=a, rate_card_id=r) for pk, until, a, r in updates],
+        [MeterSegment(pk=pk, settled_until=moment(us), account_id=a, rate_card_id=r) for pk, us, a, r in updates],
         ["settled_until", "account", "rate_card"],
         batch_size=500,
     )

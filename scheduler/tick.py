@@ -7,7 +7,6 @@ launches and stops go to node queues after their commit.
 """
 
 import contextlib
-import gc
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from config.memory import collector_paused
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus, card_share
 from scheduler.selectors import cluster_capacity, holding_rows
@@ -76,24 +76,6 @@ def tick_lock():
         if held:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [TICK_LOCK_KEY])
-
-
-@contextlib.contextmanager
-def collector_paused():
-    """Python's cyclic garbage collector off for the block (if it was on).
-
-    A tick makes ~60,000 objects that live until it ends (rows, the policy's works and requests). To
-    the collector they look long-lived, so it ran one or two full collections per tick over the whole
-    process (~150,000 objects: ~130 ms each, a third of a steady tick). What a tick makes is freed by
-    reference counting when it ends; the collector runs again from then on."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _wakeups():

@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing.rating import Rate, Shape, Timeline, charge_lines, hourly_price
+from billing.rating import HOUR_US, US, Pricer, Rate, Shape, Timeline, charge_lines, hourly_price, lines_between, micros
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 RTX = Rate(
@@ -97,3 +97,35 @@ def test_cores_and_memory_beyond_the_cards_allotment_pay_their_own_price():
     # half a card includes 4 cores and 16 GB; 6 cores and 20 GB pay 2 x 0.05 + 4 x 0.01 extra
     assert hourly_price(shape(milli=500, cpu=6, memory_mb=20 * 1024), RTX) == Decimal("0.79") + Decimal("0.14")
     assert hourly_price(shape(no_gpu=True, cpu=2), RTX) == Decimal("0.10")
+
+
+def test_lines_of_one_price_share_their_detail_and_a_minimum_never_writes_into_it():
+    """A pricer works a price out once per stretch and hands every one-price line the same detail; the
+    minute's extra piece goes on a copy, or every later line of that price would carry it."""
+    timeline = Timeline([RTX], spot=[(T0 - timedelta(hours=1), Decimal("0.60"))])
+    pricer = Pricer(shape(spot=True), timeline)
+    start = micros(T0 + timedelta(minutes=5))
+
+    [short], _ = lines_between(pricer, started=start, ended=start + 20 * US, settled=None, settle_to=start + HOUR_US)
+    [long], _ = lines_between(pricer, started=start, ended=start + 600 * US, settled=None, settle_to=start + HOUR_US)
+    [other], _ = lines_between(pricer, started=start + US, ended=start + 700 * US, settled=None, settle_to=start)
+
+    assert short.pieces == [{"hourly": "0.60", "rate": 1}, {"minimum_extra_seconds": 40.0, "hourly": "0.60"}]
+    assert long.pieces == [{"hourly": "0.60", "rate": 1}] and long.pieces is other.pieces
+    assert (short.seconds, long.seconds) == (60, 600)
+
+
+def test_times_in_microseconds_give_the_same_lines_as_times_in_any_zone():
+    """charge_lines (aware times, any zone) and lines_between (microseconds) are one computation."""
+    from zoneinfo import ZoneInfo
+
+    beijing = ZoneInfo("Asia/Shanghai")
+    start = (T0 + timedelta(minutes=50, microseconds=7)).astimezone(beijing)
+    lines, settled = settle(shape(milli=500), start, 2 * 3600 + 0.5)
+
+    assert [(line.period_start, line.seconds) for line in lines] == [
+        (T0, 600 - 0.000007),
+        (T0 + timedelta(hours=1), 3600),
+        (T0 + timedelta(hours=2), 3000.500007),
+    ]
+    assert settled == start + timedelta(seconds=2 * 3600 + 0.5) and lines[0].period_start.tzinfo is UTC

@@ -181,3 +181,19 @@ def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_o
     charged = Posting.objects.filter(kind=PostingKind.USAGE)
     assert sorted(charged.values_list("segment", flat=True)) == sorted(s.pk for s in segments)
     assert ledger_check().ok
+
+
+def test_settling_runs_with_the_garbage_collector_paused_and_turns_it_back_on(user, rates, monkeypatch):
+    """Rating and writing a run's batches pile up lines and postings that look long-lived to the collector;
+    its full collections hold the GIL the writing thread needs (1 s of a 5 s bench run): paused for the run."""
+    import gc
+
+    seen = []
+    rate_batch = settlement._rate_batch
+    monkeypatch.setattr(settlement, "_rate_batch", lambda *a, **kw: seen.append(gc.isenabled()) or rate_batch(*a, **kw))
+    segment(user, seconds=600)
+    assert gc.isenabled()
+
+    assert settle(now=START + timedelta(days=1)).postings == 1
+
+    assert seen == [False] and gc.isenabled()

@@ -6,6 +6,7 @@ import threading
 import pytest
 from django.db import connection
 
+from config.memory import collector_paused
 from scheduler import tick
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
@@ -134,7 +135,7 @@ def test_a_collector_that_was_off_stays_off():
 
     gc.disable()
     try:
-        with tick.collector_paused():
+        with collector_paused():
             pass
         assert not gc.isenabled()
     finally:
