@@ -297,7 +297,7 @@ def _rate_batch(
             continue
         if rate_id is None:
             rate_id = pricer.at(started)[2].id
-        share = card_share(cards, milli)  # also for a segment run without a GPU (its work's cards): as before
+        share = card_share(cards, milli, no_gpu=no_gpu)  # a stretch run without a card used no GPU-seconds
         charged = Decimal(0)
         for line in new_lines:
             done.postings.append((pk, account_id, line, line.seconds * share))

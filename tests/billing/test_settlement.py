@@ -197,3 +197,19 @@ def test_settling_runs_with_the_garbage_collector_paused_and_turns_it_back_on(us
     assert settle(now=START + timedelta(days=1)).postings == 1
 
     assert seen == [False] and gc.isenabled()
+
+
+def test_a_stretch_run_without_a_card_is_charged_its_own_price_and_counts_no_gpu_seconds(user, rates):
+    """No-GPU mode (AutoDL's 无卡模式): the work keeps its shape, holds no card and pays ``no_gpu_hour``; its
+    postings say 0 GPU-seconds, so statements and the per-GPU-hour reports count no card it did not hold."""
+    rates.no_gpu_hour = Decimal("0.10")
+    rates.save()
+    with_card = segment(user, seconds=1800, milli=500)
+    without = segment(user, start=START + timedelta(hours=1), seconds=1800, milli=500)
+    MeterSegment.objects.filter(pk=without.pk).update(no_gpu=True)
+
+    settle(now=START + timedelta(days=1))
+
+    by_segment = {p.segment_id: p for p in Posting.objects.filter(kind=PostingKind.USAGE)}
+    assert (by_segment[with_card.pk].gpu_seconds, by_segment[with_card.pk].amount) == (900, Decimal("0.40"))
+    assert (by_segment[without.pk].gpu_seconds, by_segment[without.pk].amount) == (0, Decimal("0.05"))
