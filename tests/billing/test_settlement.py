@@ -213,3 +213,55 @@ def test_a_stretch_run_without_a_card_is_charged_its_own_price_and_counts_no_gpu
     by_segment = {p.segment_id: p for p in Posting.objects.filter(kind=PostingKind.USAGE)}
     assert (by_segment[with_card.pk].gpu_seconds, by_segment[with_card.pk].amount) == (900, Decimal("0.40"))
     assert (by_segment[without.pk].gpu_seconds, by_segment[without.pk].amount) == (0, Decimal("0.05"))
+
+
+def _readers(monkeypatch) -> list[tuple[str, object]]:
+    """Which thread read each batch, and on which connection."""
+    from django.db import connections
+
+    seen = []
+    segment_rows = settlement._segment_rows
+
+    def recording(ids):
+        seen.append((threading.current_thread().name, connections["default"]))
+        return segment_rows(ids)
+
+    monkeypatch.setattr(settlement, "_segment_rows", recording)
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_rating_thread_reads_its_batches_on_its_own_connection_and_closes_it(
+    user, rates, monkeypatch
+):
+    """Reading overlaps writing (the settling thread only writes); the rating thread's connection does not
+    outlive the run."""
+    from django.db import connections
+
+    readers = _readers(monkeypatch)
+    for hour in range(3):
+        segment(user, start=START + timedelta(hours=hour), seconds=600)
+
+    done = settle(now=START + timedelta(days=1), batch=1)
+
+    assert (done.segments, done.postings) == (3, 3) and ledger_check().ok
+    assert len(readers) == 3 and all(name.startswith("settle-rating") for name, _ in readers)
+    [apart] = {id(reader): reader for _, reader in readers}.values()
+    assert apart is not connections["default"] and apart.connection is None  # closed when the run ended
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_callers_transaction_the_batches_are_read_on_its_connection_which_sees_its_rows(
+    user, rates, monkeypatch
+):
+    """A stop that closes a segment and settles it in one transaction: only that transaction's connection
+    sees the segment; read anywhere else, it would be left unsettled."""
+    from django.db import transaction
+
+    readers = _readers(monkeypatch)
+    with transaction.atomic():
+        segment(user, seconds=600)
+        done = settle(now=START + timedelta(days=1))
+
+    assert (done.segments, done.postings) == (1, 1)
+    assert [name for name, _ in readers] == [threading.current_thread().name]
