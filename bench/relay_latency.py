@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -71,8 +72,22 @@ def start_cluster(env: dict, web_port: int, ws_port: int, logs: str) -> list[sub
     processes = []
     for n, (command, environment) in enumerate(commands):
         log = open(f"{logs}/process-{n}.log", "w")  # noqa: SIM115  (kept for the process)
-        processes.append(subprocess.Popen(command, env=environment, cwd=root, stdout=log, stderr=subprocess.STDOUT))
+        # Each in its own process group, stopped as a group: the worker's embedded beat (-B) is a child process
+        # that outlived a worker stopped alone, and kept sending ticks after the bench had ended.
+        processes.append(
+            subprocess.Popen(
+                command, env=environment, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
     return processes
+
+
+def group_signal(process: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``process`` leads (gone already: nothing to do)."""
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def running_instance(user):
@@ -242,12 +257,13 @@ def main():
                   file=sys.stderr)  # fmt: skip
     finally:
         for process in processes:
-            process.terminate()
+            group_signal(process, signal.SIGTERM)
         for process in processes:
             try:
                 process.wait(20)
             except subprocess.TimeoutExpired:
-                process.kill()
+                pass
+            group_signal(process, signal.SIGKILL)  # what is left of its group (none, normally)
         mine = {"label": f"{LABEL}.deployment={deployment}"}
         for stale in docker_client().containers.list(all=True, filters=mine):
             stale.remove(force=True)
