@@ -265,3 +265,25 @@ def test_inside_a_callers_transaction_the_batches_are_read_on_its_connection_whi
 
     assert (done.segments, done.postings) == (1, 1)
     assert [name for name, _ in readers] == [threading.current_thread().name]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_fails_half_way_closes_its_rating_threads_connection_too(user, rates, monkeypatch):
+    readers = _readers(monkeypatch)
+    for i in range(4):
+        segment(user, start=START + timedelta(minutes=i), seconds=600)
+    real_write, writes = settlement._write_batch, []
+
+    def second_write_fails(*args, **kwargs):
+        writes.append(args)
+        if len(writes) == 2:
+            raise DatabaseError("the database went away")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(settlement, "_write_batch", second_write_fails)
+    with pytest.raises(DatabaseError):
+        settle(now=START + timedelta(days=1), batch=1)
+
+    [apart] = {id(reader): reader for _, reader in readers}.values()
+    assert [name.startswith("settle-rating") for name, _ in readers] == [True] * len(readers)
+    assert apart.connection is None, "a failed run left its rating thread's connection open"
