@@ -162,10 +162,11 @@ def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle-rating") as rater:
 
             def rated(chunk: list[int]) -> Future:
-                if reads_apart:
-                    return rater.submit(_read_and_rate, chunk, payers, now, lines, revenue)
-                rows = _payers_recorded(_segment_rows(chunk), payers)
-                return rater.submit(_rate_batch, rows, now, lines, revenue, postgresql=postgresql)
+                if reads_apart:  # read in the rating thread, on its own connection
+                    return rater.submit(
+                        lambda: _rate_batch(_batch_rows(chunk, payers), now, lines, revenue, postgresql=True)
+                    )
+                return rater.submit(_rate_batch, _batch_rows(chunk, payers), now, lines, revenue, postgresql=postgresql)
 
             try:
                 ahead = deque(rated(chunk) for chunk in chunks[:2])
@@ -256,9 +257,9 @@ class RatedBatch:
     copy_text: str = ""
 
 
-def _read_and_rate(chunk: list[int], payers: dict, now, lines: dict[str, Timeline], revenue: Account) -> RatedBatch:
-    """In the rating thread, on its own connection: read a batch's segments (and payers), then rate them."""
-    return _rate_batch(_payers_recorded(_segment_rows(chunk), payers), now, lines, revenue, postgresql=True)
+def _batch_rows(chunk: list[int], payers: dict[tuple[int, str], int]) -> list[tuple]:
+    """A batch's segments as rating reads them, with their payers (on the calling thread's connection)."""
+    return _payers_recorded(_segment_rows(chunk), payers)
 
 
 def _rate_batch(

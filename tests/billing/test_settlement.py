@@ -149,13 +149,8 @@ def test_the_payer_and_the_rate_are_recorded_when_a_segment_opens(user, rates):
     assert segment_assign(seg.workload_id) == 0, "recorded once"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_one_charges_the_rest(
-    user, rates, monkeypatch
-):
-    if connection.vendor != "postgresql":
-        pytest.fail("run on PostgreSQL (make test does)")
-    segments = [segment(user, start=START + timedelta(minutes=i), seconds=600) for i in range(4)]
+def _second_write_fails(monkeypatch) -> None:
+    """The run's second batch fails to write (the first is written as usual)."""
     real_write, writes = settlement._write_batch, []
 
     def second_write_fails(*args, **kwargs):
@@ -165,6 +160,16 @@ def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_o
         return real_write(*args, **kwargs)
 
     monkeypatch.setattr(settlement, "_write_batch", second_write_fails)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_one_charges_the_rest(
+    user, rates, monkeypatch
+):
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    segments = [segment(user, start=START + timedelta(minutes=i), seconds=600) for i in range(4)]
+    _second_write_fails(monkeypatch)
     with pytest.raises(DatabaseError):
         settle(now=START + timedelta(days=1), batch=1)
     with connection.cursor() as cursor:
@@ -272,15 +277,7 @@ def test_a_run_that_fails_half_way_closes_its_rating_threads_connection_too(user
     readers = _readers(monkeypatch)
     for i in range(4):
         segment(user, start=START + timedelta(minutes=i), seconds=600)
-    real_write, writes = settlement._write_batch, []
-
-    def second_write_fails(*args, **kwargs):
-        writes.append(args)
-        if len(writes) == 2:
-            raise DatabaseError("the database went away")
-        return real_write(*args, **kwargs)
-
-    monkeypatch.setattr(settlement, "_write_batch", second_write_fails)
+    _second_write_fails(monkeypatch)
     with pytest.raises(DatabaseError):
         settle(now=START + timedelta(days=1), batch=1)
 
