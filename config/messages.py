@@ -130,6 +130,43 @@ def send(task: ToScheduler | ToNode, *args, node: str | None = None, **options) 
     app.send_task(task, args=list(args), queue=queue, **options)
 
 
+def send_to_nodes(task: ToNode, *args, nodes: list[str], producer=None) -> None:
+    """Send the same ``task(*args)`` to each of ``nodes``' (fast) queues, its body serialized and signed once.
+
+    Each copy is a task message of its own (its own id, Celery's own headers), only the signed body
+    is shared, so what it says must serve every node it goes to (each picks its part: the queue it
+    came on, ``request.delivery_info["routing_key"]``, is ``node_queue(its node)``). A signature costs a third of a
+    millisecond and Celery's ``send_task`` as much again (with declaring the queue at every send):
+    the tick's launches to ~200 nodes took ~120 ms of every tick one message at a time, ~15 ms so.
+    """
+    from kombu.serialization import dumps
+    from kombu.utils.uuid import uuid
+
+    from config.celery import app
+
+    amqp = app.amqp
+    described = dict(argsrepr=f"<{task.name.lower()} for {len(nodes)} nodes>", kwargsrepr="{}")
+    body = amqp.as_task_v2(uuid(), task, args=list(args), **described).body
+    content_type, content_encoding, signed = dumps(body, serializer=app.conf.task_serializer)
+    with app.producer_or_acquire(producer) as producer:
+        for node in nodes:
+            message = amqp.as_task_v2(uuid(), task, args=list(args), **described)._replace(body=signed)
+            amqp.send_task_message(
+                producer,
+                task,
+                message,
+                queue=node_queue(node),
+                content_type=content_type,
+                content_encoding=content_encoding,
+                declare=[],  # Redis: a queue is a list, pushed to by name (no binding), made by its first push
+            )
+
+
+def queue_node(queue: str) -> str:
+    """The node whose fast queue this is: ``node_queue(name)``'s inverse."""
+    return queue.removeprefix("node.")
+
+
 def send_after_commit(
     task: ToScheduler | ToNode, *args, node: str | None = None, robust: bool = False, **options
 ) -> None:

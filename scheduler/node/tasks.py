@@ -7,7 +7,7 @@ the control plane sends them without importing node-side code.
 from celery import shared_task
 from django.conf import settings
 
-from config.messages import ToNode, send
+from config.messages import ToNode, queue_node, send
 from scheduler.node import agent, moves, reconcile
 
 NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
@@ -25,12 +25,19 @@ def agent_launch(workload_id: int, node_name: str | None = None):
     agent.agent_launch(workload_id, node_name)
 
 
-@shared_task(name=ToNode.LAUNCH_MANY, ignore_result=True)
-def agent_launch_many(workload_ids: list[int], node_name: str):
-    """The tick's launches for this node, one message: the first is launched here and now, each of the
-    others becomes its own launch task (so they run side by side on the agent's threads). A launch lost
-    with this task is sent again by the control plane's reconciliation (LAUNCH_RESEND_S)."""
-    first, *others = workload_ids or [None]
+@shared_task(name=ToNode.LAUNCH_MANY, ignore_result=True, bind=True)
+def agent_launch_many(self, launches: dict[str, list[int]] | list[int], node_name: str | None = None):
+    """The tick's launches: ``launches`` names them for several nodes (one signed body, a copy on each
+    node's queue, ``config.messages.send_to_nodes``) and this node launches its part, known by the queue
+    the message came on. Older messages: (this node's ids, its name).
+
+    The first is launched here and now, each of the others becomes its own launch task (so they run
+    side by side on the agent's threads). A launch lost with this task is sent again by the control
+    plane's reconciliation (LAUNCH_RESEND_S)."""
+    if node_name is None:
+        node_name = queue_node(self.request.delivery_info["routing_key"])
+        launches = launches.get(node_name, [])
+    first, *others = launches or [None]
     for workload_id in others:
         send(ToNode.LAUNCH, workload_id, node_name, node=node_name)
     if first is not None:

@@ -188,7 +188,10 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
         workloads.append(w)
     # accrued_at cleared: this run's service counts from its start (scheduler.services.accrual), not from
     # the last accrual of an earlier run.
-    Workload.objects.filter(pk__in=[w.pk for w in workloads]).update(
+    rows_update(
+        Workload,
+        workloads,
+        ["status_reason", "node", "queue_level", "master_port"],
         status=S.STARTING,
         status_changed_at=Now(),
         started_at=None,
@@ -196,7 +199,6 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
         queue_position=None,
         accrued_at=None,
     )
-    rows_update(Workload, workloads, ["status_reason", "node", "queue_level", "master_port"])
     transitions_recorded(workloads, from_status=S.QUEUED)
 
 

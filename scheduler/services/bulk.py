@@ -9,22 +9,22 @@ of rows); other databases (SQLite in development) use ``bulk_update``.
 
 from django.db import connection
 from django.db.models import F
+from django.db.models.sql import Query
 
 
 def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...] = (), **same) -> None:
     """Write ``fields`` of each object (all of the same model) to its row, and ``same`` (field=value, one
-    value for every row) as well, in one statement.
+    value or expression, such as ``Now()``, for every row) as well, in one statement.
 
     ``add``: fields whose object value is added to the row's own (``column = column + value``), so a
     write of the column made since the object was read is kept, not overwritten."""
     if not objects:
         return
     if connection.vendor != "postgresql":
-        for obj in objects:
-            for name, value in same.items():
-                setattr(obj, name, value)
-        if fields or same:
-            model.objects.bulk_update(objects, [*fields, *same])
+        if fields:
+            model.objects.bulk_update(objects, fields)
+        if same:
+            model.objects.filter(pk__in=[obj.pk for obj in objects]).update(**same)
         for obj in objects if add else ():
             model.objects.filter(pk=obj.pk).update(**{name: F(name) + getattr(obj, name) for name in add})
         return
@@ -35,7 +35,16 @@ def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...]
     table = quote(model._meta.db_table)
     names = ", ".join(quote(c.column) for c in [pk, *columns])
     arrays = ", ".join(f"%s::{c.db_type(connection)}[]" for c in [pk, *columns])
-    shared = [model._meta.get_field(name) for name in same]
+    compiler = Query(model).get_compiler(connection=connection)
+    shared, params = [], []
+    for name, value in same.items():
+        column = model._meta.get_field(name)
+        if hasattr(value, "resolve_expression"):
+            sql, expression_params = compiler.compile(value.resolve_expression(compiler.query))
+        else:
+            sql, expression_params = "%s", [column.get_db_prep_save(value, connection)]
+        shared.append(f"{quote(column.column)} = {sql}")
+        params += expression_params
     assignments = ", ".join(
         [
             f"{quote(c.column)} = {table}.{quote(c.column)} + v.{quote(c.column)}"
@@ -43,9 +52,8 @@ def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...]
             else f"{quote(c.column)} = v.{quote(c.column)}"
             for c in columns
         ]
-        + [f"{quote(c.column)} = %s" for c in shared]
+        + shared
     )
-    params = [c.get_db_prep_save(same[c.name], connection) for c in shared]
     params += [[pk.get_db_prep_value(obj.pk, connection) for obj in objects]] + [
         [c.get_db_prep_save(getattr(obj, c.attname), connection) for obj in objects] for c in columns
     ]

@@ -100,22 +100,63 @@ def queued_messages(queue: str) -> list[tuple[str, object]]:
     return messages
 
 
-def test_each_node_gets_one_signed_launch_message_naming_the_work_placed_on_it(user):
+def test_each_node_gets_one_launch_message_naming_the_work_placed_on_it_all_signed_once(user):
+    import json
+
+    import redis
+    from django.conf import settings
+
     from config.messages import ToNode, node_queue
 
     nodes = [make_node("sim:1xRTX3090", cpu_cores=8) for _ in range(3)]
     works = [workload(user, name=f"w{i}") for i in range(3)]
+    client = redis.Redis.from_url(settings.REDIS_URL)
 
     placed = tick.schedule_tick().placed
 
     assert sorted(placed) == sorted(w.pk for w in works)
+    raw = [client.lrange(node_queue(node.name), 0, -1) for node in nodes]
     launched = {}
     for node in nodes:
-        [(task, ((ids, name), _, _))] = queued_messages(node_queue(node.name))
+        [(task, ((launches,), _, _))] = queued_messages(node_queue(node.name))
         assert task == ToNode.LAUNCH_MANY
-        launched[name] = ids
+        launched[node.name] = launches[node.name]
     for w in Workload.objects.filter(pk__in=placed).select_related("node"):
         assert launched[w.node.name] == [w.pk]
+    # One signed body, a message of its own (its own id) on each node's queue.
+    messages = [json.loads(item) for [item] in raw]
+    assert len({m["body"] for m in messages}) == 1
+    assert len({m["headers"]["id"] for m in messages}) == 3
+
+
+def test_the_nodes_launches_in_one_body_are_split_so_a_message_stays_small(user, monkeypatch):
+    from config.messages import node_queue
+    from scheduler.services import workloads as workload_services
+
+    monkeypatch.setattr(workload_services, "LAUNCH_NODES_PER_BODY", 2)
+    nodes = [make_node("sim:1xRTX3090", cpu_cores=8) for _ in range(3)]
+    for i in range(3):
+        workload(user, name=f"w{i}")
+
+    assert len(tick.schedule_tick().placed) == 3
+
+    bodies = [queued_messages(node_queue(node.name))[0][1][0][0] for node in nodes]
+    assert sorted(len(launches) for launches in bodies) == [1, 2, 2]
+    for node, launches in zip(nodes, bodies, strict=True):
+        assert node.name in launches
+
+
+def test_a_node_launches_its_own_part_of_a_shared_launch_message(monkeypatch):
+    from scheduler.node import agent, tasks
+
+    launched, sent = [], []
+    monkeypatch.setattr(agent, "agent_launch", lambda workload_id, node_name: launched.append((workload_id, node_name)))
+    monkeypatch.setattr(tasks, "send", lambda task, *args, node: sent.append((task, args, node)))
+
+    tasks.agent_launch_many.apply(args=[{"gpu-a": [1], "gpu-b": [2, 3]}], routing_key="node.gpu-b").get()
+
+    assert launched == [(2, "gpu-b")]
+    assert sent == [(tasks.ToNode.LAUNCH, (3, "gpu-b"), "gpu-b")]
 
 
 def test_a_tick_runs_with_the_garbage_collector_paused_and_turns_it_back_on(monkeypatch):

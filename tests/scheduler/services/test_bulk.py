@@ -4,7 +4,8 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -29,6 +30,22 @@ def test_it_writes_each_rows_values_and_the_shared_ones_in_one_statement():
     assert list(Workload.objects.order_by("pk").values_list("queue_level", flat=True)) == [1, 2, 0]
     accrued = dict(Workload.objects.values_list("pk", "accrued_at"))
     assert accrued[first.pk] == accrued[second.pk] == when and accrued[untouched.pk] is None
+
+
+def test_a_shared_value_can_be_an_expression_the_database_works_out():
+    owner = get_user_model().objects.create_user("owner")
+    first, second = workload(owner), workload(owner)
+    first.queue_level, second.queue_level = 1, 2
+    with transaction.atomic():
+        rows_update(Workload, [first, second], ["queue_level"], status_changed_at=Now(), status_reason="placed")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT STATEMENT_TIMESTAMP()")
+            (later,) = cursor.fetchone()
+    rows = list(Workload.objects.order_by("pk").values_list("queue_level", "status_reason", "status_changed_at"))
+    assert [row[:2] for row in rows] == [(1, "placed"), (2, "placed")]
+    # The database's time, one for every row, no later than the next statement's.
+    first_at, second_at = (row[2] for row in rows)
+    assert first_at is not None and first_at == second_at and first_at <= later
 
 
 def test_nothing_to_write_is_no_statement():
