@@ -114,10 +114,11 @@ def setup(viewers: int) -> list[str]:
         gpus=simulated_inventory(CARDS, NODE), simulated=True, nvidia_runtime=False,
     )  # fmt: skip
     cards = list(node.gpus.order_by("index"))
+    from config.clients import redis_client
     from scheduler.telemetry import streams
 
     stale = streams.node_stream(NODE)  # an earlier run's history: this run's viewers start from this run's samples
-    streams.history_client().delete(stale, streams.backfill_stream(stale))
+    redis_client().delete(stale, streams.backfill_stream(stale))
     User = get_user_model()
     owner = User.objects.create_user("bench-owner")
     for i in range(TENANTS):  # running work with no container: the node document lists its holders

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from functools import cache
 
 import redis
 from django.conf import settings
 
+from config.clients import redis_client
 from config.relay import Op, Ticket, ticket_sign
 from scheduler.errors import Conflict, InvalidInput, ServiceError, TooMany
 from scheduler.models import Workload, WorkloadStatus
@@ -67,11 +67,6 @@ def unreachable(exc: Exception) -> Conflict:
     return Conflict("the instance's host does not answer; try again in a moment")
 
 
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
-
-
 # KEYS[1]: the user's sessions (a sorted set, member -> lease end in ms on Redis's clock).
 # ARGV: member, cap, lease in ms. Takes or renews the member's slot; 0 if the cap is reached.
 _TAKE = """
@@ -107,19 +102,19 @@ class SessionSlot:
 
     def take(self) -> SessionSlot:
         cap = settings.RELAY_MAX_SESSIONS_PER_USER
-        if not _redis().eval(_TAKE, 1, self.key, self.member, cap, LEASE_S * 1000):
+        if not redis_client().eval(_TAKE, 1, self.key, self.member, cap, LEASE_S * 1000):
             raise TooMany(f"you have {cap} terminal and file sessions open, the most at once: close one first")
         return self
 
     def renew(self) -> None:
         try:
-            _redis().eval(_RENEW, 1, self.key, self.member, LEASE_S * 1000)
+            redis_client().eval(_RENEW, 1, self.key, self.member, LEASE_S * 1000)
         except redis.RedisError as exc:  # the session goes on; its lease may lapse meanwhile
             log.warning("could not renew a relay session lease: %s", exc)
 
     def release(self) -> None:
         try:
-            _redis().zrem(self.key, self.member)
+            redis_client().zrem(self.key, self.member)
         except redis.RedisError as exc:  # the lease lapses by itself
             log.warning("could not release a relay session lease: %s", exc)
 

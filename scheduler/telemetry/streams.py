@@ -17,10 +17,10 @@ backfill is those points and the newest sample whole.
 from __future__ import annotations
 
 import json
-from functools import cache
 
-import redis
 from django.conf import settings
+
+from config.clients import redis_client
 
 
 def node_stream(node_name: str) -> str:
@@ -49,14 +49,9 @@ def backfill_due(t: float) -> bool:
     return t // step != (t - settings.TELEMETRY_INTERVAL_S) // step
 
 
-@cache
-def history_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
-
-
 def history_append(entries: list[tuple[str, str, str | None]]) -> None:
     """Append (stream key, JSON document, its backfill point or None), trimming each stream to the window."""
-    pipe = history_client().pipeline(transaction=False)
+    pipe = redis_client().pipeline(transaction=False)
     ttl = int(settings.TELEMETRY_HISTORY_S) + 60
     for key, text, point in entries:
         pipe.xadd(key, {"d": text}, maxlen=history_length(), approximate=True)
@@ -69,7 +64,7 @@ def history_append(entries: list[tuple[str, str, str | None]]) -> None:
 
 def backfill_read(key: str) -> list[str]:
     """What a socket that opens gets first: the stream's backfill points, then its newest sample whole."""
-    pipe = history_client().pipeline(transaction=False)
+    pipe = redis_client().pipeline(transaction=False)
     pipe.xrange(backfill_stream(key))
     pipe.xrevrange(key, count=1)
     points, newest = pipe.execute()
@@ -89,7 +84,7 @@ def _stamp(text: str) -> str:
 
 def history_read(key: str, *, since_s: float | None = None, count: int | None = None) -> list[str]:
     """JSON documents of one stream, oldest first; the last ``count`` only, when given."""
-    client = history_client()
+    client = redis_client()
     if count is not None:
         entries = list(reversed(client.xrevrange(key, count=count)))
     else:
@@ -100,7 +95,7 @@ def history_read(key: str, *, since_s: float | None = None, count: int | None = 
 
 def latest_node_documents(node_names: list[str]) -> dict[str, dict]:
     """The newest sample of each node that has one."""
-    pipe = history_client().pipeline(transaction=False)
+    pipe = redis_client().pipeline(transaction=False)
     for name in node_names:
         pipe.xrevrange(node_stream(name), count=1)
     latest = {}
