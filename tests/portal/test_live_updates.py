@@ -6,6 +6,7 @@ import time
 
 import pytest
 import websockets
+import websockets.exceptions  # the package does not import it itself until a connection does
 from django.db import connection
 from django.test import Client
 

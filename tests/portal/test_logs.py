@@ -7,6 +7,7 @@ import os
 
 import pytest
 import websockets
+import websockets.exceptions  # the package does not import it itself until a connection does
 from django.db import connection
 
 from portal.models import Instance

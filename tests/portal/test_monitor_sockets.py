@@ -8,6 +8,7 @@ import time
 import pytest
 import redis
 import websockets
+import websockets.exceptions  # the package does not import it itself until a connection does
 
 from scheduler.telemetry import streams
 from scheduler.telemetry.sampler import Sampler

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import websockets
+import websockets.exceptions  # the package does not import it itself until a connection does
 
 from portal.models import Instance
 from portal.services.relay import SessionSlot
