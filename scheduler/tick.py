@@ -12,11 +12,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import redis
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from config.clients import redis_client
 from config.memory import collector_paused
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus, card_share
@@ -78,10 +78,6 @@ def tick_lock():
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [TICK_LOCK_KEY])
 
 
-def _wakeups():
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-
-
 def _wakeup_key() -> str:
     return f"gpucloud:{settings.DEPLOYMENT_ID}:tick-wanted"
 
@@ -100,13 +96,13 @@ def schedule_tick() -> TickResult:
                 with collector_paused():
                     result = _tick()
         if not held:
-            _wakeups().set(_wakeup_key(), 1)
+            redis_client().set(_wakeup_key(), 1)
             with tick_lock() as held:
                 if not held:
                     return result  # the holder will see the flag once it lets go
                 with collector_paused():
                     result = _tick()
-        if not _wakeups().getdel(_wakeup_key()):
+        if not redis_client().getdel(_wakeup_key()):
             return result
         log.info("a wake-up came during the tick: ticking again (%d)", attempt + 1)
     return result
