@@ -11,20 +11,10 @@ steady-state bench). With room on the page they are HOT: the accrual write of th
 
 from django.db import migrations
 
-FILLFACTOR = 70
-
-
-def forwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE scheduler_workload SET (fillfactor = {FILLFACTOR})")
-
-
-def backwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("ALTER TABLE scheduler_workload RESET (fillfactor)")
+from config.fillfactor import fillfactor
 
 
 class Migration(migrations.Migration):
     dependencies = [("scheduler", "0016_gangs")]
 
-    operations = [migrations.RunPython(forwards, backwards, elidable=False)]
+    operations = [fillfactor("scheduler_workload", 70)]
