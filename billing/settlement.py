@@ -26,7 +26,7 @@ from decimal import Decimal
 from functools import partial
 from itertools import islice
 
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, IntegrityError, connection, connections, transaction
 from django.db.models import BigIntegerField, F, Func, Max, Min, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -425,21 +425,29 @@ def _copy_text(postings, revenue: Account, now) -> str:
 
 
 def _write_postgresql(copy_text: str, updates) -> None:
-    """COPY the postings in, then one UPDATE for the segments."""
+    """COPY the postings in, then one UPDATE for the segments, which must find every segment the postings
+    name: the statement-level reference trigger leaves that check to it (billing migration 0012), for the
+    COPY alone (``billing.segments_checked``, on for the transaction, off again after the UPDATE)."""
+    if not updates:
+        return  # no segment advanced: no posting either
+    ids, until, accounts, rates = map(list, zip(*updates, strict=True))
     with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('billing.segments_checked', 'on', true)")
         with cursor.copy(POSTING_COPY) as copy:
             copy.write(copy_text)
-        if updates:
-            ids, until, accounts, rates = map(list, zip(*updates, strict=True))
-            # "s.id = ANY": the batch's rows found through the primary key; joined to the arrays alone, the
-            # planner reads the whole table (a million segments of history) once per batch.
-            cursor.execute(
-                "UPDATE billing_metersegment s SET settled_until = 'epoch'::timestamptz + v.until * interval '1 us', "
-                "account_id = v.account, rate_card_id = v.rate "
-                "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) "
-                "AS v(id, until, account, rate) WHERE s.id = v.id AND s.id = ANY(%s::bigint[])",
-                [_bigints(ids), _bigints(until), _bigints(accounts), _bigints(rates), _bigints(ids)],
-            )
+        # "s.id = ANY": the batch's rows found through the primary key; joined to the arrays alone, the
+        # planner reads the whole table (a million segments of history) once per batch.
+        cursor.execute(
+            "UPDATE billing_metersegment s SET settled_until = 'epoch'::timestamptz + v.until * interval '1 us', "
+            "account_id = v.account, rate_card_id = v.rate "
+            "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) "
+            "AS v(id, until, account, rate) WHERE s.id = v.id AND s.id = ANY(%s::bigint[])",
+            [_bigints(ids), _bigints(until), _bigints(accounts), _bigints(rates), _bigints(ids)],
+        )
+        found = cursor.rowcount
+        cursor.execute("SELECT set_config('billing.segments_checked', 'off', true)")
+    if found != len(ids):  # the caller's transaction is rolled back: no posting of this batch stays
+        raise IntegrityError(f"settlement names {len(ids) - found} meter segment(s) that do not exist")
 
 
 def _write_orm(postings, updates, revenue: Account, now) -> None:

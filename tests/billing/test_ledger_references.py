@@ -7,7 +7,7 @@ import pytest
 from django.db import IntegrityError, ProgrammingError, connection, transaction
 
 from billing.ledger import platform_account, user_account
-from billing.models import AccountKind, MeterSegment, Posting, PostingKind
+from billing.models import AccountKind, MeterSegment, Posting, PostingKind, RateCard
 from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db
@@ -68,3 +68,36 @@ def test_accounts_and_segments_are_never_deleted_nor_renumbered(user):
         with pytest.raises(ProgrammingError, match="kept"), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, [row])
     assert MeterSegment.objects.filter(pk=segment.pk).exists() and type(account).objects.filter(pk=account.pk).exists()
+
+
+def _settled_batch(account, revenue, segment_ids: list[int]) -> None:
+    """What settlement writes for these segments: one posting each, then their UPDATE."""
+    from billing.rating import Line
+    from billing.settlement import _copy_text, _write_postgresql
+
+    line = Line(START, 60.0, Decimal("0.10"), None, [{"hourly": "6.00", "rate": None}])
+    copy_text = _copy_text([(pk, account.pk, line, 60.0) for pk in segment_ids], revenue, START)
+    until = int((START + timedelta(hours=1)).timestamp() * 1_000_000)
+    rate = RateCard.objects.create(gpu_model="", effective_from=START - timedelta(days=1), card_hour=Decimal(6))
+    _write_postgresql(copy_text, [(pk, until, account.pk, rate.pk) for pk in segment_ids])
+
+
+def test_a_settlement_batch_naming_a_missing_segment_is_refused_whole(user):
+    """The trigger leaves settlement's own segments to settlement: its UPDATE must find every one."""
+    account, revenue = user_account(user), platform_account(AccountKind.REVENUE)
+    real = MeterSegment.objects.create(workload=workload(user), started_at=START)
+    with pytest.raises(IntegrityError, match="1 meter segment"), transaction.atomic():
+        _settled_batch(account, revenue, [real.pk, real.pk + 999])
+    assert not Posting.objects.filter(kind=PostingKind.USAGE).exists()
+    real.refresh_from_db()
+    assert real.settled_until is None
+
+
+def test_after_a_settlement_batch_the_trigger_checks_segments_again_in_the_same_transaction(user):
+    """A stop settles inside its own transaction: whatever that transaction writes next is checked."""
+    account, revenue = user_account(user), platform_account(AccountKind.REVENUE)
+    real = MeterSegment.objects.create(workload=workload(user), started_at=START)
+    with pytest.raises(IntegrityError, match="meter segment that does not exist"), transaction.atomic():
+        _settled_batch(account, revenue, [real.pk])
+        Posting.objects.bulk_create([charge(account, revenue, real.pk + 999, 5)])
+    assert not Posting.objects.filter(kind=PostingKind.USAGE).exists()
