@@ -2,6 +2,8 @@
 
 from django.db import migrations
 
+from config.migration_ops import postgresql_sql
+
 CREATE = """
 CREATE OR REPLACE FUNCTION billing_posting_append_only() RETURNS trigger AS $$
 BEGIN
@@ -17,16 +19,6 @@ DROP FUNCTION IF EXISTS billing_posting_append_only();
 """
 
 
-def forwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(CREATE)
-
-
-def backwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP)
-
-
 class Migration(migrations.Migration):
     dependencies = [("billing", "0003_ledger_accounts_rates")]
-    operations = [migrations.RunPython(forwards, backwards)]
+    operations = [postgresql_sql(CREATE, DROP)]

@@ -12,6 +12,8 @@ PROTECT already refused deleting them while postings named them, and wallets are
 import django.db.models.deletion
 from django.db import migrations, models
 
+from config.migration_ops import postgresql_sql
+
 CREATE = """
 CREATE OR REPLACE FUNCTION billing_posting_references() RETURNS trigger AS $$
 BEGIN
@@ -53,16 +55,6 @@ DROP FUNCTION IF EXISTS billing_kept();
 """
 
 
-def forwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(CREATE, params=None)
-
-
-def backwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP, params=None)
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -85,5 +77,5 @@ class Migration(migrations.Migration):
             name='segment',
             field=models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='postings', to='billing.metersegment'),
         ),
-        migrations.RunPython(forwards, backwards),
+        postgresql_sql(CREATE, DROP),
     ]

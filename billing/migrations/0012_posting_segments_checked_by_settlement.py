@@ -13,6 +13,8 @@ from importlib import import_module
 
 from django.db import migrations
 
+from config.migration_ops import postgresql_sql
+
 # 0009's function (before its CREATE TRIGGER), its segment check made conditional.
 EARLIER = import_module("billing.migrations.0009_posting_references_per_statement").CREATE
 EARLIER = EARLIER.split("CREATE TRIGGER billing_posting_references")[0]
@@ -26,17 +28,7 @@ REFERENCES = EARLIER.replace(
 assert REFERENCES.count("segments_checked") == 1
 
 
-def forwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(REFERENCES, params=None)
-
-
-def backwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(EARLIER, params=None)
-
-
 class Migration(migrations.Migration):
     dependencies = [("billing", "0011_segment_fillfactor")]
 
-    operations = [migrations.RunPython(forwards, backwards, elidable=False)]
+    operations = [postgresql_sql(REFERENCES, EARLIER)]
