@@ -255,7 +255,7 @@ def _pending_batches(segments, batch: int, payers: dict[tuple[int, str], int]) -
         columns = SEGMENT_COLUMNS
     else:
         rows, columns = segments, [SEGMENT_TIMES.get(column, column) for column in SEGMENT_COLUMNS]
-    rows = iter(rows.order_by("pk").values_list(*columns).iterator(chunk_size=batch))
+    rows = rows.order_by("pk").values_list(*columns).iterator(chunk_size=batch)
     while chunk := list(islice(rows, batch)):
         yield _payers_recorded(chunk, payers)
 
