@@ -76,9 +76,12 @@ def main():
     if args.quick:
         args.file_mb, args.rounds = 128, 3
     django_setup(args)
-    from scheduler.node import diskio, launcher
+    from portal.services.demo import BASE_IMAGE
+    from scheduler.node import diskio, images, launcher
 
     client, errors, tag = launcher.docker_client(), [], uuid.uuid4().hex[:8]
+    if IMAGE == BASE_IMAGE:
+        images.stand_in_ensure(IMAGE, BASE_IMAGE)  # the busybox base, built here when missing
     disks = diskio.devices(launcher.docker_root())
     capped = diskio.io_options(0.5, disks)
     volumes = [f"bench-io-{tag}-{role}" for role in ("neighbour", "flooder")]

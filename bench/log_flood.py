@@ -22,7 +22,7 @@ follower) never reaches the collector and can only be measured here, as printed 
 
     python bench/log_flood.py [--seconds 8] [--rounds 3]
 
-Needs Docker (root engine) and the catalog's base image (``make test`` builds it); no database.
+Needs Docker (root engine); builds the catalog's stand-in image when it is missing; no database.
 Ends with one JSON line.
 """
 
@@ -186,10 +186,13 @@ def main() -> None:
         setup(Path(workdir))
         from django.conf import settings
 
+        from portal.services.demo import BASE_IMAGE
         from scheduler.node.collector import Collector
+        from scheduler.node.images import stand_in_ensure
         from scheduler.node.launcher import docker_client
 
         client = docker_client()
+        stand_in_ensure(IMAGE, BASE_IMAGE)  # as make test and build_images do: no registry is needed
         collector = Collector(NODE, client.api).start()
         ids = iter(range(1, 10_000))
         alone, beside, busy = [], [], []

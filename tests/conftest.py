@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 from portal.models import GpuType, Image
 from portal.services.demo import BASE_IMAGE, catalog_load
 from scheduler.node.gpus import simulated_inventory
-from scheduler.node.images import base_image_build, image_exists, image_tag
+from scheduler.node.images import stand_in_ensure
 from scheduler.node.launcher import LABEL, docker_client
 from scheduler.services.nodes import node_register
 
@@ -75,10 +75,7 @@ def fresh_throttles(monkeypatch):
 
 @pytest.fixture(scope="session")
 def base_image():
-    if not image_exists(BASE_IMAGE):
-        base_image_build(BASE_IMAGE)
-    if not image_exists(TEST_IMAGE):
-        image_tag(BASE_IMAGE, TEST_IMAGE)
+    stand_in_ensure(TEST_IMAGE, BASE_IMAGE)
     return TEST_IMAGE
 
 

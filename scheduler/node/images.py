@@ -86,3 +86,12 @@ def base_image_build(ref: str) -> None:
 def image_tag(source: str, ref: str) -> None:
     repository, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
     docker_client().images.get(source).tag(repository, tag)
+
+
+def stand_in_ensure(ref: str, base: str) -> None:
+    """Make ``ref`` exist on this engine: ``base`` built from busybox when missing, then tagged ``ref``
+    when ``ref`` is missing (what ``build_images`` does for a catalog without a registry)."""
+    if not image_exists(base):
+        base_image_build(base)
+    if not image_exists(ref):
+        image_tag(base, ref)
