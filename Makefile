@@ -51,6 +51,7 @@ prod-smoke: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(VENV)/.installed
 	$(PY) bench/scheduler_throughput.py

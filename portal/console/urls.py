@@ -18,14 +18,8 @@ urlpatterns = [
         files.instance_file_download,
         name="console-instance-file-download",
     ),
-    path(
-        "instances/<int:instance_id>/files/upload/",
-        files.instance_file_upload,
-        name="console-instance-file-upload",
-    ),
-    path(
-        "instances/<int:instance_id>/save-image/", images.instance_save_image, name="console-instance-save-image"
-    ),
+    path("instances/<int:instance_id>/files/upload/", files.instance_file_upload, name="console-instance-file-upload"),
+    path("instances/<int:instance_id>/save-image/", images.instance_save_image, name="console-instance-save-image"),
     path("instances/<int:instance_id>/disk/", work.instance_disk, name="console-instance-disk"),
     path("images/", images.image_page, name="console-images"),
     path("images/<int:image_id>/delete/", images.image_delete, name="console-image-delete"),

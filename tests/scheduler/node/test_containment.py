@@ -53,8 +53,7 @@ def test_a_fork_bomb_is_held_at_the_pids_limit_and_the_instance_still_stops(user
     # process forks once and becomes a sleeper; behind it a classic bomb churns while three fillers start
     # sleepers until the limit refuses them, so the count reaches the limit and stays there until the stop.
     flood = (
-        "fill(){ while :; do sleep 600 & done; }; bomb(){ bomb | bomb & }; "
-        "(fill & fill & fill & bomb) & exec sleep 600"
+        "fill(){ while :; do sleep 600 & done; }; bomb(){ bomb | bomb & }; (fill & fill & fill & bomb) & exec sleep 600"
     )
     bomb = workload(user, image_ref=base_image, command=["sh", "-c", flood])
     container = launched(bomb, node)

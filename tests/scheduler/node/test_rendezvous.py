@@ -75,12 +75,7 @@ def test_a_gang_member_finds_rank_0_on_rank_0s_host_and_rank_0_publishes_the_por
     rank1 = launcher.Rendezvous(rank=1, hosts=hosts, master_host="10.9.0.11", master_port=29517)
     spec = launcher.container_spec(job, node=node, shares=shares(2), rendezvous=rank1, name="member-1")
     env = spec["environment"]
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == (
-        "10.9.0.11",
-        "29517",
-        "4",
-        "2",
-    )
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == ("10.9.0.11", "29517", "4", "2")
     assert (env["NODE_RANK"], env["NNODES"], env["LOCAL_WORLD_SIZE"]) == ("1", "2", "2")
     assert env["GPUCLOUD_MASTER_HOST"] == "10.9.0.11" and "ports" not in spec
     assert spec["name"] == "member-1" and spec["labels"]["gpucloud.rank"] == "1"
