@@ -22,7 +22,7 @@ from django.conf import settings
 from config.clients import redis_client
 from config.relay import Op, Ticket, ticket_sign
 from scheduler.errors import Conflict, InvalidInput, ServiceError, TooMany
-from scheduler.models import Workload, WorkloadStatus
+from scheduler.models import Workload, WorkloadKind, WorkloadStatus
 
 log = logging.getLogger(__name__)
 CONNECT_S = 5
@@ -34,13 +34,28 @@ RENEW_S = LEASE_S / 3
 def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, dict]:
     """(URL, headers) of one relay call for ``workload``'s container; Conflict if it cannot be made now."""
     if workload.status != WorkloadStatus.RUNNING:
-        raise Conflict(f"this is reachable while the instance runs; it is {workload.status}")
+        raise Conflict(not_running(workload))
     node = workload.node
     if node is None or not node.relay_url:
         raise Conflict("the instance's host has no relay registered: its node agent must be restarted")
     ticket = Ticket(op=op, container=workload.container_name, workload=workload.pk, user=user.pk, **params)
     token = ticket_sign(ticket, secret=settings.RELAY_SECRET)
     return f"{node.relay_url.rstrip('/')}/v1/{op}", {"Authorization": f"Bearer {token}"}
+
+
+def not_running(workload: Workload) -> str:
+    """Why a terminal or files of ``workload`` cannot be had now, and what the user can do instead."""
+    status = workload.status
+    if workload.kind == WorkloadKind.JOB:
+        if status in (WorkloadStatus.QUEUED, WorkloadStatus.STARTING):
+            return f"a job's terminal and files can be reached while it runs; this one is {status}"
+        return (
+            f"a job's terminal and files can be reached while it runs; this one has ended ({status}). "
+            "Keep what you need afterwards in /root/autodl-fs, your file storage, which every job and "
+            "instance you run mounts"
+        )
+    hint = ": start it (with or without a GPU)" if status == WorkloadStatus.STOPPED else ""
+    return f"an instance's terminal and files can be reached while it runs; this one is {status}{hint}"
 
 
 def refusal(status: int, body: bytes) -> ServiceError:

@@ -62,8 +62,19 @@ def test_the_files_of_a_job_are_its_owners_and_only_while_it_runs(api, outsider_
     job_id = submit(api, catalog, archive({"run.sh": b"echo hi\n"})).data["id"]
     listing = f"/api/v1/jobs/{job_id}/files/?path=/root/checkpoints"
     assert outsider_api.get(listing).status_code == 404
-    assert api.get(listing).status_code == 409, "queued: not running"
+    queued = api.get(listing)
+    assert queued.status_code == 409 and "this one is queued" in queued.data["detail"], queued.data
     outside = api.get(f"/api/v1/jobs/{job_id}/files/?path=/etc")
     assert outside.status_code == 400 and "path" in outside.data
     upload = api.put(f"/api/v1/jobs/{job_id}/files/upload/?path=/root/checkpoints", b"x", content_type="text/plain")
     assert upload.status_code == 400 and "name" in upload.data
+
+
+def test_the_files_of_an_ended_job_are_refused_saying_where_results_belong(api, catalog, sim_node):
+    from scheduler.models import Workload, WorkloadStatus
+
+    job_id = submit(api, catalog, archive({"run.sh": b"echo hi\n"})).data["id"]
+    Workload.objects.filter(job__pk=job_id).update(status=WorkloadStatus.SUCCEEDED)
+    refused = api.get(f"/api/v1/jobs/{job_id}/files/download/?path=/root/checkpoints/model.pt")
+    assert refused.status_code == 409, refused
+    assert "has ended (succeeded)" in refused.data["detail"] and "/root/autodl-fs" in refused.data["detail"]
