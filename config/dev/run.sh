@@ -48,6 +48,17 @@ if [ -z "${SHARED_FS_META+set}" ]; then
 fi
 mkdir -p var/sharedfs
 
+# LXCFS (an instance's `free` and /proc/meminfo show its own limits: scheduler/node/hostview.py). A Debian
+# host with systemd runs the lxcfs service; without one it is started here, detached like the JuiceFS mount
+# (running instances keep reading it after Ctrl-C), unless it is mounted already or root or FUSE is missing.
+LXCFS_DIR=${LXCFS_DIR:-/var/lib/lxcfs}
+if ! mountpoint -q "$LXCFS_DIR" 2>/dev/null && command -v lxcfs >/dev/null && [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
+  mkdir -p "$LXCFS_DIR"
+  (setsid lxcfs "$LXCFS_DIR" >var/log/lxcfs.log 2>&1 </dev/null &)
+  for _ in $(seq 40); do mountpoint -q "$LXCFS_DIR" && break; sleep 0.25; done
+  mountpoint -q "$LXCFS_DIR" || echo "note: LXCFS did not start (var/log/lxcfs.log): in instances, free shows the host's memory" >&2
+fi
+
 $PY manage.py make_signing_keys
 $PY manage.py migrate --no-input -v0
 $PY manage.py load_demo >var/log/demo-users.txt

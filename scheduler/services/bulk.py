@@ -4,7 +4,7 @@ Django's ``bulk_update`` writes a CASE per column with a WHEN per row: for the
 tick's batches of placements, and its accrual over running workloads, that
 statement costs tens of milliseconds to seconds to build and run. PostgreSQL
 joins one array per column instead (a handful of parameters, whatever the number
-of rows); other databases (SQLite in development) use ``bulk_update``.
+of rows); other databases (SQLite in development) get one UPDATE a row.
 """
 
 from django.db import connection
@@ -20,15 +20,15 @@ def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...]
     write of the column made since the object was read is kept, not overwritten."""
     if not objects:
         return
-    if connection.vendor != "postgresql":
-        if fields:
-            model.objects.bulk_update(objects, fields)
-        if same:
-            model.objects.filter(pk__in=[obj.pk for obj in objects]).update(**same)
-        for obj in objects if add else ():
-            model.objects.filter(pk=obj.pk).update(**{name: F(name) + getattr(obj, name) for name in add})
-        return
     columns = [model._meta.get_field(name) for name in [*fields, *add]]
+    if connection.vendor != "postgresql":
+        # One UPDATE a row: ``objects`` need not be model instances (the tick's accrual passes its own
+        # records), which ``bulk_update`` requires.
+        for obj in objects:
+            values = {c.attname: getattr(obj, c.attname) for c in columns if c.name not in add}
+            values |= {name: F(name) + getattr(obj, name) for name in add}
+            model.objects.filter(pk=obj.pk).update(**values, **same)
+        return
     added = {model._meta.get_field(name).column for name in add}
     pk = model._meta.pk
     quote = connection.ops.quote_name

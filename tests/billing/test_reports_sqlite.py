@@ -4,13 +4,7 @@ SQLite adds decimals as floats, so a sum of 0.10-CNY charges comes back as 1226.
 reports round it. The suite runs on PostgreSQL, so this runs the reports in a subprocess on a SQLite file.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.sqlite import on_sqlite
 
 SCRIPT = """
 import json
@@ -42,12 +36,7 @@ print(json.dumps(amounts))
 
 
 def test_report_sums_on_sqlite_are_rounded_to_the_cent(tmp_path):
-    environment = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=180
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    amounts = json.loads(result.stdout.strip().splitlines()[-1])
+    amounts = on_sqlite(SCRIPT, tmp_path)
     assert amounts, "the reports drew no money rows"
     for amount in amounts:
         assert len(amount.partition(".")[2]) == 2, f"{amount} is not to the cent: {amounts}"
