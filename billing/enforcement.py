@@ -22,7 +22,7 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from billing.models import ZERO, Account, AccountKind, Membership, Posting, PostingKind
-from billing.rating import charge_lines
+from billing.rating import cents, charge_lines
 from billing.settlement import pending_segments, shape_of, timeline_for, timelines
 from scheduler.errors import Conflict, PaymentRequired
 from scheduler.models import Workload, WorkloadStatus
@@ -110,7 +110,7 @@ def standing(account: Account, now=None) -> Standing:
     return Standing(
         balance=account.balance,
         unsettled=owed,
-        month_spend=(spent.aggregate(s=Sum("amount"))["s"] or ZERO) + owed,
+        month_spend=cents(spent.aggregate(s=Sum("amount"))["s"]) + owed,
         budget=account.monthly_budget,
         stop_at=stop_at,
     )
@@ -150,7 +150,7 @@ def member_spend(membership: Membership, now=None) -> Decimal:
         segment__workload__owner=membership.user,
     )
     segments = pending_segments().filter(workload__owner=membership.user, workload__team=membership.team.slug)
-    return (postings.aggregate(s=Sum("amount"))["s"] or ZERO) + unsettled(segments, now)
+    return cents(postings.aggregate(s=Sum("amount"))["s"]) + unsettled(segments, now)
 
 
 def enforce(now=None) -> list[int]:

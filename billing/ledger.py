@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 
 from billing.models import ZERO, Account, AccountKind, Posting, PostingKind, Team
+from billing.rating import cents
 from scheduler.errors import InvalidInput
 
 
@@ -112,8 +113,10 @@ class LedgerCheck:
 
 def ledger_check() -> LedgerCheck:
     """Debits = credits over all postings, and every balance = credits in - debits out."""
-    ins = dict(Posting.objects.values("credit").annotate(s=Sum("amount")).values_list("credit", "s"))
-    outs = dict(Posting.objects.values("debit").annotate(s=Sum("amount")).values_list("debit", "s"))
+    ins, outs = (
+        {account: cents(amount) for account, amount in Posting.objects.values_list(side).annotate(s=Sum("amount"))}
+        for side in ("credit", "debit")
+    )  # cents(): SQLite sums decimals as floats
     mismatched = []
     for account_id, balance in Account.objects.values_list("pk", "balance"):
         expected = (ins.get(account_id) or ZERO) - (outs.get(account_id) or ZERO)

@@ -27,6 +27,14 @@ from functools import lru_cache
 from scheduler.policy.cluster import WHOLE_CARD
 
 CENT = Decimal("0.01")
+
+
+def cents(amount) -> Decimal:
+    """An amount, or a database's sum of amounts (None: nothing), to the cent. SQLite adds decimals as
+    floats: its sum of 0.28 and 0.01 and 0.01 comes back as 0.300000000000000."""
+    return (amount or Decimal(0)).quantize(CENT)
+
+
 MINIMUM_S = 60
 
 

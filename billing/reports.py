@@ -13,7 +13,7 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncDay
 
 from billing.models import ZERO, Account, AccountKind, Posting, PostingKind
-from billing.rating import CENT
+from billing.rating import cents
 from scheduler.models import Gpu, NodeStatus
 
 LOW_BALANCE = Decimal("10.00")
@@ -45,11 +45,6 @@ def _spend(f: Filters):
     return _charges(f, [PostingKind.USAGE, PostingKind.STORAGE])
 
 
-def _money(amount) -> Decimal:
-    """A sum of amounts to the cent: SQLite adds decimals as floats and returns 1226.520000000000000."""
-    return (amount or ZERO).quantize(CENT)
-
-
 def _hours(seconds) -> float:
     return round((seconds or 0) / 3600, 2)
 
@@ -67,7 +62,7 @@ def by_day(f: Filters) -> list[dict]:
     )
     days = sorted(set(revenue) | set(gpu))
     return [
-        {"day": d.date().isoformat(), "revenue": _money(revenue.get(d)), "gpu_hours": _hours(gpu.get(d))} for d in days
+        {"day": d.date().isoformat(), "revenue": cents(revenue.get(d)), "gpu_hours": _hours(gpu.get(d))} for d in days
     ]
 
 
@@ -93,7 +88,7 @@ def by_gpu_type(f: Filters) -> list[dict]:
         out.append(
             {
                 "gpu_type": row["model"],
-                "revenue": _money(row["revenue"]),
+                "revenue": cents(row["revenue"]),
                 "gpu_hours": billed,
                 "capacity_gpu_hours": round(capacity, 1),
                 "utilization": round(billed / capacity, 4) if capacity else None,
@@ -112,7 +107,7 @@ def by_account(f: Filters) -> list[dict]:
     return [
         {
             "account": row["debit__user__username"] or f"team {row['debit__team__slug']}",
-            "revenue": _money(row["revenue"]),
+            "revenue": cents(row["revenue"]),
             "gpu_hours": _hours(row["gpu_seconds"]),
         }
         for row in rows
@@ -121,13 +116,13 @@ def by_account(f: Filters) -> list[dict]:
 
 def by_billing_mode(f: Filters) -> list[dict]:
     rows = _usage(f).values(spot=F("segment__spot")).annotate(revenue=Sum("amount"), s=Sum("gpu_seconds"))
-    total = sum((_money(row["revenue"]) for row in rows), ZERO)
+    total = sum((cents(row["revenue"]) for row in rows), ZERO)
     return [
         {
             "billing_mode": "spot" if row["spot"] else "on-demand",
-            "revenue": _money(row["revenue"]),
+            "revenue": cents(row["revenue"]),
             "gpu_hours": _hours(row["s"]),
-            "revenue_share": round(_money(row["revenue"]) / total, 4) if total else None,
+            "revenue_share": round(cents(row["revenue"]) / total, 4) if total else None,
         }
         for row in sorted(rows, key=lambda r: r["spot"])
     ]

@@ -21,7 +21,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from billing.models import ZERO, Account, Posting, PostingKind
-from billing.rating import CENT
+from billing.rating import cents
 from scheduler.models import Allocation, WorkloadGpuMinute
 from scheduler.policy.cluster import WHOLE_CARD
 
@@ -108,7 +108,7 @@ def statement(account: Account, month: str) -> list[StatementLine]:
             seconds=row["seconds"] or 0.0,
             gpu_seconds_billed=row["gpu_seconds"] or 0.0,
             gpu_seconds_busy=busy.get(row["segment__workload"]),
-            amount=(row["amount"] or ZERO).quantize(CENT),  # SQLite sums decimals as floats
+            amount=cents(row["amount"]),
             group_id=row["segment__workload__group"],
             group=row["segment__workload__group__name"] or "",
         )
@@ -119,16 +119,7 @@ def statement(account: Account, month: str) -> list[StatementLine]:
     if storage["days"]:
         lines.append(
             StatementLine(
-                None,
-                f"data disks ({storage['days']} days)",
-                "storage",
-                "",
-                0,
-                "",
-                0,
-                0,
-                None,
-                storage["amount"].quantize(CENT),
+                None, f"data disks ({storage['days']} days)", "storage", "", 0, "", 0, 0, None, cents(storage["amount"])
             )
         )
     return lines
@@ -201,4 +192,4 @@ def cost_so_far(workload_ids: list[int], now=None) -> dict[int, Decimal]:
     owed = unsettled_by_workload(pending_segments().filter(workload__in=workload_ids), now or timezone.now())
     for workload_id, amount in owed.items():
         charged[workload_id] = charged.get(workload_id, ZERO) + amount
-    return charged
+    return {workload_id: cents(amount) for workload_id, amount in charged.items()}
