@@ -19,6 +19,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from config.clients import redis_client
+from config.messages import node_queue
 from scheduler.models import Workload, WorkloadStatus as S
 from scheduler.node.gpus import simulated_inventory
 from scheduler.services.nodes import node_register
@@ -36,7 +37,7 @@ placed_first = schedule_tick().placed
 Workload.objects.filter(pk=first.pk).update(status=S.RUNNING, started_at=timezone.now() - timedelta(minutes=10))
 second = workload(owner)
 placed_second = schedule_tick().placed
-redis_client().delete(f"node.{name}")
+redis_client().delete(node_queue(name))
 print(json.dumps({
     "placed": [placed_first, placed_second], "ids": [first.pk, second.pk],
     "status": Workload.objects.get(pk=second.pk).status,
