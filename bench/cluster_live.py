@@ -60,6 +60,7 @@ SETTINGS = {
     "MAX_QUEUED_PER_USER": "100000",
     "SCHEDULER_TICK_S": str(TICK_S),
     "LOG_LEVEL": "WARNING",
+    "CLUSTER_IMAGES": "gpucloud/busybox-standin:latest",  # all it runs: no PyTorch image to push
 }
 
 

@@ -1,7 +1,7 @@
 """A `dd` flood in one instance against a neighbour's reads on the same disk, with and without the I/O caps.
 
 Two containers on the local Docker engine, made with the node agent's own I/O options
-(``scheduler.node.diskio``): a neighbour that reads a file on its data volume with O_DIRECT (so the
+(``agent.diskio``): a neighbour that reads a file on its data volume with O_DIRECT (so the
 page cache does not answer for the disk), and a flooder that writes to the same disk without pause.
 The neighbour's read speed is measured alone, beside an uncapped flood, and beside a flood under the
 agent's write cap (``--write-mbps``, what INSTANCE_IO_WRITE_MBPS gives a card). Target: beside the capped
@@ -23,7 +23,7 @@ import uuid
 
 import _setup
 
-IMAGE = os.environ.get("BENCH_IMAGE", "gpucloud/base:latest")
+IMAGE = os.environ.get("BENCH_IMAGE", "gpucloud/busybox-standin:latest")
 READ = (
     "a=$(cut -d' ' -f1 /proc/uptime); dd if=/data/file of=/dev/null bs=1M iflag=direct 2>/dev/null;"
     " b=$(cut -d' ' -f1 /proc/uptime); echo $a $b"
@@ -76,12 +76,12 @@ def main():
     if args.quick:
         args.file_mb, args.rounds = 128, 3
     django_setup(args)
-    from portal.services.demo import BASE_IMAGE
-    from scheduler.node import diskio, images, launcher
+    from agent import diskio, images, launcher
+    from portal.services.demo import STANDIN_IMAGE
 
     client, errors, tag = launcher.docker_client(), [], uuid.uuid4().hex[:8]
-    if IMAGE == BASE_IMAGE:
-        images.stand_in_ensure(IMAGE, BASE_IMAGE)  # the busybox base, built here when missing
+    if IMAGE == STANDIN_IMAGE:
+        images.stand_in_ensure()  # the BusyBox stand-in, built here when missing
     disks = diskio.devices(launcher.docker_root())
     capped = diskio.io_options(0.5, disks)
     volumes = [f"bench-io-{tag}-{role}" for role in ("neighbour", "flooder")]

@@ -37,6 +37,7 @@ SETTINGS = {
     "CLUSTER_NODE_CPUS": "64",
     "CLUSTER_NODE_MEMORY_MB": "131072",
     "LOG_LEVEL": "WARNING",
+    "CLUSTER_IMAGES": "gpucloud/busybox-standin:latest",  # all it runs: no PyTorch image to push
 }
 
 

@@ -1,7 +1,7 @@
 """A container flooding its log next to a neighbour with a steady workload: is the host still fine?
 
 The product's own pieces: containers made with the launcher's ``log_config`` (Docker's "local" driver,
-capped, non-blocking) and the node agent's log collector (``scheduler/node/collector.py``, in this
+capped, non-blocking) and the node agent's log collector (``agent/collector.py``, in this
 process) storing both containers' output under a fresh WORKLOG_DIR with the product's caps. Each round:
 
   1. the neighbour alone for --seconds: it hashes 1 MB at a time and prints one line per hash;
@@ -41,7 +41,7 @@ from pathlib import Path
 import _setup
 
 NODE = "bench-logs"
-IMAGE = "gpucloud/pytorch:2.5.1-cuda12.4"
+IMAGE = "gpucloud/busybox-standin:latest"  # sh, yes, tee and wc: the BusyBox stand-in
 LINE = "x" * 99  # with its newline, 100 bytes a line
 FLOOD = f'exec 3>&1; timeout {{seconds}} yes {LINE} | tee /dev/fd/3 | wc -c > /tmp/count; echo "flood over"'
 BUSY = f"timeout {{seconds}} yes {LINE} > /dev/null; echo 0 > /tmp/count"  # the same CPU, printing nothing
@@ -69,8 +69,8 @@ def setup(workdir: Path) -> None:
 def start(client, workload_id: int, script: str, seconds: int):
     from django.conf import settings
 
-    from scheduler.node import worklogs
-    from scheduler.node.launcher import LABEL, log_config
+    from agent import worklogs
+    from agent.launcher import LABEL, log_config
 
     uid = uuid.uuid4().hex[:12]
     name = f"gpucloud-bench-{uid}"
@@ -101,7 +101,7 @@ def count_in(container) -> int:
 
 
 def finished(workload_id: int, timeout: float = 300):
-    from scheduler.node import worklogs
+    from agent import worklogs
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -133,7 +133,7 @@ def docker_log_bytes(container) -> int:
 
 
 def phase(client, ids, seconds: int, *, flood: bool, busy: bool = False) -> dict:
-    from scheduler.node import worklogs
+    from agent import worklogs
 
     pings, stop = [], threading.Event()
     pinger = threading.Thread(target=ping_p99, args=(client, stop, pings), daemon=True)
@@ -160,7 +160,7 @@ def phase(client, ids, seconds: int, *, flood: bool, busy: bool = False) -> dict
         result["collector_cpu_s"] = time.process_time() - cpu
         printed = count_in(flooder)
         folder = worklogs.workload_dir(flood_id)
-        markers = sum(1 for line in worklogs.RunReader(flood_id, 1).more() if b'"stream":"system"' in line)
+        markers = sum(1 for line in worklogs.read_all(flood_id, 1) if line["stream"] == "system")
         result |= {
             "printed": printed,
             "kept": state.kept_bytes,
@@ -186,13 +186,12 @@ def main() -> None:
         setup(Path(workdir))
         from django.conf import settings
 
-        from portal.services.demo import BASE_IMAGE
-        from scheduler.node.collector import Collector
-        from scheduler.node.images import stand_in_ensure
-        from scheduler.node.launcher import docker_client
+        from agent.collector import Collector
+        from agent.images import stand_in_ensure
+        from agent.launcher import docker_client
 
         client = docker_client()
-        stand_in_ensure(IMAGE, BASE_IMAGE)  # as make test and build_images do: no registry is needed
+        stand_in_ensure(IMAGE)  # as make test does: no registry is needed
         collector = Collector(NODE, client.api).start()
         ids = iter(range(1, 10_000))
         alone, beside, busy = [], [], []

@@ -96,10 +96,11 @@ def running_instance(user):
 
     from portal.models import GpuType, Image
     from portal.services import work
+    from portal.services.demo import STANDIN_NAME
     from scheduler.models import Node, Workload
 
     wait_for(lambda: Node.objects.filter(name=NODE, relay_url__startswith="http").exists(), 60, "the agent")
-    image = Image.objects.filter(visibility="official").first()
+    image = Image.objects.get(name=STANDIN_NAME)  # the BusyBox stand-in: a shell and dd are all it needs
     instance = work.instance_create(
         owner=user, name="bench", image_id=image.pk, gpu_type_id=GpuType.objects.get(name="RTX3090").pk,
         gpus=Decimal("1"), cpu_cores=1, memory_gb=1, disk_gb=10,
@@ -117,8 +118,8 @@ async def echo_through_relay(url: str, cookie: str, keys: int) -> list[float]:
 
 
 def echo_direct(container: str, keys: int) -> list[float]:
-    from scheduler.node.launcher import docker_client
-    from scheduler.node.relay.terminal import SHELL
+    from agent.launcher import docker_client
+    from agent.relay.terminal import SHELL
 
     api = docker_client().api
     exec_id = api.exec_create(container, SHELL, stdin=True, tty=True, environment={"TERM": "xterm-256color"})["Id"]
@@ -220,11 +221,12 @@ def main():
     from django.core.management import call_command
     from django.test import Client
 
-    from portal.services.demo import catalog_load
-    from scheduler.node.launcher import LABEL, docker_client
+    from agent.launcher import LABEL, docker_client
+    from portal.services.demo import STANDIN_IMAGE, catalog_load, stand_in_load
 
     catalog_load()
-    call_command("build_images", verbosity=0)  # after the catalog: it tags the catalog's images on this engine
+    stand_in_load()
+    call_command("build_images", "--only", STANDIN_IMAGE, verbosity=0)  # after the catalog: on this engine
     user = get_user_model().objects.create_user("bench", password="bench-pass-123")
     client = Client()
     client.force_login(user)

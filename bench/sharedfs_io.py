@@ -59,8 +59,8 @@ def _read(path: Path) -> None:
 def run(store: str, mb: int) -> dict:
     from django.test import override_settings
 
+    from agent import sharedfs as host_fs
     from scheduler import sharedfs
-    from scheduler.node import sharedfs as host_fs
 
     tag = uuid.uuid4().hex[:8]
     base = Path(tempfile.mkdtemp(prefix="gs-bench-"))

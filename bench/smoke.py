@@ -7,12 +7,16 @@ whose script is not on this branch (a bench another branch adds) is named, not r
 
 A script fails when it exits non-zero, runs past its time limit, ends without a JSON line carrying
 "errors" and "commit", or reports ``errors`` > 0 on any JSON line. Timings are printed, never
-judged. Benches that need several GPU hosts (cluster_live, launch_latency) bring up their own
+judged. Benches that need several GPU hosts (cluster_live, gang_allreduce, launch_latency) bring up their own
 instance of config/dev/cluster.sh's address plan (CLUSTER_PREFIX / CLUSTER_NET, default gcb / 237)
 and take it down again; they, and those that start containers, need root and Docker, as
 ``make test`` does.
 
     python bench/smoke.py [script.py ...]     # all of them by default
+
+The benches that bring up their own several-host cluster (its own PostgreSQL, Redis and engines) run in a
+lane of their own beside the others (two lanes, each script after the one before it in its lane): the run
+costs the longer lane, not the sum. Each script's output is printed whole when it ends.
 
 Ends with one JSON line: {"scripts", "failed", "seconds", "errors", "commit"}.
 """
@@ -21,13 +25,16 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import _setup
 
 BENCH = _setup.ROOT / "bench"
-NOT_BENCHES = {"_setup.py", "smoke.py"}
+# gpu_check.py needs an NVIDIA card and root (bench/gpu_check.sh; its last output is in the README).
+NOT_BENCHES = {"_setup.py", "smoke.py", "gpu_check.py"}
 
 
 @dataclass(frozen=True)
@@ -35,21 +42,24 @@ class Smoke:
     args: tuple[str, ...] = ("--quick",)
     timeout_s: int = 300
     env: dict = field(default_factory=dict)
+    lane: str = "local"  # "cluster": brings up a cluster of its own, shares nothing with the local lane
 
 
 SMOKE = {
     "api_load.py": Smoke(),
     "billing_settle.py": Smoke(),
-    "cluster_live.py": Smoke(timeout_s=600),
+    "cluster_live.py": Smoke(timeout_s=600, lane="cluster"),
     "elastic.py": Smoke(),
     "fgd_allocation.py": Smoke(),
+    "gang_allreduce.py": Smoke(timeout_s=600, lane="cluster"),
     "io_mlfq.py": Smoke(),
     "io_neighbour.py": Smoke(),
-    "launch_latency.py": Smoke(timeout_s=600),
+    "launch_latency.py": Smoke(timeout_s=600, lane="cluster"),
     "log_flood.py": Smoke(),
     "philly_jct.py": Smoke(),
     "relay_latency.py": Smoke(),
     "scheduler_throughput.py": Smoke(),
+    "share_classes.py": Smoke(),
     "sharedfs_io.py": Smoke(),
     "sweep_cost.py": Smoke(),
     "telemetry_sample.py": Smoke(),
@@ -83,7 +93,11 @@ def failure(returncode: int, stdout: str) -> str | None:
     return f"errors: {errors}" if errors else None
 
 
+PRINTING = threading.Lock()
+
+
 def run(script: str) -> tuple[str | None, float]:
+    """Run one script; its output (stdout, then stderr) is printed whole once it has ended."""
     smoke = SMOKE[script]
     started = time.monotonic()
     try:
@@ -91,15 +105,39 @@ def run(script: str) -> tuple[str | None, float]:
             [sys.executable, str(BENCH / script), *smoke.args],
             cwd=_setup.ROOT,
             env={**os.environ, **smoke.env},
-            stdout=subprocess.PIPE,
+            capture_output=True,
             text=True,
             timeout=smoke.timeout_s,
         )
     except subprocess.TimeoutExpired as exc:
-        sys.stdout.write(exc.stdout or "")
-        return f"ran past {smoke.timeout_s} s", time.monotonic() - started
-    sys.stdout.write(done.stdout)
-    return failure(done.returncode, done.stdout), time.monotonic() - started
+        stdout, stderr = (_text(exc.stdout), _text(exc.stderr))
+        why = f"ran past {smoke.timeout_s} s"
+    else:
+        stdout, stderr, why = done.stdout, done.stderr, failure(done.returncode, done.stdout)
+    seconds = time.monotonic() - started
+    with PRINTING:
+        sys.stderr.write(stderr)
+        sys.stdout.write(stdout)
+        sys.stdout.flush()
+        outcome = f"FAILED: {why}" if why else "ok"
+        print(f"bench-smoke: {script} {outcome} ({seconds:.0f} s)", file=sys.stderr, flush=True)
+    return why, seconds
+
+
+def _text(output) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
+
+
+def lane(scripts: list[str]) -> dict[str, str]:
+    """Run ``scripts`` one after another: {script: why} for those that failed."""
+    failed = {}
+    for script in scripts:
+        with PRINTING:
+            print(f"bench-smoke: {script} {' '.join(SMOKE[script].args)}", file=sys.stderr, flush=True)
+        why, _ = run(script)
+        if why:
+            failed[script] = why
+    return failed
 
 
 def main():
@@ -109,15 +147,15 @@ def main():
         print(f"bench-smoke: {script} has an entry but is not on this branch: not run", file=sys.stderr)
     failed = {script: "no entry in bench/smoke.py SMOKE: say how it runs small" for script in unlisted}
     started = time.monotonic()
+    lanes: dict[str, list[str]] = {}
     for script in chosen or [s for s in present if s in SMOKE]:
         if script not in SMOKE:
             failed[script] = "no such bench, or no entry in SMOKE"
             continue
-        print(f"bench-smoke: {script} {' '.join(SMOKE[script].args)}", file=sys.stderr, flush=True)
-        why, seconds = run(script)
-        print(f"bench-smoke: {script} {'FAILED: ' + why if why else 'ok'} ({seconds:.0f} s)", file=sys.stderr)
-        if why:
-            failed[script] = why
+        lanes.setdefault(SMOKE[script].lane, []).append(script)
+    with ThreadPoolExecutor(max_workers=max(1, len(lanes))) as pool:
+        for lane_failed in pool.map(lane, lanes.values()):
+            failed.update(lane_failed)
     for script, why in failed.items():
         print(f"bench-smoke: FAILED {script}: {why}", file=sys.stderr)
     _setup.report(

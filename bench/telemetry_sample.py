@@ -3,7 +3,7 @@
 Each sample reads the running work from PostgreSQL, every container's cgroup
 CPU and memory, computes the simulated readings, appends the documents to the
 Redis history and publishes them to the channel layer — what
-``scheduler/telemetry/sampler.py`` does every second.
+``agent/telemetry/sampler.py`` does every second.
 
     python bench/telemetry_sample.py [--containers 16] [--samples 100]
 
@@ -36,18 +36,17 @@ def main():
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from portal.services.demo import BASE_IMAGE
+    from agent.gpus import simulated_inventory
+    from agent.images import stand_in_ensure
+    from agent.launcher import LABEL, docker_client
+    from agent.telemetry.sampler import Sampler
+    from agent.telemetry.simgpu import SimulatedBackend
+    from portal.services.demo import STANDIN_IMAGE
     from scheduler.models import Workload, WorkloadStatus
-    from scheduler.node.gpus import simulated_inventory
-    from scheduler.node.images import base_image_build, image_exists
-    from scheduler.node.launcher import LABEL, docker_client
     from scheduler.services.allocation import Share, allocation_create
     from scheduler.services.nodes import node_register
-    from scheduler.telemetry.sampler import Sampler
-    from scheduler.telemetry.simgpu import SimulatedBackend
 
-    if not image_exists(BASE_IMAGE):
-        base_image_build(BASE_IMAGE)
+    stand_in_ensure()
     node = node_register(
         name="bench-telemetry",
         hostname="bench",
@@ -64,7 +63,7 @@ def main():
     try:
         for i in range(args.containers):
             container = client.containers.run(
-                BASE_IMAGE,
+                STANDIN_IMAGE,
                 ["sh", "-c", "while :; do :; done" if i % 4 == 0 else "sleep 3600"],
                 detach=True,
                 network_mode="none",
@@ -76,7 +75,7 @@ def main():
                 owner=owner,
                 kind="instance",
                 name=f"w{i}",
-                image_ref=BASE_IMAGE,
+                image_ref=STANDIN_IMAGE,
                 gpu_model=card.model,
                 gpu_count=1,
                 gpu_milli=250,

@@ -74,7 +74,7 @@ def queue_add(requests: int, users: list, rng: random.Random, shapes: list[tuple
                 owner=users[i % len(users)],
                 kind="job",
                 name=f"w{i}",
-                image_ref="gpucloud/base:latest",
+                image_ref="gpucloud/busybox-standin:latest",
                 gpu_model="A100-80GB",
                 gpu_count=cards,
                 gpu_milli=milli,

@@ -6,7 +6,7 @@ The real path: the WebSocket server as ``make run`` and docker-compose start it
 staff account: the node monitor is staff-only) and opens ``/ws/monitor/nodes/<node>/``,
 so every handshake goes through the session, the Origin check and the consumer's
 authorization; the documents come from a publisher process running the node agent's
-sampler (``scheduler/telemetry/sampler.py``) at its rate (``TELEMETRY_INTERVAL_S``,
+sampler (``agent/telemetry/sampler.py``) at its rate (``TELEMETRY_INTERVAL_S``,
 1 Hz) on a simulated 8-card node with 16 tenants (a ~4 KB node document), through
 the Redis history and the channel layer (``CHANNEL_LAYER``, pub/sub by default).
 
@@ -104,8 +104,8 @@ def setup(viewers: int) -> list[str]:
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
     from django.utils import timezone
 
+    from agent.gpus import simulated_inventory
     from scheduler.models import Workload, WorkloadStatus
-    from scheduler.node.gpus import simulated_inventory
     from scheduler.services.allocation import Share, allocation_create
     from scheduler.services.nodes import node_register
 
@@ -152,9 +152,9 @@ def publisher(anchor_url: str) -> None:
     from django.conf import settings
     from websockets.sync.client import connect
 
+    from agent.telemetry.sampler import Sampler
+    from agent.telemetry.simgpu import SimulatedBackend
     from scheduler.models import Node
-    from scheduler.telemetry.sampler import Sampler
-    from scheduler.telemetry.simgpu import SimulatedBackend
 
     with connect(anchor_url + "/publish") as anchor:
 

@@ -1,4 +1,5 @@
-"""Admin for billing: rate cards (new versions only), wallets with top-up, the ledger (read-only), teams."""
+"""Admin for billing: rate cards (new versions only), wallets with top-up, top-ups waiting for a second person's
+approval, the ledger (read-only), teams."""
 
 import secrets
 from decimal import Decimal
@@ -7,8 +8,18 @@ from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import redirect, render
 
-from billing.models import Account, Membership, MeterSegment, Posting, PostingKind, RateCard, SpotPrice, Team
-from billing.services import TOP_UP_PERMISSION, posting_key, wallet_top_up
+from billing.models import (
+    Account,
+    Membership,
+    MeterSegment,
+    Posting,
+    PostingKind,
+    RateCard,
+    SpotPrice,
+    Team,
+    TopUpRequest,
+)
+from billing.services import TOP_UP_APPROVAL_ABOVE, TOP_UP_PERMISSION, posting_key, top_up_approve, wallet_top_up
 from scheduler.errors import ServiceError
 
 
@@ -93,10 +104,10 @@ class AccountAdmin(admin.ModelAdmin):
         form = TopUpForm(request.POST if "apply" in request.POST else None, initial={"once": secrets.token_hex(16)})
         if form.is_valid():
             d = form.cleaned_data
-            posted = 0
+            posted = requested = 0
             for account in queryset:
                 try:
-                    _, created = wallet_top_up(
+                    made, created = wallet_top_up(
                         account=account,
                         amount=d["amount"],
                         kind=d["kind"],
@@ -107,9 +118,18 @@ class AccountAdmin(admin.ModelAdmin):
                 except ServiceError as exc:  # shown to the admin; the other wallets still go on
                     messages.error(request, f"{account}: {exc}")
                 else:
-                    posted += created
+                    if isinstance(made, TopUpRequest):
+                        requested += created
+                    else:
+                        posted += created
             messages.success(request, f"{d['kind']} posted to {posted} wallet(s).")
-            if posted < queryset.count():
+            if requested:
+                messages.warning(
+                    request,
+                    f"{requested} top-up(s) of more than {TOP_UP_APPROVAL_ABOVE} wait for another holder of the "
+                    "top-up permission to approve them (Top-up requests).",
+                )
+            if posted + requested < queryset.count():
                 messages.warning(request, "This form was already sent: nothing was posted twice.")
             return redirect(request.get_full_path())
         return render(
@@ -146,6 +166,37 @@ class PostingAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(TopUpRequest)
+class TopUpRequestAdmin(admin.ModelAdmin):
+    """Top-ups past TOP_UP_APPROVAL_ABOVE: another holder of the permission approves them, and that posts them."""
+
+    list_display = ["created_at", "account", "kind", "amount", "memo", "requested_by", "approved_by"]
+    list_filter = ["kind", ("approved_by", admin.EmptyFieldListFilter)]
+    actions = ["approve"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_approve_permission(self, request):
+        return request.user.has_perm(TOP_UP_PERMISSION)
+
+    @admin.action(description="Approve (post) the selected top-ups", permissions=["approve"])
+    def approve(self, request, queryset):
+        for pending in queryset.filter(posting__isnull=True):
+            try:
+                top_up_approve(request_id=pending.pk, by=request.user)
+            except ServiceError as exc:
+                messages.error(request, f"{pending}: {exc}")
+            else:
+                messages.success(request, f"Posted: {pending.kind} {pending.amount} to {pending.account}.")
 
 
 class MembershipInline(admin.TabularInline):

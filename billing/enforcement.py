@@ -18,7 +18,8 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Q, Sum
+from django.db.models import Min, Q, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import ZERO, Account, AccountKind, Membership, Posting, PostingKind
@@ -68,8 +69,12 @@ def unsettled(segments, now) -> Decimal:
 
 
 def unsettled_by_workload(segments, now) -> dict[int, Decimal]:
-    """Per workload: what its segments among these would be charged if settled now."""
-    lines_by_model = timelines()
+    """Per workload: what its segments among these would be charged if settled now (with the spot prices
+    in force from the earliest time not charged yet only: this runs on every console page)."""
+    since = segments.aggregate(t=Min(Coalesce("settled_until", "started_at")))["t"]
+    if since is None:
+        return {}
+    lines_by_model = timelines(since=since)
     owed: dict[int, Decimal] = {}
     for segment in segments.select_related("workload"):
         timeline = timeline_for(lines_by_model, segment.workload.gpu_model)

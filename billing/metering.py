@@ -27,12 +27,12 @@ def meter_open(*, workload_id: int, at=None) -> None:
             # Started without cards: the whole run is at the no-GPU price (its cards come back only
             # with a new start, which opens a new segment).
             # Spot or on-demand as it starts: a spot job that falls back to on-demand does so between runs.
-            no_gpu, spot = Workload.objects.filter(pk=workload_id).values_list("no_gpu", "spot").first() or (
-                False,
-                False,
-            )
+            # The cards it holds for this run: an elastic job's size changes only between runs.
+            no_gpu, spot, cards = Workload.objects.filter(pk=workload_id).values_list(
+                "no_gpu", "spot", "gpu_count"
+            ).first() or (False, False, None)
             MeterSegment.objects.create(
-                workload_id=workload_id, started_at=at or timezone.now(), no_gpu=no_gpu, spot=spot
+                workload_id=workload_id, started_at=at or timezone.now(), no_gpu=no_gpu, spot=spot, cards=cards
             )
     except IntegrityError:
         pass  # already open (or already recorded): the unique constraints make this a no-op

@@ -175,6 +175,11 @@ class MeterSegment(models.Model):
     spot = models.BooleanField(
         default=False, help_text="Ran on spot capacity: the spot price (its work may have fallen back since)."
     )
+    cards = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Cards held through the run (an elastic job's size changes between runs); empty: its work's.",
+    )
 
     class Meta:
         ordering = ["started_at"]
@@ -265,6 +270,39 @@ class Posting(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.amount} {self.currency}: {self.debit_id} -> {self.credit_id}"
+
+
+class TopUpRequest(models.Model):
+    """A top-up past ``billing.services.TOP_UP_APPROVAL_ABOVE``: posted only when another holder of the top-up
+    permission approves it (``top_up_approve``); until then it moves no money."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="top_up_requests")
+    amount = models.DecimalField(**MONEY)
+    kind = models.CharField(max_length=16, choices=PostingKind.choices)
+    memo = models.CharField(max_length=255)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True, unique=True)  # noqa: DJ001
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    posting = models.OneToOneField(Posting, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="top_up_request_amount_positive"),
+            models.CheckConstraint(condition=~Q(approved_by=F("requested_by")), name="top_up_approved_by_another"),
+            models.CheckConstraint(
+                condition=Q(approved_by__isnull=True, posting__isnull=True)
+                | Q(approved_by__isnull=False, posting__isnull=False),
+                name="top_up_posted_when_approved",
+            ),
+        ]
+
+    def __str__(self):
+        state = "approved" if self.posting_id else "pending"
+        return f"{self.kind} {self.amount} to {self.account} ({state})"
 
 
 class SharedStorageUsage(models.Model):

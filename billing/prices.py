@@ -8,20 +8,26 @@ where ``load`` is the share of the type's cards (on active nodes) allocated
 now, and ``floor`` / ``ceiling`` are the rate card's band (default 0.33 and
 0.70: an idle cluster sells spot at a third of on-demand). Recomputed every
 ``SPOT_PRICE_S``; a new price is recorded only when it moves by a cent or more,
-from that moment on (time already run keeps the price it ran at).
+from that moment on (time already run keeps the price it ran at). Prices no longer
+in force SPOT_PRICE_RETENTION_DAYS ago, nor when settlement has yet to charge,
+are deleted as new ones are recorded (``spot_prune``): the history stays bounded.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Min, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import RateCard, SpotPrice
 from billing.rating import CENT, Shape, hourly_price
-from billing.settlement import rate_of
+from billing.settlement import pending_segments, rate_of
 from scheduler.models import WHOLE_CARD, Gpu, NodeStatus
+
+SPOT_PRICE_RETENTION_DAYS = 62  # a month's statements and right-sizing's window look back over them
 
 
 def rate_card_now(gpu_model: str, at=None) -> RateCard | None:
@@ -60,7 +66,23 @@ def spot_recompute(now=None) -> int:
         if current is None or abs(price - current) >= CENT:
             SpotPrice.objects.create(gpu_model=model, effective_from=now, card_hour=price, load=fraction)
             changed += 1
+    if changed:
+        spot_prune(now)
     return changed
+
+
+def spot_prune(now=None) -> int:
+    """Delete the spot prices that ended before the horizon: SPOT_PRICE_RETENTION_DAYS ago, or the earliest
+    time settlement has yet to charge if that is earlier. Each type's price in force at the horizon stays.
+    Returns how many went."""
+    now = now or timezone.now()
+    horizon = now - timedelta(days=SPOT_PRICE_RETENTION_DAYS)
+    unsettled = pending_segments().aggregate(t=Min(Coalesce("settled_until", "started_at")))["t"]
+    if unsettled is not None:
+        horizon = min(horizon, unsettled)
+    in_force = SpotPrice.objects.filter(gpu_model=OuterRef("gpu_model"), effective_from__lte=horizon)
+    in_force = in_force.order_by("-effective_from").values("effective_from")[:1]
+    return SpotPrice.objects.filter(effective_from__lt=Subquery(in_force)).delete()[0]
 
 
 def estimate(*, gpu_model: str, cards: int, milli: int, cpu_cores: int, memory_mb: int) -> dict | None:

@@ -93,7 +93,7 @@ def shape_of(segment) -> Shape:
     workload = segment.workload
     return Shape(
         gpu_model=workload.gpu_model,
-        cards=workload.gpu_count,
+        cards=segment.cards or workload.gpu_count,  # older segments recorded no size of their own
         milli=workload.gpu_milli,
         cpu_cores=workload.cpu_cores,
         memory_mb=workload.memory_mb,
@@ -222,7 +222,7 @@ SEGMENT_COLUMNS = (
     "rate_card_id",
     "workload__status",
     "workload__gpu_model",
-    "workload__gpu_count",
+    "held_cards",  # the segment's own (an elastic job's size of that run), else its work's
     "workload__gpu_milli",
     "workload__cpu_cores",
     "workload__memory_mb",
@@ -250,6 +250,7 @@ def _pending_batches(segments, batch: int, payers: dict[tuple[int, str], int]) -
     """The pending ``segments`` with what rating needs of their work, in id order, ``batch`` at a time, payers
     filled in: one query, read through a server-side cursor on the connection of the thread that takes the
     first batch (10,000 lookups by id per batch cost PostgreSQL ~0.9 s of a 100,000-segment run)."""
+    segments = segments.annotate(held_cards=Coalesce("cards", "workload__gpu_count"))
     if connection.vendor == "postgresql":
         rows = segments.annotate(**{name: EpochMicros(column) for name, column in SEGMENT_TIMES.items()})
         columns = SEGMENT_COLUMNS

@@ -3,7 +3,11 @@
 "GPU-seconds billed" are the seconds charged times the cards held; "GPU-seconds
 busy" the same cards' measured utilization over the month (from the monitoring
 rollups: each minute's average utilization of the share x 60 s x the share),
-so a user sees what an idle card cost them.
+so a user sees what an idle card cost them. A fraction of a card runs under MPS
+on a real host, where its own compute is not measurable (``agent.telemetry.nvml``:
+its minutes while a process runs have no reading); a fraction with any such
+minute in the month has no busy figure but says so (``busy_unmeasured``),
+rather than counting only the minutes it sat idle.
 
 Work submitted together (a job array: a scheduler ``WorkloadGroup``) is billed as a group:
 its lines come together, and ``statement_groups`` gives each group its total.
@@ -18,6 +22,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.db.models import Count, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import ZERO, Account, Posting, PostingKind
@@ -40,6 +45,7 @@ class StatementLine:
     amount: Decimal
     group_id: int | None = None
     group: str = ""  # the group's name ("array 12: sweep"), empty when the work was submitted alone
+    busy_unmeasured: bool = False  # a fraction whose compute had no reading (shared card): busy is None
 
 
 @dataclass
@@ -82,35 +88,37 @@ def statement(account: Account, month: str) -> list[StatementLine]:
     charges = Posting.objects.filter(debit=account, created_at__gte=start, created_at__lt=end)
     usage = (
         charges.filter(kind=PostingKind.USAGE)
+        .annotate(cards=Coalesce("segment__cards", "segment__workload__gpu_count"))  # an elastic job's runs differ
         .values(
             "segment__workload",
             "segment__workload__name",
             "segment__workload__kind",
             "segment__workload__gpu_model",
-            "segment__workload__gpu_count",
+            "cards",
             "segment__workload__gpu_milli",
             "segment__spot",
             "segment__workload__group",
             "segment__workload__group__name",
         )
         .annotate(seconds=Sum("seconds"), gpu_seconds=Sum("gpu_seconds"), amount=Sum("amount"), lines=Count("id"))
-        .order_by("segment__workload", "segment__spot")
+        .order_by("segment__workload", "segment__spot", "cards")
     )
-    busy = _busy_gpu_seconds([row["segment__workload"] for row in usage], start, end)
+    busy, unmeasured = _busy_gpu_seconds([row["segment__workload"] for row in usage], start, end)
     lines = [
         StatementLine(
             workload_id=row["segment__workload"],
             name=row["segment__workload__name"],
             kind=row["segment__workload__kind"],
             gpu_model=row["segment__workload__gpu_model"],
-            share=row["segment__workload__gpu_count"] * row["segment__workload__gpu_milli"] / WHOLE_CARD,
+            share=row["cards"] * row["segment__workload__gpu_milli"] / WHOLE_CARD,
             billing_mode="spot" if row["segment__spot"] else "on-demand",
             seconds=row["seconds"] or 0.0,
             gpu_seconds_billed=row["gpu_seconds"] or 0.0,
-            gpu_seconds_busy=busy.get(row["segment__workload"]),
+            gpu_seconds_busy=None if row["segment__workload"] in unmeasured else busy.get(row["segment__workload"]),
             amount=cents(row["amount"]),
             group_id=row["segment__workload__group"],
             group=row["segment__workload__group__name"] or "",
+            busy_unmeasured=row["segment__workload"] in unmeasured,
         )
         for row in usage
     ]
@@ -125,21 +133,26 @@ def statement(account: Account, month: str) -> list[StatementLine]:
     return lines
 
 
-def _busy_gpu_seconds(workload_ids: list[int], start, end) -> dict[int, float]:
+def _busy_gpu_seconds(workload_ids: list[int], start, end) -> tuple[dict[int, float], set[int]]:
+    """(busy GPU-seconds by workload, the fractions with a minute without a reading: their busy time unknown)."""
     shares = {
         (a["workload"], a["gpu"]): a["milli"] / WHOLE_CARD
         for a in Allocation.objects.filter(workload__in=workload_ids).values("workload", "gpu", "milli")
     }
     busy: dict[int, float] = {}
-    minutes = WorkloadGpuMinute.objects.filter(
-        workload__in=workload_ids, minute__gte=start, minute__lt=end, util_avg__isnull=False
-    ).values_list("workload", "gpu", "util_avg", "workload__gpu_milli")
-    for workload_id, gpu_id, util, milli in minutes:
+    unmeasured: set[int] = set()
+    minutes = WorkloadGpuMinute.objects.filter(workload__in=workload_ids, minute__gte=start, minute__lt=end)
+    for workload_id, gpu_id, util, milli in minutes.values_list("workload", "gpu", "util_avg", "workload__gpu_milli"):
+        if util is None:  # a fraction's: its process ran on a shared card; a whole card's: a gap in the samples
+            if milli < WHOLE_CARD:
+                unmeasured.add(workload_id)
+            continue
         share = shares.get((workload_id, gpu_id), milli / WHOLE_CARD)  # allocations go when the work stops
         busy[workload_id] = busy.get(workload_id, 0.0) + util * 60 * share
-    return busy
+    return busy, unmeasured
 
 
+BUSY_UNMEASURED = "busy not measurable: per-tenant compute is not measurable on a shared card"
 COLUMNS = [
     "name",
     "kind",
@@ -151,13 +164,13 @@ COLUMNS = [
     "gpu_seconds_busy",
     "amount",
     "group",
-]
+]  # then the currency, and a note where busy is not measurable
 
 
 def statement_csv(lines: list[StatementLine], currency: str) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow([*COLUMNS, "currency"])
+    writer.writerow([*COLUMNS, "currency", "note"])
     for line in lines:
         writer.writerow(
             [
@@ -172,9 +185,10 @@ def statement_csv(lines: list[StatementLine], currency: str) -> str:
                 line.amount,
                 line.group,
                 currency,
+                BUSY_UNMEASURED if line.busy_unmeasured else "",
             ]
         )
-    writer.writerow(["total", "", "", "", "", "", "", "", sum((ln.amount for ln in lines), ZERO), "", currency])
+    writer.writerow(["total", "", "", "", "", "", "", "", sum((ln.amount for ln in lines), ZERO), "", currency, ""])
     return out.getvalue()
 
 

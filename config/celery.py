@@ -8,7 +8,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("gpucloud")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
+# The control plane's tasks only: a GPU host's (agent/tasks.py) are loaded by the host's own processes
+# (agent.celery), so the scheduler worker and beat never import Docker or host code.
+app.autodiscover_tasks(["scheduler", "portal", "billing"])
 
 
 @app.on_after_configure.connect
@@ -26,7 +28,3 @@ def _sign_messages(sender, **kwargs):
                 "(make run and make test do), or copy the deployment's keys to this host"
             )
     sender.setup_security()
-
-
-# The node agent's tasks live one level down (scheduler/node/tasks.py).
-app.autodiscover_tasks(["scheduler.node"])

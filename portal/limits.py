@@ -5,7 +5,6 @@ The upper bounds are product limits, not node sizes: a request within them that
 no node can give is refused by the scheduler with the field it exceeds.
 """
 
-from decimal import Decimal
 from typing import NamedTuple
 
 
@@ -17,7 +16,6 @@ class Range(NamedTuple):
 MAX_CARDS = 8  # whole cards per instance (one node's worth)
 MAX_JOB_CARDS = 512  # whole cards per job: a gang spans nodes
 MAX_NODES = 64  # nodes one job may span
-GPU_FRACTION_STEP = Decimal("0.1")  # a share of one card: 0.1 .. 0.9 in these steps
 CPU_CORES = Range(1, 256)
 DEFAULT_CPU_CORES = 2  # what a request without a CPU count gets (fits a small development node)
 DEFAULT_MEMORY_GB = 8

@@ -48,10 +48,13 @@ class ImageVisibility(models.TextChoices):
 
 class ImageStatus(models.TextChoices):
     SAVING = "saving", _("Saving")
+    BUILDING = "building", _("Building")  # a catalog image its hosts are still building (manage.py build_images)
     READY = "ready", _("Ready")
     FAILED = "failed", _("Failed")
     DELETING = "deleting", _("Deleting")
     DELETED = "deleted", _("Deleted")
+    # A catalog image no longer offered: new work cannot use it; work already made from it keeps its row.
+    RETIRED = "retired", _("Not offered")
 
 
 class Image(models.Model):

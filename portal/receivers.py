@@ -1,17 +1,19 @@
 """Push each instance status change to its owner's browsers over Channels; list prices become rate cards;
-a new password revokes the user's API tokens."""
+a new password revokes the user's API tokens; a new password, deactivation or leaving a team closes the user's
+open terminals (of that team's work)."""
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.hashers import check_password
-from django.db.models.signals import post_save, pre_save
+from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 from django.utils import timezone
 
-from billing.models import RateCard
+from billing.models import Membership, RateCard
 from config import messages
 from portal.models import GpuType, Instance
+from portal.services.relay import terminals_revoke
 from portal.services.tokens import tokens_revoke_all
 from scheduler.models import WorkloadKind
 from scheduler.signals import workload_changed
@@ -90,3 +92,19 @@ def password_change_revokes_tokens(sender, instance, update_fields=None, **kwarg
     if raw is not None and check_password(raw, stored):
         return
     tokens_revoke_all(user_id=instance.pk)
+    terminals_revoke(user_id=instance.pk, reason="your password changed: sign in again")
+
+
+@receiver(pre_save, sender=settings.AUTH_USER_MODEL)
+def deactivation_closes_terminals(sender, instance, update_fields=None, **kwargs):
+    if instance.pk is None or instance.is_active or (update_fields is not None and "is_active" not in update_fields):
+        return
+    if sender.objects.filter(pk=instance.pk, is_active=True).exists():
+        terminals_revoke(user_id=instance.pk, reason="your account was deactivated")
+
+
+@receiver(post_delete, sender=Membership)
+def leaving_a_team_closes_its_terminals(sender, instance, **kwargs):
+    """A shell in work the team pays for is the team's to allow (member_remove stops that work, in time)."""
+    slug = instance.team.slug
+    terminals_revoke(user_id=instance.user_id, team=slug, reason=f"you are no longer a member of team {slug}")

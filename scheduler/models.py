@@ -233,6 +233,10 @@ class Workload(models.Model):
     master_port = models.PositiveIntegerField(
         null=True, blank=True, help_text="A gang's rendezvous port, published on rank 0's host (MASTER_PORT)."
     )
+    # Elastic jobs run on elastic_min..elastic_max cards; gpu_count is the size they hold now, or ask next
+    # (the size a resize decided, or the size asked at submission). Each resize is a restart from checkpoint.
+    elastic_min = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Fewest cards (elastic jobs).")
+    elastic_max = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Most cards (elastic jobs).")
     # Scheduler state: MLFQ service and queue, shown to the user while waiting.
     attained_service = models.FloatField(default=0.0, help_text="Weighted GPU-seconds of service so far.")
     accrued_at = models.DateTimeField(null=True, blank=True)
@@ -249,7 +253,7 @@ class Workload(models.Model):
     )
     preempt_requested = models.BooleanField(default=False)
     # A restart claims running work before its node stops the container, so that exit is not read as the
-    # work's end (scheduler.node.reconcile); ``restarts`` counts the claims, so a reconcile that read the
+    # work's end (agent.reconcile); ``restarts`` counts the claims, so a reconcile that read the
     # container before a restart began and ended acts on nothing.
     restarting = models.BooleanField(default=False, help_text="Its node is restarting the container.")
     restarts = models.PositiveIntegerField(default=0, help_text="Restarts asked for so far.")
@@ -293,6 +297,11 @@ class Workload(models.Model):
             models.CheckConstraint(
                 condition=Q(nodes__isnull=True) | Q(nodes__gte=1, nodes__lte=F("gpu_count")),
                 name="workload_nodes_at_most_its_cards",
+            ),
+            models.CheckConstraint(
+                condition=Q(elastic_min__isnull=True, elastic_max__isnull=True)
+                | Q(elastic_min__gte=1, elastic_min__lte=F("gpu_count"), elastic_max__gte=F("gpu_count")),
+                name="workload_elastic_size_within_its_range",
             ),
         ]
 
@@ -416,10 +425,14 @@ class WorkloadRun(models.Model):
 
     Numbered from 1 in start order; a log cursor begins with the run's number, so the pieces of a
     preempted-and-resumed job read as one log across hosts. ``node_name`` stays when the node is removed.
+    A gang's every member opens a run on its own host, with its ``rank`` (rank 0's first).
     """
 
     workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="runs")
     number = models.PositiveIntegerField()
+    rank = models.PositiveSmallIntegerField(
+        default=0, db_default=0, help_text="The gang member's rank (0: single-node work)."
+    )
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     node_name = models.CharField(max_length=63)
     started_at = models.DateTimeField(db_default=Now())
@@ -437,7 +450,7 @@ class WorkloadRun(models.Model):
 
 class WorkloadCode(models.Model):
     """A job's code as its owner sent it (a .tar.gz), extracted into its data disk by its node's agent each time
-    the container is created, before the command runs there (``scheduler/node/launcher.py``)."""
+    the container is created, before the command runs there (``agent/launcher.py``)."""
 
     workload = models.OneToOneField(Workload, on_delete=models.CASCADE, primary_key=True, related_name="code")
     archive = models.BinaryField()
@@ -521,6 +534,9 @@ class MinuteRollup(models.Model):
     util_max = models.FloatField(null=True, blank=True)
     mem_max_mb = models.PositiveIntegerField(null=True, blank=True)
     power_avg_w = models.FloatField(null=True, blank=True, help_text="The card's.")
+
+    # What a minute's row carries besides its keys: what the host writes (and may rewrite) of it.
+    VALUES = ("samples", "util_avg", "util_max", "mem_max_mb", "power_avg_w")
 
     class Meta:
         abstract = True

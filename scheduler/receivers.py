@@ -22,7 +22,7 @@ def tick_when_capacity_frees(sender, from_status, to_status, **kwargs):
 def shared_storage_for_new_user(sender, instance, created, **kwargs):
     """Made early, so every host's JuiceFS client knows the quota before the user's first launch.
 
-    A launch makes it too if this message was lost (``scheduler.node.sharedfs.user_dir_ready``).
+    A launch makes it too if this message was lost (``agent.sharedfs.user_dir_ready``).
     """
     if created and sharedfs.enabled():
         send_after_commit(ToScheduler.SHARED_STORAGE_USER, instance.pk, robust=True)

@@ -1,7 +1,7 @@
 """The platform's image registry (``settings.REGISTRY``): image names in it, its credentials, its HTTP API.
 
 Docker engines push and pull through their own client, given the credentials by
-``scheduler.node.launcher``; the control plane talks to the registry's HTTP API (v2)
+``agent.launcher``; the control plane talks to the registry's HTTP API (v2)
 only to ask whether an image is there and to delete one, from a worker task, never
 from a web request. Every host and the control plane share one registry user
 (REGISTRY_USERNAME / REGISTRY_PASSWORD); tenants never see it: they name images by

@@ -17,9 +17,9 @@ def cluster_capacity() -> list[NodeSpec]:
     roomy = Q(disk_free_gb__isnull=True) | Q(disk_free_gb__gte=settings.NODE_DISK_MIN_FREE_GB)
     active = Node.objects.filter(roomy, status=NodeStatus.ACTIVE)
     nodes = {
-        pk: NodeSpec(pk, cpu - cpu_held, memory - memory_held)
-        for pk, cpu, cpu_held, memory, memory_held in active.values_list(
-            "pk", "cpu_cores", "allocated_cpu", "memory_mb", "allocated_memory_mb"
+        pk: NodeSpec(pk, cpu - cpu_held, memory - memory_held, name=name)
+        for pk, name, cpu, cpu_held, memory, memory_held in active.values_list(
+            "pk", "name", "cpu_cores", "allocated_cpu", "memory_mb", "allocated_memory_mb"
         )
     }
     cards = Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index")
@@ -70,6 +70,9 @@ HOLDING_FIELDS = (
     "attained_service",
     "gpu_utilization",
     "max_runtime_s",
+    "elastic_min",
+    "elastic_max",
+    "master_port",
 )
 HOLDING_TIMES = {
     "created_s": "created_at",

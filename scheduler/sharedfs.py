@@ -1,6 +1,6 @@
 """The users' shared file storage (AutoDL's 文件存储): one JuiceFS volume, one directory with a quota per user.
 
-Every GPU host mounts the same volume (``scheduler.node.sharedfs``); user ``<id>``'s
+Every GPU host mounts the same volume (``agent.sharedfs``); user ``<id>``'s
 files live in its directory ``/users/<id>``, bound at ``SHARED_FS_PATH``
 (``/root/autodl-fs``) in each of that user's instances and jobs, whichever host
 runs them. JuiceFS keeps the metadata in a database every host reaches
@@ -31,6 +31,9 @@ from scheduler.errors import ServiceError
 
 GIB = 1024**3
 USERS_DIR = "users"
+# A job's AUTO_TMPDIR: checkpoints/<workload uid> in its owner's directory, so it counts against the owner's
+# quota and is charged with the rest of the owner's shared storage.
+CHECKPOINTS_DIR = "checkpoints"
 _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4, "PiB": 1024**5, "EiB": 1024**6}
 
 
@@ -51,6 +54,21 @@ def enabled() -> bool:
 def user_dir(owner_id: int) -> str:
     """The user's directory inside the volume."""
     return f"/{USERS_DIR}/{int(owner_id)}"
+
+
+def checkpoint_dir(uid: str) -> str:
+    """A job's checkpoint folder, relative to its owner's directory (``uid``: the workload's, letters and digits)."""
+    if not re.fullmatch(r"[A-Za-z0-9]{1,64}", uid or ""):
+        raise SharedFsError(f"not a workload uid: {uid!r}")
+    return f"{CHECKPOINTS_DIR}/{uid}"
+
+
+def job_tmpdir(uid: str) -> str:
+    """A job's AUTO_TMPDIR as its container sees it: its checkpoint folder on its owner's shared storage (bound
+    at SHARED_FS_PATH on every host), or, with the shared storage off, its own volume on its host."""
+    if enabled():
+        return f"{settings.SHARED_FS_PATH.rstrip('/')}/{checkpoint_dir(uid)}"
+    return settings.JOB_CHECKPOINT_PATH
 
 
 def juicefs_bin() -> str:
@@ -103,7 +121,10 @@ def volume_format() -> bool:
 
     Refuses a metadata database that holds another volume (another name): it is
     never overwritten. The data store's keys go to juicefs through its
-    environment (ACCESS_KEY / SECRET_KEY), not its command line.
+    environment (ACCESS_KEY / SECRET_KEY), not its command line. The volume has
+    no trash: JuiceFS would keep a deleted file a day in ``.trash``, outside the
+    user's quota and bill (write 20 GB, delete, repeat), so a volume formatted
+    with one has it turned off here (which empties it).
     """
     if not enabled():
         raise SharedFsError("the shared storage is off: set SHARED_FS_META to its metadata URL")
@@ -114,6 +135,8 @@ def volume_format() -> bool:
                 f"{redact(settings.SHARED_FS_META)} holds the volume {existing['Name']!r}, "
                 f"not {settings.SHARED_FS_NAME!r}: set SHARED_FS_NAME, or point SHARED_FS_META elsewhere"
             )
+        if existing.get("TrashDays", 1) != 0:
+            juicefs("config", settings.SHARED_FS_META, "--trash-days", "0", "--yes")
         return False
     if settings.SHARED_FS_STORAGE == "file":
         Path(settings.SHARED_FS_BUCKET).mkdir(parents=True, exist_ok=True)
@@ -128,6 +151,8 @@ def volume_format() -> bool:
         settings.SHARED_FS_STORAGE,
         "--bucket",
         settings.SHARED_FS_BUCKET,
+        "--trash-days",
+        "0",
         settings.SHARED_FS_META,
         settings.SHARED_FS_NAME,
         env={k: v for k, v in keys.items() if v},

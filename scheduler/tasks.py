@@ -1,7 +1,7 @@
 """Scheduler-queue Celery tasks: thin wrappers that call the control plane.
 
 Each is registered under its name in ``config.messages.ToScheduler``. The
-tasks a node agent serves live in ``scheduler.node.tasks``; the control plane
+tasks a node agent serves live in ``agent.tasks``; the control plane
 sends them by their ``ToNode`` name and never imports node-side code.
 """
 
@@ -30,6 +30,7 @@ def cluster_reconcile():
 @shared_task(name=ToScheduler.GANG_STEP, ignore_result=True)
 def gang_step(workload_id: int):
     gangs.gang_step(workload_id)
+    gangs.gang_tell(workload_id)
 
 
 @shared_task(name=ToScheduler.TELEMETRY_PRUNE, ignore_result=True)

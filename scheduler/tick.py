@@ -2,14 +2,16 @@
 
 Only one tick decides at a time (a PostgreSQL advisory lock, held by the
 session, not a transaction). Service accrual, allocations (in batches),
-preemptions and the waiting reasons are each written in short transactions;
-launches and stops go to node queues after their commit.
+preemptions, elastic resizes (``services.elastic``) and the waiting reasons are
+each written in short transactions; launches and stops go to node queues after
+their commit. A tick decides while work waits or while elastic work could grow.
 """
 
 import contextlib
 import logging
+import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -23,6 +25,7 @@ from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, Workloa
 from scheduler.selectors import cluster_capacity, holding_rows
 from scheduler.services.accrual import service_accrue, service_record
 from scheduler.services.allocation import Part, Placement, Share, allocations_create
+from scheduler.services.elastic import workload_resize
 from scheduler.services.lifecycle import HOLDING
 from scheduler.services.workloads import launches_send, workload_preempt
 
@@ -44,6 +47,7 @@ def mlfq_config() -> policy.MlfqConfig:
         preemption=settings.SCHEDULER_PREEMPTION,
         reserve_after_s=settings.SCHEDULER_RESERVE_AFTER_S,
         reservations=settings.SCHEDULER_RESERVATIONS,
+        resize_interval_s=settings.SCHEDULER_RESIZE_INTERVAL_S,
     )
 
 
@@ -51,6 +55,7 @@ def mlfq_config() -> policy.MlfqConfig:
 class TickResult:
     placed: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    resized: list[int] = field(default_factory=list)
     waiting: int = 0
 
 
@@ -115,7 +120,10 @@ def _request(w) -> policy.Request:
 
 
 def _queued_work(w: Workload, epoch: float) -> policy.Work:
-    """Queued work as the policy sees it; times in seconds since ``epoch`` (seconds since 1970)."""
+    """Queued work as the policy sees it; times in seconds since ``epoch`` (seconds since 1970).
+
+    Its ``remaining`` is its maximum runtime, where it has one: work known to end before a reservation
+    starts may backfill on the reserved nodes, as in the simulator (where the trace knows it exactly)."""
     group = w.group
     return policy.Work(
         id=w.pk,
@@ -135,17 +143,32 @@ def _queued_work(w: Workload, epoch: float) -> policy.Work:
         fallback_at=group.spot_fallback_at.timestamp() - epoch if group and group.spot_fallback_at else None,
         level=w.queue_level,
         started=(w.started_at or w.created_at).timestamp() - epoch,
+        remaining=float(w.max_runtime_s) if w.max_runtime_s else None,
+        elastic_min=w.elastic_min,
+        elastic_max=w.elastic_max,
     )
 
 
-def _holding_work(w, epoch: float, attained: float) -> policy.Work:
+def _holding_work(w, epoch: float, attained: float, now: float) -> policy.Work:
     """A holding row (``selectors.holding_rows``) as the policy sees it: its array's limits and its
-    fallback to on-demand matter only while work waits, and are left out."""
+    fallback to on-demand matter only while work waits, and are left out. ``now``: seconds since 1970.
+
+    Its ``remaining`` runs to the end of its maximum runtime (the latest it frees its cards: what a
+    reservation's start is reckoned from). Elastic work last changed size when its run started (each
+    resize is a new run); while it starts it may not be resized. Elastic work of one node keeps to that
+    node (its checkpoint volume is there): it grows only there, and is requeued there after a resize."""
+    request = _request(w)
+    elastic = w.elastic_min is not None
+    if elastic and w.master_port is None:
+        request = replace(request, pinned_node=w.node_id)
+    remaining = None
+    if w.max_runtime_s and w.started_s is not None:
+        remaining = max(w.started_s + w.max_runtime_s - now, 0.0)
     return policy.Work(
         id=w.pk,
         user=str(w.owner_id),
         team=w.team,
-        request=_request(w),
+        request=request,
         submitted=w.created_s - epoch,
         waiting_since=(w.queued_s or w.created_s) - epoch,
         priority=w.priority,
@@ -157,6 +180,10 @@ def _holding_work(w, epoch: float, attained: float) -> policy.Work:
         level=w.queue_level,
         stopping=w.status == S.STOPPING,
         started=(w.started_s or w.created_s) - epoch,
+        remaining=remaining,
+        elastic_min=w.elastic_min,
+        elastic_max=w.elastic_max,
+        resized_at=(w.started_s if w.started_s is not None else now) - epoch if elastic else -float("inf"),
     )
 
 
@@ -219,15 +246,17 @@ def _tick() -> TickResult:
     holding = holding_rows()
     accrued = service_accrue(holding, now=now, idle_util=config.idle_util, idle_weight=config.idle_weight)
     queued = list(Workload.objects.filter(status=S.QUEUED).select_related("group"))
-    if not queued:
+    if not queued and not any(_may_grow(w) for w in holding):
         service_record(accrued, {}, now=now)
         return result
     epoch = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding])
-    cluster = policy.ClusterState(cluster_capacity())
+    cluster = policy.ClusterState(_capacity())
     by_id = {w.pk: w for w in queued}
     decisions = policy.decide(
         [_queued_work(w, epoch) for w in queued],
-        _running_works(holding, cluster, epoch, _cards_held(), {pk: a.attained for pk, a in accrued.items()}),
+        _running_works(
+            holding, cluster, epoch, _cards_held(), {pk: a.attained for pk, a in accrued.items()}, now.timestamp()
+        ),
         cluster,
         now=now.timestamp() - epoch,
         discipline=policy.DISCIPLINES["mlfq"](config),
@@ -247,12 +276,28 @@ def _tick() -> TickResult:
         reason = f"making room for higher-priority work #{preempt.for_work_id}"
         if preempt.work_id in victims and workload_preempt(victims[preempt.work_id], reason=reason):
             result.preempted.append(preempt.work_id)
+    resizing = Workload.objects.select_related("node").in_bulk([r.work_id for r in decisions.resize])
+    for resize in decisions.resize:
+        w = resizing.get(resize.work_id)
+        if w is not None and workload_resize(w, gpu_count=resize.gpu_count, reason=resize.reason):
+            result.resized.append(resize.work_id)
     _record_waiting(decisions, by_id, _estimated_starts(decisions.waiting, by_id, holding, cluster))
     service_record(accrued, decisions.levels, now=now)
     result.waiting = len(decisions.waiting)
-    if result.placed or result.preempted:
-        log.info("tick placed %s, preempted %s, %d waiting", result.placed, result.preempted, result.waiting)
+    if result.placed or result.preempted or result.resized:
+        log.info(
+            "tick placed %s, preempted %s, resized %s, %d waiting",
+            result.placed,
+            result.preempted,
+            result.resized,
+            result.waiting,
+        )
     return result
+
+
+def _may_grow(w) -> bool:
+    """Whether a holding row is running elastic work below its largest size (a tick may grow it)."""
+    return w.elastic_max is not None and w.status == S.RUNNING and w.gpu_count < w.elastic_max
 
 
 def _record_on_demand(work_ids: list, by_id: dict) -> None:
@@ -281,9 +326,27 @@ def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
             for card, memory in zip(part.cards, part.memory_mb, strict=True)
         ]
 
+    if workload.elastic_min is not None:
+        workload.gpu_count = place.gpu_count  # elastic work starts at the size the policy gave it
     rank0, *rest = place.parts
     members = tuple(Part(cluster.node_ids[part.node], shares(part)) for part in rest)
     return Placement(workload, cluster.node_ids[rank0.node], shares(rank0), levels[workload.pk], rest=members)
+
+
+def _capacity() -> list[policy.NodeSpec]:
+    """Free capacity of the active nodes, each card with its share class: the size of the fractions
+    allocated on it (one size per card, ``policy.cluster``). Read apart from the cards' free share, so
+    the two may disagree by a placement or a stop; the allocation service re-checks both under its locks."""
+    fractions: dict[int, list[int]] = defaultdict(list)
+    for gpu_id, milli in (
+        Allocation.objects.filter(milli__lt=policy.WHOLE_CARD).values_list("gpu_id", "milli").distinct()
+    ):
+        fractions[gpu_id].append(milli)
+    nodes = cluster_capacity()
+    for node in nodes:
+        for card in node.cards:
+            card.share_class = policy.share_class_of(fractions.get(card.id, ()))
+    return nodes
 
 
 def _cards_held() -> dict[int, list[int]]:
@@ -296,15 +359,18 @@ def _cards_held() -> dict[int, list[int]]:
     return held
 
 
-def _running_works(holding: list, cluster, epoch: float, cards_held: dict, attained: dict) -> list[policy.Work]:
+def _running_works(
+    holding: list, cluster, epoch: float, cards_held: dict, attained: dict, now: float | None = None
+) -> list[policy.Work]:
     """Work holding cards, as the policy sees it: rank 0's node and cards, and a gang's other members'.
-    ``attained``: its service up to now, by id."""
+    ``attained``: its service up to now, by id; ``now``: seconds since 1970 (default: the clock's)."""
+    now = time.time() if now is None else now
     where = {card: (row, column) for row, ids in enumerate(cluster.card_ids) for column, card in enumerate(ids)}
     running = []
     for w in holding:
         if w.no_gpu:
             continue  # holds no card: nothing for the policy to pack around or preempt
-        work = _holding_work(w, epoch, attained[w.pk])
+        work = _holding_work(w, epoch, attained[w.pk], now)
         work.node = cluster.node_index.get(w.node_id)
         if work.node is None:
             continue  # its node is not active: reconciliation deals with it

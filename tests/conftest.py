@@ -18,14 +18,14 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
-from portal.models import GpuType, Image
-from portal.services.demo import BASE_IMAGE, catalog_load
-from scheduler.node.gpus import simulated_inventory
-from scheduler.node.images import stand_in_ensure
-from scheduler.node.launcher import LABEL, docker_client
+from agent.gpus import simulated_inventory
+from agent.images import stand_in_ensure
+from agent.launcher import LABEL, docker_client
+from portal.models import GpuType
+from portal.services.demo import STANDIN_IMAGE, catalog_load, stand_in_load
 from scheduler.services.nodes import node_register
 
-TEST_IMAGE = "gpucloud/pytorch:2.5.1-cuda12.4"
+TEST_IMAGE = STANDIN_IMAGE  # tests that need a container but no framework: the tiny BusyBox stand-in
 NO_DOCKER = "unix:///nonexistent/docker.sock"  # the web tier's Docker engine: none
 
 
@@ -59,7 +59,7 @@ def real_services(django_db_setup, django_db_blocker):
 def fresh_pins():
     """Each test reads its engine's pinned cores afresh, as an agent does when it starts (containers an earlier
     test removed behind the agent's back are not counted)."""
-    from scheduler.node import hostview
+    from agent import hostview
 
     hostview.pins.forget()
 
@@ -75,7 +75,7 @@ def fresh_throttles(monkeypatch):
 
 @pytest.fixture(scope="session")
 def base_image():
-    stand_in_ensure(TEST_IMAGE, BASE_IMAGE)
+    stand_in_ensure(TEST_IMAGE)
     return TEST_IMAGE
 
 
@@ -86,7 +86,7 @@ def catalog(db):
         "rtx3090": GpuType.objects.get(name="RTX3090"),
         "a100": GpuType.objects.get(name="A100-80GB"),
         "h100": GpuType.objects.get(name="H100"),
-        "image": Image.objects.get(docker_ref=TEST_IMAGE),
+        "image": stand_in_load(),
     }
 
 
@@ -127,7 +127,7 @@ def sim_node(db):
 @pytest.fixture
 def node_relay(sim_node):
     """The node's relay, as its agent runs it (a thread), on a free loopback port and registered for the node."""
-    from scheduler.node.relay.server import RelayServer
+    from agent.relay.server import RelayServer
 
     relay = RelayServer(sim_node.name, api=docker_client().api, host="127.0.0.1", port=0)
     sim_node.relay_url = relay.start()
@@ -149,7 +149,7 @@ def worker_for(*nodes):
     from celery.contrib.testing.worker import start_worker
     from celery.signals import task_postrun
 
-    from config.celery import app
+    from agent.celery import app  # the control plane's tasks and this host's
 
     def close_connection(**kwargs):
         connection.close()

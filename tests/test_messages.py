@@ -7,6 +7,9 @@ from config.messages import ToNode, ToScheduler, node_queue, send, send_after_co
 
 
 def registered_tasks() -> set[str]:
+    """The control plane's tasks and a GPU host's: what the two kinds of worker register together."""
+    import agent.celery  # noqa: F401
+
     app.loader.import_default_modules()
     return {name for name in app.tasks if not name.startswith("celery.")}
 
@@ -19,6 +22,23 @@ def test_every_task_of_the_map_is_registered_under_its_member_name():
     tasks = app.tasks
     for member in [*ToScheduler, *ToNode]:
         assert tasks[member].name == member.value
+
+
+@pytest.mark.parametrize("module", ["config.celery", "agent.celery"])
+def test_no_task_outlives_the_brokers_visibility_timeout(module):
+    """Redis gives an unacknowledged message (acks_late) to another worker after the visibility timeout: a task
+    that may run longer would run twice (a move's copy, an image's commit)."""
+    import importlib
+
+    registered_tasks()
+    celery = importlib.import_module(module).app
+    timeout = celery.conf.broker_transport_options.get("visibility_timeout", 3600)  # kombu's Redis default
+    assert celery.connection_for_write().transport_options.get("visibility_timeout", 3600) == timeout
+    for name, task in celery.tasks.items():
+        if name.startswith("celery."):
+            continue
+        limit = task.time_limit or celery.conf.task_time_limit
+        assert limit is not None and limit < timeout, (name, limit, timeout)
 
 
 def test_a_node_task_needs_a_node_to_go_to():

@@ -8,6 +8,7 @@ job and ``exec`` exit with the job's / the shell's own exit code.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from decimal import Decimal, InvalidOperation
@@ -220,10 +221,22 @@ def images(
 
 Command = Annotated[list[str] | None, typer.Argument(help="The command (after --), e.g. -- python train.py")]
 GpuTypeOpt = Annotated[str, typer.Option(help="GPU type, e.g. RTX3090 (see `offers`).")]
-GpusOpt = Annotated[str, typer.Option(help="Cards: 1, 2, ... or a share of one: 0.1 ... 0.9.")]
+GpusOpt = Annotated[
+    str, typer.Option(help="Cards: 1, 2, ... or a share of one card of a size on offer (`offers --json`: share_sizes).")
+]
 ImageOpt = Annotated[str, typer.Option(help="Image: a name, id or framework (pytorch).")]
 MemoryOpt = Annotated[str | None, typer.Option(help="Host memory, e.g. 8G.")]
 CpusOpt = Annotated[int | None, typer.Option(help="CPU cores.")]
+
+
+def elastic_range(text: str | None) -> tuple[int, int] | None:
+    """--elastic MIN:MAX as (MIN, MAX)."""
+    if text is None:
+        return None
+    low, colon, high = text.partition(":")
+    if not (colon and low.strip().isdigit() and high.strip().isdigit()):
+        raise typer.BadParameter(f"{text!r}: give MIN:MAX whole cards, e.g. 2:8", param_hint="--elastic")
+    return int(low), int(high)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -237,7 +250,9 @@ def submit(
     name: Annotated[str | None, typer.Option(help="A name for the job.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE (repeat).")] = None,
     spot: Annotated[bool | None, typer.Option("--spot/--on-demand", help="Spot capacity (cheaper, evictable).")] = None,
-    upload: Annotated[Path | None, typer.Option(help="A folder sent with the job; the command runs in it.")] = None,
+    upload: Annotated[
+        Path | None, typer.Option(help="A folder sent with the job (once for an array); the command runs in it.")
+    ] = None,
     array: Annotated[str | None, typer.Option(help="A job array: 0-31%4 (indices, at most 4 at once).")] = None,
     param: Annotated[list[str] | None, typer.Option(help="A sweep: lr=1e-3,3e-4 (repeat: the product).")] = None,
     max_running: Annotated[int | None, typer.Option(help="Array: tasks running at once.")] = None,
@@ -245,6 +260,13 @@ def submit(
     budget: Annotated[str | None, typer.Option(help="Array: stop it past this cost.")] = None,
     priority: Annotated[str | None, typer.Option(help="high | normal | low")] = None,
     max_runtime: Annotated[int | None, typer.Option(help="Seconds before it is stopped.")] = None,
+    elastic: Annotated[
+        str | None,
+        typer.Option(
+            help="An elastic job: MIN:MAX whole cards around --gpus; the scheduler grows it into idle cards and "
+            "shrinks it when queued work needs them (each resize restarts it from its checkpoint)."
+        ),
+    ] = None,
     team: Annotated[str | None, typer.Option(help="Charge this team's wallet (its slug).")] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Print the job's id and return.")] = False,
     as_json: JsonFlag = False,
@@ -258,19 +280,22 @@ def submit(
         command=text, image=image, gpu_type=gpu_type, gpus=gpus, memory_gb=memory_gb(memory), cpu_cores=cpus,
         name=name, env=key_values(env, "--env") or None, spot=spot, team=team,
     )  # fmt: skip
+    if (array or param) and elastic:
+        raise typer.BadParameter("an array's tasks are not elastic: leave --elastic out", param_hint="--elastic")
     if array or param:
-        if upload is not None:
-            raise typer.BadParameter("--upload is for single jobs (put the code in your file storage for arrays)")
         params = {k: v.split(",") for k, v in key_values(param, "--param").items()} or None
         submitted = api.submit_array(
-            **common, array=array, params=params, max_running=max_running, fallback=fallback, budget=budget
-        )
+            **common, array=array, params=params, max_running=max_running, fallback=fallback, budget=budget,
+            upload=upload,
+        )  # fmt: skip
         if as_json:
             return emit_json(submitted.raw)
         err.print(f"array a{submitted.id}: {submitted.total} tasks ({'spot' if submitted.spot else 'on-demand'})")
         out.print(f"a{submitted.id}")
         return
-    job = api.submit_job(**common, priority=priority, max_runtime_s=max_runtime, upload=upload)
+    job = api.submit_job(
+        **common, priority=priority, max_runtime_s=max_runtime, upload=upload, elastic=elastic_range(elastic)
+    )
     if as_json and detach:
         return emit_json(job.raw)
     if detach:
@@ -319,7 +344,7 @@ def ps(
     table = Table("id", "kind", "name", "status", "gpu", "node", "exit", "created")
     for j in jobs:
         table.add_row(
-            f"j{j.id}", "job", j.name, j.status, f"{j.gpus}×{j.gpu_type}", j.node or "-",
+            f"j{j.id}", "job", j.name, j.status, f"{j.size}×{j.gpu_type}", j.node or "-",
             "" if j.exit_code is None else str(j.exit_code), (j.created_at or "")[:19],
         )  # fmt: skip
     for i in instances:
@@ -357,14 +382,15 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until it ends.")] = False,
     tail: Annotated[int | None, typer.Option(help="Only the last N lines.")] = None,
     since: Annotated[str | None, typer.Option(help="Since a time: 10m, 2h or 2026-12-01T07:40:00Z.")] = None,
+    rank: Annotated[int | None, typer.Option(min=0, help="A multi-node job's member: its lines only.")] = None,
     as_json: JsonFlag = False,
 ):
-    """A job's or instance's output (stdout and stderr, kept after it ends)."""
+    """A job's or instance's output (stdout and stderr, kept after it ends); a multi-node job's every member's."""
     target, api = want(Ref(ref), "job", "instance"), client()
     if follow:
-        raise typer.Exit(_follow(api, target.kind, target.id, tail=tail, since=since, as_json=as_json))
+        raise typer.Exit(_follow(api, target.kind, target.id, tail=tail, since=since, rank=rank, as_json=as_json))
     try:
-        for item in api.logs(target.kind, target.id, tail=tail, since=since):
+        for item in api.logs(target.kind, target.id, tail=tail, since=since, rank=rank):
             _print_log(item, as_json)
     except LogsUnavailable:
         job = api.job(target.id) if target.kind == "job" else None
@@ -374,11 +400,11 @@ def logs(
             sys.stdout.write("".join(lines[-tail:] if tail else lines))
 
 
-def _follow(api: Client, kind: str, object_id: int, *, tail, since, as_json: bool = False) -> int:
+def _follow(api: Client, kind: str, object_id: int, *, tail, since, rank=None, as_json: bool = False) -> int:
     """Print the log live until the work ends; the job's exit code (1 when it has none: never ran, cancelled)."""
     end = None
     try:
-        for item in api.follow_logs(kind, object_id, tail=tail, since=since):
+        for item in api.follow_logs(kind, object_id, tail=tail, since=since, rank=rank):
             _print_log(item, as_json)
             end = item if isinstance(item, LogEnd) else end
     except LogsUnavailable:
@@ -413,14 +439,15 @@ def _follow_status(api: Client, kind: str, object_id: int) -> int:
 
 def _print_log(item: LogLine | LogEnd, as_json: bool) -> None:
     if as_json:
-        out.file.write(json.dumps({"end": asdict(item)} if isinstance(item, LogEnd) else asdict(item)) + "\n")
+        out.file.write(json.dumps({"end": asdict(item)} if isinstance(item, LogEnd) else item.shown()) + "\n")
         out.file.flush()
     elif isinstance(item, LogLine):
         stream = sys.stderr if item.stream == "stderr" else sys.stdout
+        where = f"[rank {item.rank} on {item.host}] " if item.rank is not None else ""
         if item.stream == "system":
-            err.print(item.line, style="dim", markup=False, highlight=False)  # the platform's marker
+            err.print(where + item.line, style="dim", markup=False, highlight=False)  # the platform's marker
         else:
-            stream.write(item.line + "\n")
+            stream.write(where + item.line + "\n")
             stream.flush()
     # The end says nothing new to a reader (the log's last "system" line gave the reason): the exit code is ours.
 
@@ -593,6 +620,11 @@ def main() -> None:
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # an answer the client's checks let through, or a bug: a sentence, not a traceback
+        if os.environ.get("GPUCLOUD_DEBUG"):
+            raise
+        err.print(f"gpucloud: unexpected {type(exc).__name__}: {exc} (GPUCLOUD_DEBUG=1 shows where)", markup=False)
+        sys.exit(EXIT_API)
 
 
 __all__ = ["Job", "app", "main"]

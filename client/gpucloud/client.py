@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import connect as ws_connect
 
 from gpucloud import config
-from gpucloud.errors import ApiError, ConfigError, NotFound, error_for
+from gpucloud.errors import ApiError, BadResponse, ConfigError, NotFound, error_for, transport_error
 from gpucloud.models import Account, ArrayJob, FileEntry, GpuType, Image, Instance, Job, LogEnd, LogLine, StatementLine
 
 KINDS = ("job", "instance")
@@ -71,7 +71,7 @@ class Client:
         try:
             response = self.http.request(method, f"/api/v1/{path.lstrip('/')}", **kwargs)
         except httpx.HTTPError as exc:
-            raise ApiError(0, f"cannot reach {self.url}: {exc}") from exc
+            raise transport_error(self.url, exc) from exc
         self._check(response)
         return response
 
@@ -88,16 +88,17 @@ class Client:
             body = response.text[:200]
         raise error_for(response.status_code, body)
 
-    def _json(self, method: str, path: str, **kwargs):
-        return self._call(method, path, **kwargs).json()
+    def _json(self, method: str, path: str, *, shape: type = dict, key: str | None = None, model=None, **kwargs):
+        """The answer's JSON (``_answer``), as ``model``'s objects with one."""
+        return _answer(self._call(method, path, **kwargs), shape, key, model)
 
-    def _pages(self, path: str, params: dict | None = None) -> Iterator[dict]:
+    def _pages(self, path: str, params: dict | None = None, *, model=None) -> Iterator:
         params = {**(params or {}), "page_size": 200}
         page = 1
         while True:
-            body = self._json("GET", path, params={**params, "page": page})
-            yield from body["results"]
-            if not body.get("next"):
+            response = self._call("GET", path, params={**params, "page": page})
+            yield from _answer(response, list, "results", model)
+            if not response.json().get("next"):
                 return
             page += 1
 
@@ -129,27 +130,29 @@ class Client:
             try:
                 response = http.post("/api/v1/auth/token/", json=body)
             except httpx.HTTPError as exc:
-                raise ApiError(0, f"cannot reach {url}: {exc}") from exc
+                raise transport_error(url, exc) from exc
             Client._check(response)
-            return response.json()["token"]
+            return _answer(response, str, "token")
 
     def me(self) -> dict:
-        return self._json("GET", "me/")
+        response = self._call("GET", "me/")
+        _answer(response, str, "username")  # what every use of it reads
+        return response.json()
 
     def balance(self) -> Account:
-        return Account.from_api(self._json("GET", "billing/"))
+        return self._json("GET", "billing/", model=Account)
 
     def statement(self, month: str | None = None) -> list[StatementLine]:
-        lines = self._json("GET", "billing/statement/", params={"month": month} if month else None)
-        return [StatementLine.from_api(line) for line in lines]
+        params = {"month": month} if month else None
+        return self._json("GET", "billing/statement/", shape=list, model=StatementLine, params=params)
 
     # -- catalog ------------------------------------------------------------------------------------
 
     def gpu_types(self) -> list[GpuType]:
-        return [GpuType.from_api(item) for item in self._pages("gpu-types/")]
+        return list(self._pages("gpu-types/", model=GpuType))
 
     def images(self, *, mine: bool = False) -> list[Image]:
-        return [Image.from_api(item) for item in self._pages("images/", {"mine": 1} if mine else None)]
+        return list(self._pages("images/", {"mine": 1} if mine else None, model=Image))
 
     def gpu_type_id(self, name_or_id: str | int) -> int:
         """A GPU type's id from its name ("RTX3090", "rtx 3090", "A100-80GB") or id."""
@@ -182,10 +185,10 @@ class Client:
     # -- jobs ---------------------------------------------------------------------------------------
 
     def jobs(self) -> list[Job]:
-        return [Job.from_api(item) for item in self._pages("jobs/")]
+        return list(self._pages("jobs/", model=Job))
 
     def job(self, job_id: int) -> Job:
-        return Job.from_api(self._json("GET", f"jobs/{job_id}/"))
+        return self._json("GET", f"jobs/{job_id}/", model=Job)
 
     def submit_job(
         self,
@@ -203,24 +206,23 @@ class Client:
         max_runtime_s: int | None = None,
         team: str | None = None,
         upload: str | os.PathLike | None = None,
+        elastic: tuple[int, int] | None = None,
     ) -> Job:
-        """Queue a batch job; ``upload``: a folder sent with it (tar.gz), extracted where the command runs."""
+        """Queue a batch job; ``upload``: a folder sent with it (tar.gz), extracted where the command runs;
+        ``elastic``: (fewest, most) cards, an elastic job the scheduler resizes within that range."""
         body = self._work_body(
             image=image, gpu_type=gpu_type, gpus=gpus, memory_gb=memory_gb, cpu_cores=cpu_cores, name=name, team=team
         )
         body |= _given(command=command, env=env or None, spot=spot, priority=priority, max_runtime_s=max_runtime_s)
-        if upload is None:
-            return Job.from_api(self._json("POST", "jobs/", json=body))
-        form = {k: json.dumps(v) if isinstance(v, (dict, bool)) else str(v) for k, v in body.items()}
-        archive = folder_archive(upload)
-        files = {"code": ("code.tar.gz", archive, "application/gzip")}
-        return Job.from_api(self._json("POST", "jobs/", data=form, files=files))
+        if elastic is not None:
+            body |= {"elastic_min": elastic[0], "elastic_max": elastic[1]}
+        return self._json("POST", "jobs/", **_with_code(body, upload), model=Job)
 
     def cancel_job(self, job_id: int) -> Job:
-        return Job.from_api(self._json("POST", f"jobs/{job_id}/cancel/"))
+        return self._json("POST", f"jobs/{job_id}/cancel/", model=Job)
 
     def release_job(self, job_id: int) -> Job:
-        return Job.from_api(self._json("POST", f"jobs/{job_id}/release/"))
+        return self._json("POST", f"jobs/{job_id}/release/", model=Job)
 
     def wait_job(self, job_id: int, *, poll_s: float = 1.0, timeout: float | None = None) -> Job:
         """Poll until the job has finished (succeeded, failed, stopped, released); returns it."""
@@ -251,8 +253,10 @@ class Client:
         cpu_cores: int | None = None,
         name: str | None = None,
         team: str | None = None,
+        upload: str | os.PathLike | None = None,
     ) -> ArrayJob:
-        """A job array: ``array="0-31%4"`` (indices, at most 4 at once) or ``params={"lr": ["1e-3", "3e-4"]}``."""
+        """A job array: ``array="0-31%4"`` (indices, at most 4 at once) or ``params={"lr": ["1e-3", "3e-4"]}``;
+        ``upload``: a folder sent once for the whole array, extracted where each task's command runs."""
         body = self._work_body(
             image=image, gpu_type=gpu_type, gpus=gpus, memory_gb=memory_gb, cpu_cores=cpu_cores, name=name, team=team
         )
@@ -260,27 +264,27 @@ class Client:
             command=command, array=array, params=params, max_running=max_running, spot=spot, fallback=fallback,
             budget=budget, env=env or None,
         )  # fmt: skip
-        return ArrayJob.from_api(self._json("POST", "arrays/", json=body))
+        return self._json("POST", "arrays/", **_with_code(body, upload), model=ArrayJob)
 
     def arrays(self) -> list[ArrayJob]:
-        return [ArrayJob.from_api(item) for item in self._pages("arrays/")]
+        return list(self._pages("arrays/", model=ArrayJob))
 
     def array(self, array_id: int) -> ArrayJob:
-        return ArrayJob.from_api(self._json("GET", f"arrays/{array_id}/"))
+        return self._json("GET", f"arrays/{array_id}/", model=ArrayJob)
 
     def cancel_array(self, array_id: int) -> ArrayJob:
-        return ArrayJob.from_api(self._json("POST", f"arrays/{array_id}/cancel/"))
+        return self._json("POST", f"arrays/{array_id}/cancel/", model=ArrayJob)
 
     def retry_array(self, array_id: int) -> ArrayJob:
-        return ArrayJob.from_api(self._json("POST", f"arrays/{array_id}/retry/"))
+        return self._json("POST", f"arrays/{array_id}/retry/", model=ArrayJob)
 
     # -- instances ------------------------------------------------------------------------------------
 
     def instances(self) -> list[Instance]:
-        return [Instance.from_api(item) for item in self._pages("instances/")]
+        return list(self._pages("instances/", model=Instance))
 
     def instance(self, instance_id: int) -> Instance:
-        return Instance.from_api(self._json("GET", f"instances/{instance_id}/"))
+        return self._json("GET", f"instances/{instance_id}/", model=Instance)
 
     def create_instance(
         self,
@@ -299,14 +303,14 @@ class Client:
             image=image, gpu_type=gpu_type, gpus=gpus, memory_gb=memory_gb, cpu_cores=cpu_cores, name=name, team=team
         )
         body |= _given(disk_gb=disk_gb, billing_mode="spot" if spot else None)
-        return Instance.from_api(self._json("POST", "instances/", json=body))
+        return self._json("POST", "instances/", json=body, model=Instance)
 
     def instance_action(self, instance_id: int, action: str) -> Instance:
         """``action``: start, stop, restart, release, start-no-gpu."""
-        return Instance.from_api(self._json("POST", f"instances/{instance_id}/{action}/"))
+        return self._json("POST", f"instances/{instance_id}/{action}/", model=Instance)
 
     def save_image(self, instance_id: int, name: str) -> Image:
-        return Image.from_api(self._json("POST", f"instances/{instance_id}/save-image/", json={"name": name}))
+        return self._json("POST", f"instances/{instance_id}/save-image/", json={"name": name}, model=Image)
 
     def _work_body(self, *, image, gpu_type, gpus, memory_gb, cpu_cores, name, team) -> dict:
         return {"image": self.image_id(image), "gpu_type": str(self.gpu_type_id(gpu_type)), "gpus": str(gpus)} | _given(
@@ -316,10 +320,18 @@ class Client:
     # -- logs -----------------------------------------------------------------------------------------
 
     def logs(
-        self, kind: str, object_id: int, *, tail: int | None = None, since: str | None = None, after: str | None = None
+        self,
+        kind: str,
+        object_id: int,
+        *,
+        tail: int | None = None,
+        since: str | None = None,
+        after: str | None = None,
+        rank: int | None = None,
     ) -> Iterator[LogLine | LogEnd]:
-        """The log as it is now (``GET …/logs/``, NDJSON): each line, then its ``LogEnd``."""
-        params = _given(tail=tail, since=since, after=after, format="ndjson")
+        """The log as it is now (``GET …/logs/``, NDJSON): each line, then its ``LogEnd``; ``rank``: a
+        multi-node job's member's lines only."""
+        params = _given(tail=tail, since=since, after=after, rank=rank, format="ndjson")
         path = f"/api/v1/{_plural(kind)}/{object_id}/logs/"
         try:
             timeout = httpx.Timeout(None, connect=10)
@@ -329,25 +341,32 @@ class Client:
                 self._check(response)
                 for text in response.iter_lines():
                     if text.strip():
-                        yield _log_item(json.loads(text))
+                        yield _log_item(text)
         except httpx.HTTPError as exc:
-            raise ApiError(0, f"cannot reach {self.url}: {exc}") from exc
+            raise transport_error(self.url, exc) from exc
 
     def follow_logs(
-        self, kind: str, object_id: int, *, tail: int | None = None, since: str | None = None, after: str | None = None
+        self,
+        kind: str,
+        object_id: int,
+        *,
+        tail: int | None = None,
+        since: str | None = None,
+        after: str | None = None,
+        rank: int | None = None,
     ) -> Iterator[LogLine | LogEnd]:
         """Live lines (ws/logs/…) until the workload ends (a ``LogEnd`` last); a lost socket reconnects with
         ``after=<last cursor>``, so no line comes twice and none is lost."""
         self._logs_probe(kind, object_id)
         failures = 0
         while True:
-            query = _given(after=after) if after else _given(tail=tail, since=since)
+            query = (_given(after=after) if after else _given(tail=tail, since=since)) | _given(rank=rank)
             url = self.ws_url(f"ws/logs/{_plural(kind)}/{object_id}/", **query)
             try:
                 with ws_connect(url, additional_headers=self.ws_headers(), open_timeout=10) as ws:
                     for frame in ws:
-                        item = _log_item(json.loads(frame))
-                        if isinstance(item, LogLine):
+                        item = _log_item(frame)
+                        if isinstance(item, LogLine) and item.n:
                             after, failures = item.n, 0
                         yield item
                         if isinstance(item, LogEnd):
@@ -375,27 +394,30 @@ class Client:
                     raise LogsUnavailable(404, "this server has no logs endpoint")
                 self._check(response)
         except httpx.HTTPError as exc:
-            raise ApiError(0, f"cannot reach {self.url}: {exc}") from exc
+            raise transport_error(self.url, exc) from exc
 
     # -- files ----------------------------------------------------------------------------------------
 
     def files(self, kind: str, object_id: int, path: str) -> list[FileEntry]:
-        body = self._json("GET", f"{_plural(kind)}/{object_id}/files/", params={"path": path})
-        return [FileEntry.from_api(entry) for entry in body["entries"]]
+        path_ = f"{_plural(kind)}/{object_id}/files/"
+        return self._json("GET", path_, shape=list, key="entries", model=FileEntry, params={"path": path})
 
     def download(self, kind: str, object_id: int, path: str, destination: str | os.PathLike) -> Path:
         """Copy a file out of a running instance or job into ``destination`` (a file, or a folder to put it in)."""
         target = Path(destination)
         url = f"/api/v1/{_plural(kind)}/{object_id}/files/download/"
-        with self.http.stream("GET", url, params={"path": path}, timeout=httpx.Timeout(None, connect=10)) as response:
-            self._check(response)
-            if target.is_dir():
-                target = target / path.rstrip("/").rsplit("/", 1)[-1]
-            partial = target.with_name(target.name + ".part")
-            with open(partial, "wb") as out:
-                for chunk in response.iter_bytes(CHUNK):
-                    out.write(chunk)
-            partial.replace(target)
+        try:
+            with self.http.stream("GET", url, params={"path": path}, timeout=httpx.Timeout(None, connect=10)) as answer:
+                self._check(answer)
+                if target.is_dir():
+                    target = target / path.rstrip("/").rsplit("/", 1)[-1]
+                partial = target.with_name(target.name + ".part")
+                with open(partial, "wb") as out:
+                    for chunk in answer.iter_bytes(CHUNK):
+                        out.write(chunk)
+        except httpx.HTTPError as exc:  # the .part file stays: it is not the file
+            raise transport_error(self.url, exc) from exc
+        partial.replace(target)
         return target
 
     def upload(self, kind: str, object_id: int, source: str | os.PathLike, folder: str, name: str | None = None) -> str:
@@ -411,7 +433,40 @@ class Client:
                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(source.stat().st_size)},
                 timeout=httpx.Timeout(None, connect=10),
             )
-        return response.json()["path"]
+        return _answer(response, str, "path")
+
+
+def _answer(response: httpx.Response, shape: type = dict, key: str | None = None, model=None):
+    """The answer's JSON (its member ``key`` with one), checked to be a ``shape`` (a list: of objects), as
+    ``model``'s objects with one; ``BadResponse`` naming the request and what came instead otherwise."""
+    try:
+        body = response.json()
+    except ValueError:  # not JSON, or cut short
+        raise BadResponse(response, "is not JSON") from None
+    if key is not None:
+        if not isinstance(body, dict) or key not in body:
+            raise BadResponse(response, f"has no {key!r}")
+        body = body[key]
+    if not isinstance(body, shape) or (shape is list and not all(isinstance(item, dict) for item in body)):
+        what = f"its {key!r}" if key else "it"
+        raise BadResponse(response, f"is JSON, but {what} is not {_SHAPES.get(shape, shape.__name__)}")
+    if model is None:
+        return body
+    try:
+        return [model.from_api(item) for item in body] if shape is list else model.from_api(body)
+    except ValueError as exc:
+        raise BadResponse(response, f"is JSON, but not {exc}") from None
+
+
+_SHAPES = {dict: "an object", list: "a list of objects", str: "a string"}
+
+
+def _with_code(body: dict, upload: str | os.PathLike | None) -> dict:
+    """A create request's body: JSON, or with ``upload``'s folder a form with it as ``code`` (objects as JSON)."""
+    if upload is None:
+        return {"json": body}
+    form = {k: json.dumps(v) if isinstance(v, (dict, bool)) else str(v) for k, v in body.items()}
+    return {"data": form, "files": {"code": ("code.tar.gz", folder_archive(upload), "application/gzip")}}
 
 
 def folder_archive(folder: str | os.PathLike) -> bytes:
@@ -453,11 +508,28 @@ def _squash(text: str) -> str:
     return "".join(ch for ch in text.lower() if ch.isalnum())
 
 
-def _log_item(data: dict) -> LogLine | LogEnd:
+def _log_item(text: str | bytes) -> LogLine | LogEnd:
+    """One NDJSON frame of a log. A frame that is not whole JSON (a server bug) becomes a ``system`` line
+    saying so, with its text, rather than ending the log in a traceback."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not ("end" in data or ("n" in data and "line" in data)):
+            raise ValueError("not a log line")
+    except ValueError:
+        shown = text.decode(errors="replace") if isinstance(text, bytes) else text
+        return LogLine(n="", t="", stream="system", line=f"… a line of this log could not be read: {shown[:200]}")
     if "end" in data:
         end = data["end"] or {}
         return LogEnd(**{k: end.get(k) for k in ("status", "exit_code", "reason", "cursor", "finished") if k in end})
-    return LogLine(n=str(data["n"]), t=data.get("t", ""), stream=data.get("stream", "stdout"), line=data["line"])
+    rank = data.get("rank")
+    return LogLine(
+        n=str(data["n"]),
+        t=data.get("t", ""),
+        stream=data.get("stream", "stdout"),
+        line=data["line"],
+        rank=rank if isinstance(rank, int) else None,
+        host=str(data.get("host") or ""),
+    )
 
 
 def _refused(code: int | None, kind: str, object_id: int) -> None:

@@ -8,7 +8,7 @@ server drops fails that test, not a user's script.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 
@@ -19,7 +19,10 @@ class Model:
 
     @classmethod
     def from_api(cls, data: dict):
-        names = {f.name for f in dataclasses.fields(cls)} - {"raw"}
+        """``ValueError`` for what is not one: not an object, or without the model's first field (its id)."""
+        names = cls.api_fields()
+        if not isinstance(data, dict) or names[0] not in data:
+            raise ValueError(f"a {cls.__name__} (an object with {names[0]!r})")
         return cls(**{k: v for k, v in data.items() if k in names}, raw=data)
 
     @classmethod
@@ -77,6 +80,9 @@ class Job(Model):
     image: str = ""
     gpu_type: str = ""
     gpus: str = ""
+    cards: int = 0
+    elastic_min: int | None = None
+    elastic_max: int | None = None
     cpu_cores: int = 0
     memory_gb: int = 0
     priority: str = ""
@@ -91,6 +97,13 @@ class Job(Model):
     @property
     def finished(self) -> bool:
         return self.status in self.FINISHED
+
+    @property
+    def size(self) -> str:
+        """Its cards: as asked, or an elastic job's cards now and its range ("2 of 1-4")."""
+        if self.elastic_min is None:
+            return self.gpus
+        return f"{self.cards} of {self.elastic_min}-{self.elastic_max}"
 
 
 @dataclass
@@ -173,6 +186,13 @@ class LogLine:
     t: str
     stream: str
     line: str
+    rank: int | None = None  # a multi-node job's: the member's rank and host the line came from
+    host: str = ""
+
+    def shown(self) -> dict:
+        """Its fields as the API gave them (rank and host only where it gave them)."""
+        data = asdict(self)
+        return data if self.rank is not None else {k: v for k, v in data.items() if k not in ("rank", "host")}
 
 
 @dataclass

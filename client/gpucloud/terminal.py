@@ -26,7 +26,8 @@ from gpucloud.errors import ApiError, AuthError, NotFound
 
 EOF_KEY = "\x04"  # what a terminal sends for Ctrl-D
 CLOSE_REASONS = {
-    4401: (AuthError, 401, "the server refused the token (run `gpucloud login`)"),
+    4401: (AuthError, 401, "the server refused the token, or your password changed (run `gpucloud login`)"),
+    4403: (ApiError, 403, "you left the team this {kind} is charged to: its terminal closed"),
     4404: (NotFound, 404, "no such {kind} of yours"),
     4409: (ApiError, 409, "the {kind} is not running (or its host does not answer)"),
     4429: (ApiError, 429, "too many terminal and file sessions open: close one"),
@@ -50,7 +51,10 @@ def terminal_session(client, kind: str, object_id: int, *, command: str | None =
                 ws.send(json.dumps(message))
 
         def resize(*_):
-            size = shutil.get_terminal_size()
+            try:  # the window itself: COLUMNS / LINES in the environment (shutil's first choice) never follow a resize
+                size = os.get_terminal_size(stdout.fileno())
+            except (OSError, ValueError):
+                size = shutil.get_terminal_size()
             send({"type": "resize", "cols": size.columns, "rows": size.lines})
 
         if tty:

@@ -15,7 +15,9 @@
 # browser (CLUSTER_WEB_PORT, default 8100, and the next port) — and the scheduler worker + beat.
 # GPU host I is network namespace ${PREFIX}h<I> at 10.<NET>.0.(10+I) with its own Docker
 # engine (bridge 10.<NET+1>.<I>.1/24, Docker's iptables on) and its own node agent (tenants'
-# fenced network 10.<NET+2>.<I>.0/24). Defaults: PREFIX=gc, NET=231; the tests use another
+# fenced network 10.<NET+2>.<I>.0/24, routed from every other host via host I's address, as an operator's
+# network routes each GPU server's container subnet to it: a gang's members reach each other there, README
+# "Deploying on real GPU servers"). Defaults: PREFIX=gc, NET=231; the tests use another
 # instance of the plan (CLUSTER_PREFIX=gct CLUSTER_NET=234) so both can run at once.
 #
 # Settings (environment): CLUSTER_PREFIX, CLUSTER_NET, CLUSTER_DIR (state and logs, default
@@ -54,6 +56,7 @@ in_range "$NET" 1 252 || die "CLUSTER_NET must be 1-252 (it uses 10.NET, 10.NET+
 host_ns() { echo "${PREFIX}h$1"; }
 host_addr() { echo "10.$NET.0.$((10 + $1))"; }
 host_sock() { echo "$RUN/h$1.sock"; }
+tenant_subnet() { echo "10.$((NET + 2)).$1.0/24"; }
 default_cards() { if (($1 % 2)); then echo "sim:4xRTX3090"; else echo "sim:4xA100-80GB"; fi; }
 
 # --- processes: each in its own session (a process group to signal), recorded in $RUN/<name>.pid ---
@@ -156,9 +159,11 @@ NODE_OVERCOMMIT_SIMULATED=true
 INSTANCE_NETWORK_MODE=fenced
 INSTANCE_NETWORK=gpucloud-tenants
 INSTANCE_BRIDGE=${PREFIX}t$i
-INSTANCE_SUBNET=10.$((NET + 2)).$i.0/24
+INSTANCE_SUBNET=$(tenant_subnet "$i")
 FENCE_EXTRA_CIDRS=$LAN
 VOLUMES_DIR=$DIR/h$i/volumes
+AGENT_STATE_DIR=$DIR/h$i/agent
+MPS_DIR=$DIR/h$i/mps
 SECRET_KEY=$AGENT_SECRET_KEY
 DEPLOYMENT_ID=cluster-$PREFIX
 SCHEDULER_QUEUE=scheduler
@@ -215,11 +220,13 @@ redis_up() {
   wait_for 15 "redis" redis-cli -h "$CP" -a "$REDIS_PASSWORD" --no-auth-warning ping
 }
 
-database_ready() { # schema, roles, demo users, signing keys (as the database owner)
+database_ready() { # signing keys, schema, roles, demo users (as the database owner)
+  # The keys first: a new user's file-storage quota is a signed message (load_demo sends two).
+  "$PY" manage.py make_signing_keys
   DATABASE_URL=$(owner_url) "$PY" manage.py migrate --no-input -v0
   DATABASE_URL=$(owner_url) "$PY" manage.py db_roles --prefix "$DB_OWNER" --web-password "$WEB_DB_PASSWORD"
-  DATABASE_URL=$(owner_url) "$PY" manage.py load_demo >"$DIR/demo-users.txt"
-  "$PY" manage.py make_signing_keys
+  # --stand-in: the tests' BusyBox image (sh, nc, sleep) beside the catalog's real ones.
+  DATABASE_URL=$(owner_url) "$PY" manage.py load_demo --stand-in >"$DIR/demo-users.txt"
 }
 
 registry_answers() {
@@ -279,6 +286,15 @@ host_net_up() {
   ip -n "$ns" route add default via "$CP"
 }
 
+host_routes() { # host_routes <i>: host i's tenants' subnet routed via it from every other host, theirs from it
+  local i=$1 j
+  for j in $(host_numbers); do
+    [ "$j" != "$i" ] && [ -e "/var/run/netns/$(host_ns "$j")" ] || continue
+    ip -n "$(host_ns "$j")" route replace "$(tenant_subnet "$i")" via "$(host_addr "$i")"
+    ip -n "$(host_ns "$i")" route replace "$(tenant_subnet "$j")" via "$(host_addr "$j")"
+  done
+}
+
 host_data_root() { # host_data_root <i>: a btrfs filesystem with quotas for the engine's data (loop file, sparse)
   local i=$1 gb=${CLUSTER_DOCKER_DISK_GB:-64} root=$DIR/h$i/docker image=$DIR/h$i/docker.btrfs
   mkdir -p "$root"
@@ -300,14 +316,24 @@ host_dockerd_up() {
   host_data_root "$i"
   mountpoint -q "$DIR/h$i/docker" && driver=(--storage-driver btrfs)
   # nsenter --net, not `ip netns exec`: the latter remounts /sys and dockerd then finds no devices cgroup.
+  # --live-restore: a restart of this engine (an upgrade, a crash) leaves its containers running, as on a
+  # production GPU host (README "Deploying on real GPU servers"; tests/agent/test_live_restore.py).
   spawn "h$i-dockerd" nsenter --net="/var/run/netns/$ns" dockerd --data-root "$DIR/h$i/docker" \
     --exec-root "$RUN/h$i" --pidfile "$RUN/h$i/dockerd.pid" -H "unix://$(host_sock "$i")" \
-    --bip "10.$((NET + 1)).$i.1/24" --iptables=true "${driver[@]}"
+    --bip "10.$((NET + 1)).$i.1/24" --iptables=true --live-restore "${driver[@]}"
 }
 
 host_images() { # the catalog pushed to the registry once, through the first host's engine; the others pull
   registry_answers && [ -n "$(ls -A "$DIR/registry/storage" 2>/dev/null)" ] && return 0
-  DATABASE_URL=$(owner_url) DOCKER_BASE_URL="unix://$(host_sock "$1")" "$PY" manage.py build_images >/dev/null
+  # The stand-in and the PyTorch image (built once on this machine and cached: agent/framework_images.py); the
+  # catalog's other images stay "building" here. Progress in $DIR/images.log.
+  # CLUSTER_IMAGES: which (a bench that runs only the stand-in skips the PyTorch image's import and push).
+  local -a only=()
+  for ref in ${CLUSTER_IMAGES:-gpucloud/busybox-standin:latest gpucloud/pytorch:2.13.0-cpu}; do only+=(--only "$ref"); done
+  say "images: ${CLUSTER_IMAGES:-the stand-in and gpucloud/pytorch:2.13.0-cpu} into the registry (the first time: minutes)"
+  DATABASE_URL=$(owner_url) DOCKER_BASE_URL="unix://$(host_sock "$1")" "$PY" manage.py build_images \
+    "${only[@]}" >"$DIR/images.log" 2>&1 ||
+    { tail -5 "$DIR/images.log" >&2; return 1; }
 }
 
 host_agent_up() {
@@ -333,6 +359,7 @@ host_up() { # host_up <i> [cards]
   [ -e "/var/run/netns/$(host_ns "$i")" ] && die "host $i already exists (cluster.sh down first)"
   say "host h$i: namespace $(host_ns "$i") at $(host_addr "$i"), $cards"
   host_net_up "$i"
+  host_routes "$i"
   host_dockerd_up "$i"
   wait_for 60 "host h$i's Docker engine" docker -H "unix://$(host_sock "$i")" info
   host_images "$i"
@@ -392,6 +419,7 @@ host_down() {
   if [ -S "$sock" ] && pid_of "h$i-dockerd" >/dev/null; then
     local running
     running=$(timeout 20 docker -H "unix://$sock" ps -q 2>/dev/null || true)
+    # Stopped first: with --live-restore the engine going down would leave them running.
     # shellcheck disable=SC2086  # one id per word
     [ -z "$running" ] || timeout 60 docker -H "unix://$sock" stop -t 5 $running >/dev/null 2>&1 || true
   fi

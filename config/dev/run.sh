@@ -5,18 +5,21 @@
 # REGISTRY_USERNAME / REGISTRY_PASSWORD) images go through that registry, started
 # here in var/registry unless one answers there already; without it (the default)
 # images stay on this host's engine.
-# Ctrl-C stops them all.
+# Ctrl-C stops them all. Logs, the demo users' tokens and beat's schedule go under RUN_DIR (default var/;
+# config/dev/run_smoke.sh points it elsewhere to run a second stack beside a developer's own).
 set -euo pipefail
 PY=.venv/bin/python
 PORT=${PORT:-8000}
 WS_PORT=${WS_PORT:-$((PORT + 1))}
+RUN_DIR=${RUN_DIR:-var}
+LOG_DIR=$RUN_DIR/log
 export WEBSOCKET_URL=${WEBSOCKET_URL:-ws://127.0.0.1:$WS_PORT}
 export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
-mkdir -p var/log
+mkdir -p "$LOG_DIR"
 
 pids=()
 cleanup() {
-  trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true
+  trap - INT TERM EXIT; kill "${pids[@]}" ${builder:-} 2>/dev/null || true; wait 2>/dev/null || true
   # The agent's JuiceFS mount outlives it (running containers use it): let go of it unless one still does.
   local mnt=${SHARED_FS_MOUNT:-var/sharedfs/mnt}
   if mountpoint -q "$mnt" 2>/dev/null && ! .venv/bin/juicefs umount "$mnt" 2>/dev/null; then
@@ -29,9 +32,9 @@ trap cleanup INT TERM EXIT
 registry_answers() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$REGISTRY/v2/")" != 000 ]; }
 if [ -n "${REGISTRY:-}" ] && ! registry_answers; then
   bash config/dev/registry.sh write var/registry "$REGISTRY"
-  bash config/dev/registry.sh serve var/registry >var/log/registry.log 2>&1 & pids+=($!)
+  bash config/dev/registry.sh serve var/registry >"$LOG_DIR/registry.log" 2>&1 & pids+=($!)
   for _ in $(seq 40); do registry_answers && break; sleep 0.25; done
-  registry_answers || { echo "ERROR: the registry did not start; see var/log/registry.log" >&2; exit 1; }
+  registry_answers || { echo "ERROR: the registry did not start; see $LOG_DIR/registry.log" >&2; exit 1; }
 fi
 
 # Shared file storage (/root/autodl-fs in every instance): an embedded JuiceFS volume (SQLite
@@ -48,43 +51,58 @@ if [ -z "${SHARED_FS_META+set}" ]; then
 fi
 mkdir -p var/sharedfs
 
-# LXCFS (an instance's `free` and /proc/meminfo show its own limits: scheduler/node/hostview.py). A Debian
+# LXCFS (an instance's `free` and /proc/meminfo show its own limits: agent/hostview.py). A Debian
 # host with systemd runs the lxcfs service; without one it is started here, detached like the JuiceFS mount
 # (running instances keep reading it after Ctrl-C), unless it is mounted already or root or FUSE is missing.
 LXCFS_DIR=${LXCFS_DIR:-/var/lib/lxcfs}
 if ! mountpoint -q "$LXCFS_DIR" 2>/dev/null && command -v lxcfs >/dev/null && [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
   mkdir -p "$LXCFS_DIR"
-  (setsid lxcfs "$LXCFS_DIR" >var/log/lxcfs.log 2>&1 </dev/null &)
+  (setsid lxcfs "$LXCFS_DIR" >"$LOG_DIR/lxcfs.log" 2>&1 </dev/null &)
   for _ in $(seq 40); do mountpoint -q "$LXCFS_DIR" && break; sleep 0.25; done
-  mountpoint -q "$LXCFS_DIR" || echo "note: LXCFS did not start (var/log/lxcfs.log): in instances, free shows the host's memory" >&2
+  mountpoint -q "$LXCFS_DIR" || echo "note: LXCFS did not start ($LOG_DIR/lxcfs.log): in instances, free shows the host's memory" >&2
 fi
 
 $PY manage.py make_signing_keys
 $PY manage.py migrate --no-input -v0
-$PY manage.py load_demo >var/log/demo-users.txt
+$PY manage.py load_demo >"$LOG_DIR/demo-users.txt"
 [ -z "$SHARED_FS_META" ] || $PY manage.py sharedfs_format
-$PY manage.py build_images
+# The catalog's images (agent/framework_images.py: Debian 12 + pinned wheels) build in the background, once:
+# about 2 minutes for PyTorch the first time, cached after. Until an image is there the catalog shows it
+# "building" and refuses work on it, naming the image field. Progress: $LOG_DIR/images.log.
+# BUILD_IMAGES (catalog references, space-separated) builds only those; the rest stay "building".
+only=()
+for ref in ${BUILD_IMAGES:-}; do only+=(--only "$ref"); done
+$PY manage.py build_images ${only[@]+"${only[@]}"} >"$LOG_DIR/images.log" 2>&1 &
+builder=$!
 $PY manage.py collectstatic --no-input -v0
 
-$PY manage.py node_agent --name "${NODE_NAME:-local-node}" >var/log/node-agent.log 2>&1 & pids+=($!)
+PYTHONUNBUFFERED=1 $PY manage.py node_agent --name "${NODE_NAME:-local-node}" >"$LOG_DIR/node-agent.log" 2>&1 &
+agent=$! pids+=($!)
 .venv/bin/celery -A config worker -B -Q scheduler -n "scheduler@%h" --pool threads --concurrency 2 \
-  -s var/celerybeat-schedule >var/log/worker.log 2>&1 & pids+=($!)
-WEB_BIND=127.0.0.1:$PORT .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:application >var/log/web.log 2>&1 & pids+=($!)
+  -s "$RUN_DIR/celerybeat-schedule" >"$LOG_DIR/worker.log" 2>&1 & pids+=($!)
+WEB_BIND=127.0.0.1:$PORT .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:application >"$LOG_DIR/web.log" 2>&1 & pids+=($!)
 # WebSockets: several daphne processes on one port (WS_PROCESSES, default: the cores, at most 4).
-$PY -m config.websocket_server -b 127.0.0.1 -p "$WS_PORT" config.asgi:application >var/log/websocket.log 2>&1 & pids+=($!)
+$PY -m config.websocket_server -b 127.0.0.1 -p "$WS_PORT" config.asgi:application >"$LOG_DIR/websocket.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 60); do curl -fs -o /dev/null "http://127.0.0.1:$PORT/login/" && break; sleep 0.5; done
-sleep 2
-grep -h "GPUs\|shared storage" var/log/node-agent.log || true
+# The URL once the node agent has registered its cards (its "shared storage:" line comes after), so that the
+# first instance a newcomer creates finds them; an agent that stopped says why in its log.
+for _ in $(seq 240); do
+  grep -q "^shared storage:" "$LOG_DIR/node-agent.log" 2>/dev/null && break
+  kill -0 "$agent" 2>/dev/null || { echo "ERROR: the node agent stopped: tail $LOG_DIR/node-agent.log" >&2; tail -5 "$LOG_DIR/node-agent.log" >&2; break; }
+  sleep 0.5
+done
+grep -h "GPUs\|shared storage" "$LOG_DIR/node-agent.log" || echo "note: the node agent has not registered yet (see $LOG_DIR/node-agent.log)" >&2
 images_at=${REGISTRY:-"this host's Docker engine (no registry: REGISTRY is not set)"}
 cat <<MSG
 
   GPU cloud is running:  http://127.0.0.1:$PORT/
   sign in as  demo / demo-pass-123   (admin: admin / admin-pass-123, at /admin/)
-  API docs:   http://127.0.0.1:$PORT/api/docs/   (tokens in var/log/demo-users.txt)
-  logs:       var/log/{web,websocket,worker,node-agent}.log      Ctrl-C stops everything.
+  API docs:   http://127.0.0.1:$PORT/api/docs/   (tokens in $LOG_DIR/demo-users.txt)
+  logs:       $LOG_DIR/{web,websocket,worker,node-agent}.log      Ctrl-C stops everything.
   images:     $images_at
+              (built in the background on first run: tail -f $LOG_DIR/images.log)
 
 MSG
 wait -n "${pids[@]}"
-echo "a process exited; see var/log/ for why" >&2
+echo "a process exited; see $LOG_DIR/ for why" >&2

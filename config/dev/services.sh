@@ -36,12 +36,15 @@ if ! redis-cli -h 127.0.0.1 ping >/dev/null 2>&1; then
   wait_for 15 "redis-server" redis-cli -h 127.0.0.1 ping
 fi
 
-# Docker engine: no bridge and no iptables here (see README: instances run with network none).
+# Docker engine: no bridge and no iptables here (see README: instances run with network none), and
+# --live-restore: the engine's restart leaves running containers running (Docker's "Live restore"), as
+# on a production GPU host. An engine already running is left as it is (other work uses it).
 need_pkg dockerd docker.io
 [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need_pkg busybox-static busybox-static
+need_pkg mmdebstrap mmdebstrap  # the catalog's images (agent/framework_images.py) and the tests' PyTorch image
 if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then
-    echo "ERROR: the Docker engine is not running and only root can start it: run 'sudo dockerd --bridge=none --iptables=false &'." >&2
+    echo "ERROR: the Docker engine is not running and only root can start it: run 'sudo dockerd --bridge=none --iptables=false --live-restore &'." >&2
     exit 1
   fi
   # A dockerd killed uncleanly leaves pid files that stop the next one from starting.
@@ -49,7 +52,7 @@ if ! docker info >/dev/null 2>&1; then
     if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then rm -f "$pidfile"; fi
   done
   echo "starting dockerd (log var/log/dockerd.log) ..."
-  nohup dockerd --bridge=none --iptables=false >var/log/dockerd.log 2>&1 &
+  nohup dockerd --bridge=none --iptables=false --live-restore >var/log/dockerd.log 2>&1 &
   dockerd_pid=$!
   for _ in $(seq 240); do
     docker info >/dev/null 2>&1 && break
@@ -66,7 +69,7 @@ fi
 # tests start one, `make run` does when REGISTRY is set, config/dev/registry.sh configures it.
 need_pkg docker-registry docker-registry
 need_pkg htpasswd apache2-utils
-# LXCFS (a container's own /proc/meminfo, cpuinfo: scheduler/node/hostview.py; the tests run their own) and
+# LXCFS (a container's own /proc/meminfo, cpuinfo: agent/hostview.py; the tests run their own) and
 # btrfs (each several-host test host's Docker data root, so a system disk has a size: config/dev/cluster.sh).
 need_pkg lxcfs lxcfs
 need_pkg mkfs.btrfs btrfs-progs

@@ -105,6 +105,14 @@ app_wheels() {
   local stamp="$WHEELS/.resolved" key
   key=$( { cat requirements.txt; docker image inspect -f '{{.Id}}' gpucloud/debian:bookworm; } | sha256sum | cut -c1-12)
   if [ "$(cat "$stamp" 2>/dev/null)" = "$key" ]; then log "gpucloud/app: wheels cached"; return; fi
+  # A PROD_CACHE outside the checkout (CI's, kept between runs) keeps a copy: a clean checkout takes it from there.
+  local kept=$CACHE/wheels
+  [ "$(realpath -m "$kept")" = "$(realpath -m "$WHEELS")" ] && kept=""
+  if [ -n "$kept" ] && [ "$(cat "$kept/.resolved" 2>/dev/null)" = "$key" ]; then
+    cp -a "$kept/." "$WHEELS/"
+    log "gpucloud/app: wheels cached ($kept)"
+    return
+  fi
   local wanted=(-r requirements.txt)
   for _ in 1 2 3 4 5; do
     log "gpucloud/app: wheels for ${wanted[*]}"
@@ -114,7 +122,11 @@ app_wheels() {
       gpucloud/debian:bookworm sh -c 'python3 -m venv /tmp/v && /tmp/v/bin/pip install --quiet --disable-pip-version-check \
       --dry-run --no-index --find-links /wheels -r /requirements.txt 2>&1; true' |
       sed -n 's/.*No matching distribution found for \([^;]*\).*/\1/p' | sort -u)
-    if [ -z "$missing" ]; then echo "$key" >"$stamp"; return; fi
+    if [ -z "$missing" ]; then
+      echo "$key" >"$stamp"
+      [ -z "$kept" ] || { rm -rf "$kept" && mkdir -p "$kept" && cp -a "$WHEELS/." "$kept/"; }
+      return
+    fi
     mapfile -t wanted <<<"$missing"
   done
   echo "ERROR: the app's requirements do not resolve for the image's Python (missing: ${wanted[*]})" >&2
@@ -128,5 +140,7 @@ if ! docker build -f config/Dockerfile --build-arg BASE_IMAGE=gpucloud/debian:bo
   echo "ERROR: the app image did not build (all of it: $CACHE/log/app-build.log)" >&2
   exit 1
 fi
+# Each build leaves the app image it replaced untagged: let it go, so a kept engine does not grow run by run.
+docker image prune -f >/dev/null
 log "images ready: $(docker images --filter dangling=false --format '{{.Repository}}:{{.Tag}} {{.Size}}' |
   grep -E '^gpucloud/(app|debian|postgres|redis|registry|proxy):' | grep -v :rootfs- | sort | tr '\n' ' ')"

@@ -99,6 +99,7 @@ class Smoke:
         gpu_type = next(t for t in types if t["name"] == gpu_model)
         images = self.api("GET", "images/")
         images = images.get("results", images) if isinstance(images, dict) else images
+        images = [i for i in images if i.get("status", "ready") == "ready"]  # not those still building
         body = {"image": images[0]["id"], "gpu_type": gpu_type["id"], "gpus": "1", "cpu_cores": 1}
         body |= {"memory_gb": 1, "disk_gb": 5, "name": f"smoke-{secrets.token_hex(3)}"}
         headers = {"Idempotency-Key": secrets.token_hex(16)}

@@ -123,11 +123,14 @@ for _ in $(seq 120); do
   curl -fsS -o /dev/null --cacert "$CACHE/tls/cert.pem" "https://$SERVER/login/" 2>/dev/null && break
   sleep 1
 done
-# The demo catalog and user, on the web tier's role. The catalog's images: built on the server's
-# engine and pushed to the registry through the proxy (build_images, where the Docker socket is).
-"${compose[@]}" run --rm --no-deps web python manage.py load_demo | sed 's/API token .*//' >&2
+# The demo catalog and user, on the web tier's role, with the BusyBox stand-in the smoke runs. The stand-in: built
+# on the server's engine and pushed to the registry through the proxy (build_images, where the Docker socket is).
+# The catalog's framework images stay "building" here: they are built on a host with mmdebstrap
+# (python -m agent.framework_images; README "Images"), which the node agent's container is not.
+"${compose[@]}" run --rm --no-deps web python manage.py load_demo --stand-in | sed 's/API token .*//' >&2
 web_on_server=$(sed -n 's|^WEB_DATABASE_URL=\(.*\)@postgres:5432/\(.*\)$|\1@127.0.0.1:5432/\2|p' "$ENV_FILE")
-"${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" node-agent python manage.py build_images |
+"${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" node-agent python manage.py build_images \
+  --only gpucloud/busybox-standin:latest |
   tail -2 >&2
 docker images --format '{{.Repository}}:{{.Tag}}' | grep "^$SERVER/" | xargs -r docker rmi >/dev/null  # pulled back on use
 phase "compose up (node agent)"

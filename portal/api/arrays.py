@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 from portal import limits, selectors
 from portal.api.idempotency import idempotent
 from portal.api.pagination import Pages, page_of
-from portal.api.views import IDEMPOTENCY_KEY, JobListApi
+from portal.api.views import CodeUpload, JobListApi, create_schema, with_code
 from portal.models import Fallback, JobArray
 from portal.services import arrays
 from portal.throttles import CreateRateThrottle
@@ -89,6 +89,7 @@ class ArrayListApi(APIView):
 
     class ArrayCreateInput(JobListApi.JobCreateInput):
         nodes = None  # each task on the nodes the scheduler chooses
+        elastic_min = elastic_max = None  # each task at the size asked
         array = serializers.CharField(
             max_length=255,
             required=False,
@@ -128,15 +129,18 @@ class ArrayListApi(APIView):
         page = pages.paginate_queryset(selectors.array_list(user=request.user), request, view=self)
         return pages.get_paginated_response([array_document(a) for a in page])
 
-    @extend_schema(request=ArrayCreateInput, responses={201: ArrayOutput}, parameters=[IDEMPOTENCY_KEY])
+    class ArrayCreateForm(ArrayCreateInput, CodeUpload):
+        """The same fields as a form, with the code: multipart/form-data (``env`` and ``params`` as JSON strings)."""
+
+    @create_schema(ArrayCreateInput, ArrayCreateForm, ArrayOutput)
     def post(self, request):
-        data = self.ArrayCreateInput(data=request.data)
-        data.is_valid(raise_exception=True)
+        data, code = with_code(request, self.ArrayCreateInput)
 
         def create():
             fields = data.work_fields()
             fields["priority"] = Priority[fields["priority"].upper()].value
-            array = arrays.array_create(owner=request.user, **fields)
+            archive = code.read() if code is not None else None
+            array = arrays.array_create(owner=request.user, code=archive, **fields)
             return Response(array_document(array), status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="array-create", create=create)

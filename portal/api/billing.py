@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from billing import enforcement, ledger, prices, selectors, statements
 from billing import services as billing_services
-from billing.models import PostingKind
+from billing.models import PostingKind, TopUpRequest
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.views import IDEMPOTENCY_KEY
 from portal.models import GpuType
@@ -76,7 +76,12 @@ class StatementApi(APIView):
         billing_mode = serializers.CharField()
         seconds = serializers.FloatField()
         gpu_seconds_billed = serializers.FloatField()
-        gpu_seconds_busy = serializers.FloatField(allow_null=True)
+        gpu_seconds_busy = serializers.FloatField(
+            allow_null=True, help_text="Null: nothing measured, or not measurable (busy_unmeasured)."
+        )
+        busy_unmeasured = serializers.BooleanField(
+            help_text="A fraction of a card: per-tenant compute is not measurable on a shared card (MPS)."
+        )
         amount = serializers.DecimalField(**MONEY)
         group = serializers.CharField(help_text="The job array it belongs to ('array 12: sweep'); empty: none.")
 
@@ -134,8 +139,44 @@ class CanTopUp(BasePermission):
         )
 
 
+class TopUpOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.CharField()
+    amount = serializers.DecimalField(**MONEY)
+    currency = serializers.CharField()
+    memo = serializers.CharField()
+    balance = serializers.DecimalField(**MONEY)
+
+
+class TopUpRequestOutput(serializers.Serializer):
+    request = serializers.IntegerField(source="pk", help_text="Approve it at billing/topups/requests/<id>/approve/.")
+    status = serializers.SerializerMethodField()
+    kind = serializers.CharField()
+    amount = serializers.DecimalField(**MONEY)
+    memo = serializers.CharField()
+    requested_by = serializers.CharField(source="requested_by.username")
+
+    def get_status(self, obj) -> str:
+        return "approved" if obj.posting_id else "pending"
+
+
+def top_up_body(posting, account) -> dict:
+    account.refresh_from_db(fields=["balance"])
+    body = {
+        "id": posting.pk,
+        "kind": posting.kind,
+        "amount": posting.amount,
+        "currency": posting.currency,
+        "memo": posting.memo,
+        "balance": account.balance,
+    }
+    return TopUpOutput(body).data
+
+
 class TopUpApi(APIView):
-    """POST /billing/topups/ (the top-up permission): top up, credit or refund a wallet, once per key, with a reason."""
+    """POST /billing/topups/ (the top-up permission): top up, credit or refund a wallet, once per key, with a reason.
+
+    More than TOP_UP_APPROVAL_ABOVE answers 202 with a pending request that another holder approves."""
 
     permission_classes = [IsAuthenticated, CanTopUp]
 
@@ -148,15 +189,9 @@ class TopUpApi(APIView):
         )
         memo = serializers.CharField(max_length=255, help_text="Why: shown to the wallet's owner, kept in the ledger.")
 
-    class TopUpOutput(serializers.Serializer):
-        id = serializers.IntegerField()
-        kind = serializers.CharField()
-        amount = serializers.DecimalField(**MONEY)
-        currency = serializers.CharField()
-        memo = serializers.CharField()
-        balance = serializers.DecimalField(**MONEY)
-
-    @extend_schema(request=TopUpInput, responses={201: TopUpOutput}, parameters=[IDEMPOTENCY_KEY])
+    @extend_schema(
+        request=TopUpInput, responses={201: TopUpOutput, 202: TopUpRequestOutput}, parameters=[IDEMPOTENCY_KEY]
+    )
     def post(self, request):
         data = self.TopUpInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -166,7 +201,7 @@ class TopUpApi(APIView):
         posting_key = billing_services.posting_key(scope=f"api-{request.user.pk}", key=key) if key else None
 
         def create():
-            posting, _ = billing_services.wallet_top_up(
+            posted, _ = billing_services.wallet_top_up(
                 account=account,
                 amount=d["amount"],
                 kind=d["kind"],
@@ -174,15 +209,19 @@ class TopUpApi(APIView):
                 by=request.user,
                 idempotency_key=posting_key,
             )
-            account.refresh_from_db(fields=["balance"])
-            body = {
-                "id": posting.pk,
-                "kind": posting.kind,
-                "amount": posting.amount,
-                "currency": posting.currency,
-                "memo": posting.memo,
-                "balance": account.balance,
-            }
-            return Response(self.TopUpOutput(body).data, status=status.HTTP_201_CREATED)
+            if isinstance(posted, TopUpRequest):  # past TOP_UP_APPROVAL_ABOVE: another holder approves it
+                return Response(TopUpRequestOutput(posted).data, status=status.HTTP_202_ACCEPTED)
+            return Response(top_up_body(posted, account), status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="topup", create=create)
+
+
+class TopUpApproveApi(APIView):
+    """POST /billing/topups/requests/<id>/approve/ (the top-up permission, not whoever asked): post it."""
+
+    permission_classes = [IsAuthenticated, CanTopUp]
+
+    @extend_schema(request=None, responses={201: TopUpOutput})
+    def post(self, request, request_id: int):
+        posting = billing_services.top_up_approve(request_id=request_id, by=request.user)
+        return Response(top_up_body(posting, posting.credit), status=status.HTTP_201_CREATED)

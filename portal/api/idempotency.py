@@ -3,6 +3,7 @@
 import hashlib
 import json
 
+from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from rest_framework.response import Response
 
@@ -24,7 +25,7 @@ def idempotent(request, *, endpoint: str, create) -> Response:
         return create()
     if not 1 <= len(key) <= 255:
         raise InvalidInput("must be 1 to 255 characters", field=HEADER)
-    digest = hashlib.sha256(json.dumps(request.data, sort_keys=True, default=str).encode()).hexdigest()
+    digest = fingerprint(request.data)
     with transaction.atomic():
         record, created = IdempotencyKey.objects.get_or_create(
             owner=request.user, key=key, defaults={"endpoint": endpoint, "request_hash": digest}
@@ -37,3 +38,19 @@ def idempotent(request, *, endpoint: str, create) -> Response:
         record.status_code, record.response = response.status_code, response.data
         record.save(update_fields=["status_code", "response"])
     return response
+
+
+def fingerprint(data) -> str:
+    """The sha256 of a request's fields; an uploaded file (a job's code) counts by its bytes, not its name, so
+    one key with other code is a different request."""
+    if hasattr(data, "lists"):  # a form: every value of every field, files as the sha256 of their content
+        data = {key: [file_digest(v) if isinstance(v, UploadedFile) else v for v in vs] for key, vs in data.lists()}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def file_digest(upload: UploadedFile) -> str:
+    digest = hashlib.sha256()
+    for chunk in upload.chunks():
+        digest.update(chunk)
+    upload.seek(0)  # create() reads it next
+    return f"sha256:{digest.hexdigest()}"

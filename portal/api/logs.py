@@ -1,13 +1,15 @@
 """GET /api/v1/jobs/<id>/logs/ and /api/v1/instances/<id>/logs/: a workload's log, streamed.
 
-Query: ``tail``, ``since``, ``after`` (``portal.services.logs.query_parse``); ``format=ndjson`` (default: one
+Query: ``tail``, ``since``, ``after``, ``rank`` (``portal.services.logs.query_parse``); ``format=ndjson`` (default: one
 line object a line, then ``{"end": ...}``) or ``format=text`` (the lines' text; ``download=1`` makes
-it an attachment). The owner only: anyone else gets 404. Errors before the first byte (a bad query,
-a host that does not answer) are the API's usual shapes; a read cut short later lacks its end line.
+it an attachment). The owner only: anyone else gets 404. A user has at most ``LOG_READS_PER_USER`` reads
+under way at once (``portal.services.logs.log_read``); one more is 429 saying so. Errors before the first
+byte (a bad query, a host that does not answer) are the API's usual shapes; a read cut short later lacks
+its end line.
 """
 
-import itertools
 import json
+from collections.abc import Iterator
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -38,6 +40,9 @@ PARAMETERS = [
     OpenApiParameter("tail", int, description="the last N lines"),
     OpenApiParameter("since", str, description="ISO-8601 time, or a duration back from now: 10m, 2h, 1d"),
     OpenApiParameter("after", str, description="a cursor (a line's n): the lines after it"),
+    OpenApiParameter(
+        "rank", int, description="a gang's member: its lines only (each line of a gang's log has rank and host)"
+    ),
     OpenApiParameter("format", str, enum=["ndjson", "text"]),
     OpenApiParameter("download", int, enum=[0, 1], description="text as an attachment"),
 ]
@@ -58,9 +63,9 @@ class LogsApi(APIView):
         object_id = job_id if self.kind == "jobs" else instance_id
         workload = logs.log_workload(user=request.user, kind=self.kind, object_id=object_id)
         query = logs.query_parse(request.query_params)
-        lines = logs.log_lines(workload, query=query)
-        first = next(lines)  # a host that does not answer is still a 409 here
-        lines = itertools.chain([first], lines)
+        lines = logs.log_read(workload, query=query, user_id=request.user.pk)
+        first = next(lines)  # a host that does not answer is still a 409 here; beyond the user's reads, a 429
+        lines = _joined(first, lines)
         if request.query_params.get("format") == "text":
             response = StreamingHttpResponse(logs.as_text(lines), content_type="text/plain; charset=utf-8")
             if request.query_params.get("download") == "1":
@@ -70,3 +75,13 @@ class LogsApi(APIView):
             response = StreamingHttpResponse(lines, content_type="application/x-ndjson")
         response["X-Accel-Buffering"] = "no"  # the proxy passes lines on as they come
         return response
+
+
+def _joined(first: bytes, lines: Iterator[bytes]) -> Iterator[bytes]:
+    """``first`` then ``lines``; closed when the response is (a client gone), which ends the read and frees
+    its slot."""
+    try:
+        yield first
+        yield from lines
+    finally:
+        lines.close()

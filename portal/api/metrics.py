@@ -10,6 +10,12 @@ dcgm-exporter on a shared card, each tenant's series carry its *own* share:
 utilization of its share (%), its own framebuffer memory, free memory up to
 its cap. Temperature, power and clocks are the card's.
 
+A tenant whose own utilization is absent (a fraction of a card shared through
+MPS: NVML gives no per-client compute, ``agent.telemetry.nvml``) has no
+``DCGM_FI_DEV_GPU_UTIL`` series, never a 0; ``gpucloud_tenant_util_measured``
+says which tenants have one (1) and why the others do not (0, ``reason``:
+``shared-card``, ``no-reading``). Its memory series are there.
+
 Values come from each node's latest sample in Redis; a node silent for
 ``STALE_AFTER_S`` exports nothing rather than old numbers. Scraping needs
 ``Authorization: Bearer <METRICS_TOKEN>`` (or a staff session).
@@ -29,6 +35,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus, Workload, WorkloadStatus
 from scheduler.telemetry import streams
+from scheduler.telemetry.documents import NO_READING
 
 STALE_AFTER_S = 30
 
@@ -85,15 +92,18 @@ class ClusterCollector:
         yield from self._gpus()
         yield from self._scheduler()
 
-    def _gpus(self):
+    def _fresh(self) -> list[dict]:
         names = list(Node.objects.values_list("name", flat=True))
         latest = streams.latest_node_documents(names)
-        fresh = {n: d for n, d in latest.items() if time.time() - d["t"] <= STALE_AFTER_S}
-        workloads = _tenant_names(fresh.values())
+        return [d for d in latest.values() if time.time() - d["t"] <= STALE_AFTER_S]
+
+    def _gpus(self):
+        fresh = self._fresh()
+        workloads = _tenant_names(fresh)
         families = []
         for name, help_text, of_card, of_tenant in CARD_METRICS:
             family = GaugeMetricFamily(name, help_text, labels=TENANT_LABELS)
-            for doc in fresh.values():
+            for doc in fresh:
                 for card in doc["gpus"]:
                     base = _card_labels(doc, card)
                     _add(family, base + [""] * 5, of_card(card))
@@ -102,7 +112,19 @@ class ClusterCollector:
                     for tenant in card["tenants"]:
                         _add(family, base + _tenant_labels(tenant, workloads), of_tenant(tenant, card))
             families.append(family)
-        return families
+        measured = GaugeMetricFamily(
+            "gpucloud_tenant_util_measured",
+            "1: the tenant's own utilization is exported (DCGM_FI_DEV_GPU_UTIL); 0: absent, and why (reason: "
+            "shared-card, per-tenant compute not measurable on a card shared through MPS; no-reading).",
+            labels=TENANT_LABELS + ["reason"],
+        )
+        for doc in fresh:
+            for card in doc["gpus"]:
+                for tenant in card["tenants"]:
+                    absent = (tenant.get("util_absent") or NO_READING) if tenant["util"] is None else ""
+                    labels = _card_labels(doc, card) + _tenant_labels(tenant, workloads) + [absent]
+                    measured.add_metric(labels, 0.0 if tenant["util"] is None else 1.0)
+        return [*families, measured]
 
     def _scheduler(self):
         queued = GaugeMetricFamily(

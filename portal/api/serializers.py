@@ -6,6 +6,9 @@ from rest_framework import serializers
 from portal.models import GpuType, Image, Instance, Job
 from portal.selectors.connect import services_of
 from portal.selectors.rightsizing import instance_rightsizing
+from portal.services.housekeeping import job_kept_until
+from scheduler import sharedfs
+from scheduler.policy import SHARE_FRACTIONS
 
 
 class GpuTypeOutput(serializers.ModelSerializer):
@@ -18,6 +21,10 @@ class GpuTypeOutput(serializers.ModelSerializer):
         read_only=True,
         default=None,
         help_text="Spot price per card-hour now (it moves with the cluster's load); null until first computed.",
+    )
+    share_sizes = serializers.SerializerMethodField(
+        help_text="The fractions of one card on offer (gpus below 1 is one of them): a card serves one share size at "
+        "a time, set by the first fraction placed on it, so the sizes are few and each fills a card exactly."
     )
 
     class Meta:
@@ -32,7 +39,12 @@ class GpuTypeOutput(serializers.ModelSerializer):
             "spot_price_now",
             "currency",
             "capacity",
+            "share_sizes",
         ]
+
+    @extend_schema_field(serializers.ListField(child=serializers.DecimalField(max_digits=4, decimal_places=3)))
+    def get_share_sizes(self, gpu_type) -> list[str]:
+        return [str(fraction) for fraction in SHARE_FRACTIONS]
 
 
 class ImageOutput(serializers.ModelSerializer):
@@ -176,11 +188,37 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
     nodes = serializers.IntegerField(
         source="workload.nodes", allow_null=True, help_text="Nodes asked for; empty: the scheduler chooses."
     )
+    elastic_min = serializers.IntegerField(
+        source="workload.elastic_min", allow_null=True, help_text="An elastic job's fewest cards; null: not elastic."
+    )
+    elastic_max = serializers.IntegerField(source="workload.elastic_max", allow_null=True)
+    cards = serializers.IntegerField(
+        source="workload.gpu_count",
+        help_text="Cards it holds now, or asks for next (an elastic job's size changes as it is resized; gpus is "
+        "what was asked).",
+    )
     members = MemberOutput(
         source="workload.members.all",
         many=True,
         help_text="Over several nodes (a gang): each node's member, rank 0 first (its node is the job's node).",
     )
+    auto_tmpdir = serializers.SerializerMethodField(
+        help_text="Where it keeps its checkpoints (AUTO_TMPDIR, GPUCLOUD_CHECKPOINT_DIR): its folder on your file "
+        "storage, which outlives the host it ran on and counts against your quota; without file storage, its own "
+        "volume on its host."
+    )
+    kept_until = serializers.SerializerMethodField(
+        help_text="When housekeeping releases the ended job with its checkpoints and volume; null while it queues or "
+        "runs (or once released)."
+    )
+
+    def get_auto_tmpdir(self, job) -> str:
+        return sharedfs.job_tmpdir(job.workload.uid)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_kept_until(self, job) -> str | None:
+        kept_until = job_kept_until(job)
+        return None if kept_until is None else serializers.DateTimeField().to_representation(kept_until)
 
     class Meta:
         model = Job
@@ -193,6 +231,9 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
             "image",
             "gpu_type",
             "gpus",
+            "cards",
+            "elastic_min",
+            "elastic_max",
             "nodes",
             "members",
             "cpu_cores",
@@ -215,5 +256,7 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
             "preemptions",
             "estimated_start_at",
             "team",
+            "auto_tmpdir",
+            "kept_until",
             "log_tail",
         ]

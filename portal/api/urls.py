@@ -29,6 +29,11 @@ urlpatterns = [
     path("billing/", billing.BillingApi.as_view(), name="api-billing"),
     path("billing/statement/", billing.StatementApi.as_view(), name="api-billing-statement"),
     path("billing/topups/", billing.TopUpApi.as_view(), name="api-billing-topups"),
+    path(
+        "billing/topups/requests/<int:request_id>/approve/",
+        billing.TopUpApproveApi.as_view(),
+        name="api-billing-topup-approve",
+    ),
     path("prices/", billing.PriceApi.as_view(), name="api-prices"),
 ] + [
     path(

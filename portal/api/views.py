@@ -334,6 +334,34 @@ def form_fields(data) -> dict:
     return fields
 
 
+class CodeUpload(serializers.Serializer):
+    code = serializers.FileField(
+        required=False,
+        help_text="A .tar.gz of your folder (at most JOB_CODE_MAX_MB): extracted into the job's data disk (each "
+        "task's, for an array: sent and stored once), where its command then runs (GPUCLOUD_CODE_DIR).",
+    )
+
+
+def create_schema(json_input, form_input, output):
+    """The OpenAPI of a create endpoint that takes JSON, or a form with the code (``with_code``)."""
+    return extend_schema(
+        request={"application/json": json_input, "multipart/form-data": form_input},
+        responses={201: output},
+        parameters=[IDEMPOTENCY_KEY],
+    )
+
+
+def with_code(request, form):
+    """A create request's fields, checked by ``form``, and its code archive (an uploaded file, or None): JSON,
+    or multipart/form-data with the archive as ``code`` and objects as JSON strings."""
+    code = request.FILES.get("code")
+    data = form(data=form_fields(request.data) if code is not None else request.data)
+    data.is_valid(raise_exception=True)
+    if code is not None and code.size > settings.JOB_CODE_MAX_MB * 1024 * 1024:
+        raise InvalidInput(f"the code archive may be at most {settings.JOB_CODE_MAX_MB} MB", field="code")
+    return data, code
+
+
 class JobListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
@@ -375,31 +403,36 @@ class JobListApi(APIView):
             help_text="Run on spot capacity at the spot price: on-demand work may evict it; it resumes "
             "from its checkpoint.",
         )
+        elastic_min = serializers.IntegerField(
+            min_value=1,
+            max_value=limits.MAX_JOB_CARDS,
+            required=False,
+            allow_null=True,
+            default=None,
+            help_text="An elastic job (with elastic_max; whole cards, nodes left out): the fewest cards it may run on. "
+            "The scheduler starts it at gpus if that fits, else at this; grows it into idle cards and shrinks it "
+            "back when queued work needs them, each resize a restart from its checkpoint; billed for the cards "
+            "it holds, second by second.",
+        )
+        elastic_max = serializers.IntegerField(
+            min_value=1,
+            max_value=limits.MAX_JOB_CARDS,
+            required=False,
+            allow_null=True,
+            default=None,
+            help_text="An elastic job's most cards (at least gpus).",
+        )
 
     @extend_schema(responses=page_of(JobOutput))
     def get(self, request):
         return paginated(self, selectors.job_list(user=request.user), JobOutput)
 
-    class JobCreateForm(JobCreateInput):
+    class JobCreateForm(JobCreateInput, CodeUpload):
         """The same fields as a form, with the code: multipart/form-data (``env`` as a JSON string)."""
 
-        code = serializers.FileField(
-            required=False,
-            help_text="A .tar.gz of your folder (at most JOB_CODE_MAX_MB): extracted into the job's data disk, "
-            "where the command then runs (GPUCLOUD_CODE_DIR).",
-        )
-
-    @extend_schema(
-        request={"application/json": JobCreateInput, "multipart/form-data": JobCreateForm},
-        responses={201: JobOutput},
-        parameters=[IDEMPOTENCY_KEY],
-    )
+    @create_schema(JobCreateInput, JobCreateForm, JobOutput)
     def post(self, request):
-        code = request.FILES.get("code")
-        data = self.JobCreateInput(data=form_fields(request.data) if code is not None else request.data)
-        data.is_valid(raise_exception=True)
-        if code is not None and code.size > settings.JOB_CODE_MAX_MB * 1024 * 1024:
-            raise InvalidInput(f"the code archive may be at most {settings.JOB_CODE_MAX_MB} MB", field="code")
+        data, code = with_code(request, self.JobCreateInput)
 
         def create():
             fields = data.work_fields()

@@ -7,6 +7,22 @@ from django.utils.translation import gettext_lazy as _
 
 from portal import limits
 from portal.models import BillingMode
+from scheduler.policy import SHARE_FRACTIONS
+
+
+def _gpus_field(max_digits: int, **options) -> forms.DecimalField:
+    """Cards, a number offered from a list (templates/portal/_gpu_sizes.html): the fractions of a card on
+    offer (a card serves one share size at a time), then whole cards. Another fraction is refused at the
+    field (by the service)."""
+    return forms.DecimalField(
+        label=_("GPUs"),
+        max_digits=max_digits,
+        decimal_places=3,
+        initial=Decimal("1"),
+        min_value=min(SHARE_FRACTIONS),
+        widget=forms.NumberInput(attrs={"list": "gpu-sizes", "step": "any"}),
+        **options,
+    )
 
 
 class WorkForm(forms.Form):
@@ -15,9 +31,8 @@ class WorkForm(forms.Form):
     name = forms.CharField(label=_("Name"), max_length=limits.NAME_CHARS)
     gpu_type = forms.TypedChoiceField(coerce=int, label=_("GPU type"))
     image = forms.TypedChoiceField(label=_("Image"), coerce=int)
-    gpus = forms.DecimalField(
-        label=_("GPUs"), max_digits=4, decimal_places=2, initial=Decimal("1"), min_value=limits.GPU_FRACTION_STEP
-    )
+    gpus = _gpus_field(4)
+    share_fractions = SHARE_FRACTIONS  # the pages offer them as the list of sizes
     cpu_cores = forms.IntegerField(
         label=_("CPU cores"),
         min_value=limits.CPU_CORES.min,
@@ -63,7 +78,8 @@ def _image_label(image) -> str:
         return _("%(name)s (saved, in the registry)") % {"name": image.name}
     if image.visibility == "private":
         return _("%(name)s (saved, on %(node)s)") % {"name": image.name, "node": image.node.name}
-    return f"{image.name} (CUDA {image.cuda_version})"
+    label = f"{image.name} (CUDA {image.cuda_version})" if image.cuda_version else image.name
+    return label if image.status == "ready" else f"{label} — {image.get_status_display()}: {image.status_reason}"
 
 
 class InstanceCreateForm(WorkForm):
@@ -91,13 +107,8 @@ class InstanceCreateForm(WorkForm):
 class JobCreateForm(WorkForm):
     field_order = ["name", "gpu_type", "image", "gpus", "nodes", "command"]
 
-    gpus = forms.DecimalField(
-        label=_("GPUs"),
-        max_digits=6,
-        decimal_places=2,
-        initial=Decimal("1"),
-        min_value=limits.GPU_FRACTION_STEP,
-        help_text=_("More cards than one node has: the job runs over several nodes, one container on each."),
+    gpus = _gpus_field(
+        6, help_text=_("More cards than one node has: the job runs over several nodes, one container on each.")
     )
     nodes = forms.IntegerField(
         label=_("Nodes (optional)"),

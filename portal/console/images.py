@@ -19,7 +19,8 @@ from scheduler.errors import ServiceError
 @require_safe
 def image_page(request):
     mine = list(images.saved_image_list(user=request.user))
-    catalog = Image.objects.filter(Q(visibility__in=["official", "community"]), status=ImageStatus.READY)
+    offered = [ImageStatus.READY, ImageStatus.BUILDING, ImageStatus.FAILED]  # not ready yet: shown, saying so
+    catalog = Image.objects.filter(Q(visibility__in=["official", "community"]), status__in=offered)
     busy = any(i.status in (ImageStatus.SAVING, ImageStatus.DELETING) for i in mine)
     context = {"mine": mine, "catalog": catalog, "busy": busy}
     return render(request, "portal/_image_rows.html" if request.htmx else "portal/images.html", context)

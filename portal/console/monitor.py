@@ -18,7 +18,7 @@ from billing.statements import cost_so_far
 from portal import selectors
 from portal.console.shortcuts import or_404
 from portal.selectors.connect import services_of
-from portal.selectors.rightsizing import instance_rightsizing
+from portal.selectors.rightsizing import rightsizing_advice
 from portal.services.housekeeping import release_due_at
 from portal.services.logs import logs_panel
 from scheduler.models import Allocation, WorkloadGpuMinute
@@ -105,6 +105,6 @@ def instance_detail(request, instance_id: int):
             "services": services_of(workload),
             "move": workload.moves.select_related("source", "target").first(),
             "can_move": bool(settings.REGISTRY),
-            "rightsizing": instance_rightsizing(instance),
+            "rightsizing": rightsizing_advice(instance),
         },
     )

@@ -21,9 +21,10 @@ from portal import selectors
 from portal.console.forms import InstanceCreateForm, JobCreateForm
 from portal.console.shortcuts import or_404
 from portal.services import arrays, work
-from portal.services.housekeeping import release_due_at
-from portal.services.logs import logs_panel
+from portal.services.housekeeping import job_kept_until, release_due_at
+from portal.services.logs import logs_panel, member_tail
 from portal.throttles import sign_in_wait
+from scheduler import sharedfs
 from scheduler.errors import InvalidInput, ServiceError
 
 
@@ -198,8 +199,11 @@ def job_detail(request, job_id: int):
         for member in members:
             member.cards = [f"gpu{a.gpu.index}" for a in held if a.gpu.node_id == member.node_id]
     context = {"job": job, "events": job.workload.events.all(), "members": members}
+    context["auto_tmpdir"], context["kept_until"] = sharedfs.job_tmpdir(job.workload.uid), job_kept_until(job)
     if job.owner_id == request.user.pk:  # a log is its owner's only (staff see the last lines kept)
         context["logs"] = logs_panel("jobs", job.pk)
+        for member in members:  # each member's last lines, from its own host
+            member.last_lines = member_tail(job.workload, member.rank)
     return render(request, "portal/job_detail.html", context)
 
 

@@ -12,8 +12,12 @@ from scheduler.selectors import gpu_models_summary
 
 
 def image_list(*, user):
-    """Images the user may create work from: the catalog's, and their own saved ones that are ready."""
-    visible = Image.objects.filter(Q(visibility__in=["official", "community"]) | Q(owner=user), status="ready")
+    """Images the user may create work from: the catalog's, and their own saved ones that are ready. The catalog's
+    images still building (or whose build failed) are listed too, saying so; work cannot be made from them yet."""
+    catalog = Q(visibility__in=["official", "community"])
+    visible = Image.objects.filter(
+        (catalog | Q(owner=user)) & Q(status="ready") | catalog & Q(status__in=["building", "failed"])
+    )
     # A saved image on no node is gone with its node, unless it is in the registry (its reference names
     # one: "host:port/gpucloud-saved:..."; a node-local one is "gpucloud-saved:...").
     return visible.exclude(Q(visibility="private", node__isnull=True) & ~Q(docker_ref__contains="/"))

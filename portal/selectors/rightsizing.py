@@ -11,15 +11,22 @@ Read from its own minute rollups (``WorkloadGpuMinute``) of the last ``RIGHTSIZI
   peak is the largest. Memory is a hard cap (a share's memory limit), so this is a true peak.
 
 The need is the larger of the two, plus ``RIGHTSIZING_HEADROOM_PERCENT``; it is rounded up to
-the product's grid (0.1 .. 0.9 of one card, else whole cards), never below 0.1. Nothing is
+the product's sizes (a share on offer, ``SHARE_SIZES``, else whole cards). Nothing is
 suggested with fewer than ``RIGHTSIZING_MIN_MINUTES`` minutes measured, or when the need is
 not below what it holds.
+
+No advice from an absent reading: a fraction of a card runs under MPS on a real host, where a
+tenant's own compute is not measurable (``agent.telemetry.nvml``), so its minutes without a
+utilization reading are exactly those its processes ran, the ones that would set its peak.
+When a fraction has any such minute in the window, nothing is suggested, and ``Withheld``
+says why (advice from the other minutes, or from memory alone, would shrink work that was
+busy). A whole card's unread minute is a gap in the samples and is left out, as before.
 
 The saving is what billing's own rules (``billing.rating``: the rate card, spot prices, the
 CPU and memory beyond a share's allotment) charge this month's running time as it was, less
 what they would charge the same time at the suggested share.
 
-On a host without GPUs (``scheduler.telemetry.simgpu``) "utilization" is the container's
+On a host without GPUs (``agent.telemetry.simgpu``) "utilization" is the container's
 CPU activity and "GPU memory" its memory, so the suggestion follows what its container did.
 """
 
@@ -40,7 +47,7 @@ from billing.models import MeterSegment, RateCard, SpotPrice
 from billing.rating import Shape, Timeline, charge_lines
 from billing.settlement import rate_of, shape_of
 from scheduler.models import WorkloadGpuMinute
-from scheduler.policy.cluster import WHOLE_CARD
+from scheduler.policy.cluster import WHOLE_CARD, round_up_share
 
 ZERO = Decimal("0.00")
 STEP = Decimal("0.1")
@@ -56,6 +63,14 @@ class Peak:
     @property
     def compute_percent(self) -> int:
         return round(self.compute * 100)
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """No advice although minutes were measured: a fraction's compute had no reading in some of them."""
+
+    unread_minutes: int  # minutes of the window without a utilization reading on a shared card
+    since: datetime
 
 
 @dataclass(frozen=True)
@@ -83,12 +98,14 @@ class Suggestion:
 
 
 def share_needed(*, compute: float, memory_mb: int, card_memory_mb: int, headroom_percent: int) -> Decimal:
-    """The product's smallest size (0.1 .. 0.9 of a card, or whole cards) holding this peak with headroom."""
+    """The product's smallest size holding this peak with headroom: a share on offer (``SHARE_SIZES``), or
+    whole cards."""
     memory = memory_mb / card_memory_mb if card_memory_mb else 0.0
     # Decimal from a rounded float: 0.25 x 1.2 is 0.30000000000000004 in binary, and must stay 0.3.
     need = Decimal(str(round(max(compute, memory) * (100 + headroom_percent) / 100, 6)))
-    if need <= Decimal("0.9"):
-        return max((need / STEP).to_integral_value(rounding="ROUND_CEILING") * STEP, STEP)
+    if need <= 1:
+        milli = int((need * WHOLE_CARD).to_integral_value(rounding="ROUND_CEILING"))
+        return Decimal(round_up_share(max(milli, 1))) / WHOLE_CARD
     return Decimal(math.ceil(need))
 
 
@@ -150,11 +167,29 @@ def _shape_at(shape: Shape, gpus: Decimal) -> Shape:
     return replace(shape, cards=int(gpus), milli=WHOLE_CARD)
 
 
+def unread_on_a_shared_card(workload, *, since: datetime) -> int:
+    """A fraction's minutes since ``since`` without a utilization reading (0 for whole cards: gaps, not MPS)."""
+    if workload.gpu_milli >= WHOLE_CARD:
+        return 0
+    unread = WorkloadGpuMinute.objects.filter(workload=workload, minute__gte=since, util_avg__isnull=True)
+    return unread.values("minute").distinct().count()
+
+
 def instance_rightsizing(instance, *, now: datetime | None = None) -> Suggestion | None:
-    """What the instance should have asked for, or None: too little measured, or it needs what it holds."""
+    """What the instance should have asked for, or None: too little measured, no reading, or it needs what it
+    holds."""
+    advice = rightsizing_advice(instance, now=now)
+    return advice if isinstance(advice, Suggestion) else None
+
+
+def rightsizing_advice(instance, *, now: datetime | None = None) -> Suggestion | Withheld | None:
+    """``instance_rightsizing``, or ``Withheld`` where the reason there is none is an absent reading."""
     now = now or timezone.now()
     workload = instance.workload
     since = now - timedelta(days=settings.RIGHTSIZING_WINDOW_DAYS)
+    unread = unread_on_a_shared_card(workload, since=since)
+    if unread:
+        return Withheld(unread, since)
     peak = peak_of(workload, since=since)
     if peak is None or peak.minutes < settings.RIGHTSIZING_MIN_MINUTES:
         return None

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from portal import limits
+from scheduler import envnames
 from scheduler.errors import InvalidInput
 
 RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?", re.ASCII)  # not full-width or other digits
@@ -66,6 +67,8 @@ def parse_params(params: dict) -> list[dict[str, str]]:
         if not NAME.fullmatch(str(name)):
             why = "is not a parameter name (letters, digits, _; not a digit first)"
             raise InvalidInput(f"{name!r} {why}", field="params")
+        if reserved := envnames.why_reserved(str(name)):  # each parameter is a variable of its task too
+            raise InvalidInput(f"{name} cannot be a parameter: {reserved}", field="params")
         if not isinstance(values, list) or not values:
             raise InvalidInput(f"{name}: give a list of one or more values", field="params")
         if any(not isinstance(v, str | int | float) or isinstance(v, bool) for v in values):

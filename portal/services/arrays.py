@@ -28,6 +28,7 @@ from portal.services.array_spec import task_env, tasks_of
 from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import Workload, WorkloadGroup, WorkloadStatus
 from scheduler.services import workloads as scheduler
+from scheduler.services.code import array_code_attach
 
 log = logging.getLogger(__name__)
 S = WorkloadStatus
@@ -77,8 +78,11 @@ def array_create(
     max_preemptions: int = 3,
     deadline: datetime | None = None,
     budget: Decimal | None = None,
+    code: bytes | None = None,
 ) -> JobArray:
-    """Queue every task of an array in one transaction (all or none), each with its index and parameters."""
+    """Queue every task of an array in one transaction (all or none), each with its index and parameters.
+
+    ``code`` (a .tar.gz, as a job's) is stored once for the whole array; every task runs in it."""
     tasks, limit = tasks_of(array=array, params=params)
     if limit is not None and max_running is not None and limit != max_running:
         raise InvalidInput(f"the array says %{limit}: leave max_running out or make it {limit}", field="max_running")
@@ -131,20 +135,25 @@ def array_create(
             group=group,
         )
         WorkloadGroup.objects.filter(pk=group.pk).update(name=f"array {created.pk}: {name}"[:128])
+        submitted = []
         for task in tasks:
             suffix = f"[{task.index}]"
-            work.job_submit(
-                job,
-                priority=priority,
-                max_runtime_s=max_runtime_s,
-                spot=spot,
-                name=name[: 64 - len(suffix)] + suffix,
-                env=task_env(task, array_id=created.pk, tasks=tasks),
-                group=group,
-                array=created,
-                array_index=task.index,
-                params=task.params,
+            submitted.append(
+                work.job_submit(
+                    job,
+                    priority=priority,
+                    max_runtime_s=max_runtime_s,
+                    spot=spot,
+                    name=name[: 64 - len(suffix)] + suffix,
+                    env=task_env(task, array_id=created.pk, tasks=tasks),
+                    group=group,
+                    array=created,
+                    array_index=task.index,
+                    params=task.params,
+                )
             )
+        if code is not None:
+            array_code_attach(workloads=[task.workload for task in submitted], archive=code)
     return created
 
 

@@ -70,6 +70,8 @@ def listing(workload, path: str, *, user) -> tuple[list[dict], bool]:
             raise unreachable(exc) from exc
     if not last:
         raise Conflict("the listing was cut short; try again")
+    if "error" in last:  # what the instance's find printed is not a listing
+        raise InvalidInput(str(last["error"]), field="path")
     return sorted(entries, key=lambda e: (not e["dir"], e["name"])), bool(last.get("truncated"))
 
 

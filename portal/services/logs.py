@@ -9,6 +9,13 @@ Docker), joined with the platform's own "system" lines:
     cursor k.999999999999   run k ended: why (a preemption, a stop); after the last run of finished
                             work: its status, reason and exit code
 
+A gang's every member has runs of its own, on its host (rank 0's first, then the others' as they
+start): each member's piece begins "— rank r on host X —", a placement's end marker follows its last
+member's piece, and every line of a gang's log carries its ``rank`` and ``host`` (after the fields
+above: a reader of single-node logs reads them unchanged). ``rank`` keeps one member's runs only.
+Followed live, rank 0's piece comes as it is written and the other members' each once rank 0's
+ended (``member_tails`` shows their last lines meanwhile).
+
 Cursors ("<run>.<seq>", fixed width) sort as text in the log's order, across runs and hosts, so a
 reader that resumes with ``after`` gets no line twice and loses none. ``log_lines`` yields the wire
 lines (bytes, one JSON object and a newline each) and, last, the ``{"end": ...}`` line; with
@@ -35,8 +42,8 @@ from django.utils.dateparse import parse_datetime
 
 from config.relay import Op, Ticket, ticket_sign
 from portal.models import Instance, Job
-from portal.services.relay import CONNECT_S, IDLE_S, refusal, unreachable
-from scheduler.errors import InvalidInput, NotFound
+from portal.services.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_base_of, unreachable
+from scheduler.errors import InvalidInput, NotFound, ServiceError
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
 
 log = logging.getLogger(__name__)
@@ -44,12 +51,15 @@ S = WorkloadStatus
 END_SEQ = 10**12 - 1
 UNAVAILABLE_SEQ = END_SEQ - 1
 TAIL_MAX = 100_000
+MEMBER_TAIL = 10  # the job page's last lines of each gang member
+RANK_MAX = 9999
 ACTIVE = {S.QUEUED, S.STARTING, S.RUNNING, S.STOPPING}
 HOLDING = set(S.holding_resources())
 WAIT_S = 0.5  # between looks at the database while followed work waits for its next run or its end,
 WAIT_MAX_S = 5.0  # ... growing to this while nothing changes
 SETTLE_S = 30  # finished work whose last piece is still not complete after this is taken as complete
 FOLLOW_IDLE_S = 60  # the relay writes a keep-alive every 15 s while following
+LOG_READS_PER_USER = 4  # a user's log reads over HTTP under way at once (each holds a web worker and a relay thread)
 _RELATIVE = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
@@ -60,6 +70,7 @@ class Query:
     tail: int = 0
     since: str = ""  # the wire's time format ("2026-12-01T07:40:00.000000Z")
     follow: bool = False
+    rank: int | None = None  # a gang's member's lines only
 
 
 def wire_time(moment: datetime) -> str:
@@ -94,7 +105,12 @@ def query_parse(params, *, follow: bool = False) -> Query:
             if timezone.is_naive(moment):
                 moment = timezone.make_aware(moment, UTC)
         since = wire_time(moment)
-    return Query(after=after, tail=tail, since=since, follow=follow)
+    rank = None
+    if text := params.get("rank", ""):
+        if not text.isdigit() or int(text) > RANK_MAX:
+            raise InvalidInput(f"a gang member's rank, from 0 to {RANK_MAX}", field="rank")
+        rank = int(text)
+    return Query(after=after, tail=tail, since=since, follow=follow, rank=rank)
 
 
 def log_workload(*, user, kind: str, object_id: int) -> Workload:
@@ -106,9 +122,16 @@ def log_workload(*, user, kind: str, object_id: int) -> Workload:
     return found.workload
 
 
-def _system(run: int, seq: int, moment: datetime, text: str) -> bytes:
-    line = {"n": cursor(run, seq), "t": wire_time(moment), "stream": "system", "line": text}
+def _system(run: int, seq: int, moment: datetime, text: str, tag: dict | None = None) -> bytes:
+    line = {"n": cursor(run, seq), "t": wire_time(moment), "stream": "system", "line": text} | (tag or {})
     return json.dumps(line, ensure_ascii=False).encode() + b"\n"
+
+
+def _tagged(line: bytes, tag: dict | None) -> bytes:
+    """A stored line (one JSON object, no newline) with the tag's fields added last."""
+    if not tag:
+        return line
+    return line[:-1] + b"," + json.dumps(tag, ensure_ascii=False).encode()[1:]
 
 
 def _end_reason(workload: Workload, run: WorkloadRun, until: datetime | None) -> tuple[str, datetime]:
@@ -138,6 +161,12 @@ class _Reader:
         self.after = query.after or (0, -1)
         self.complete: set[int] = set()  # runs whose piece has been read to its end
         self.last: str | None = None
+        # A gang's log (of any placement: an elastic gang may come back to one node) tags every line.
+        self.gang = workload.is_gang or workload.runs.filter(rank__gt=0).exists()
+
+    def _tag(self, run: WorkloadRun) -> dict | None:
+        """What each line of a gang's run carries after its own fields: its member's rank and host."""
+        return {"rank": run.rank, "host": run.node_name} if self.gang or run.rank else None
 
     def _emit(self, line: bytes, position: tuple[int, int]) -> bytes:
         self.after = position
@@ -150,7 +179,7 @@ class _Reader:
         wait = WAIT_S
         while True:
             self.workload.refresh_from_db()
-            runs = list(self.workload.runs.select_related("node").order_by("number"))
+            runs = self._runs()
             active, seen = self.workload.status in ACTIVE, (self.last, self.workload.status, len(runs))
             for index, run in enumerate(runs):
                 if run.number < self.after[0]:
@@ -162,10 +191,14 @@ class _Reader:
                 break
             # Waiting for the next run or the end (a queued job may wait long): look less often while
             # nothing moves, at once again after something did.
-            moved = seen != (self.last, self.workload.status, self.workload.runs.count())
+            moved = seen != (self.last, self.workload.status, len(self._runs()))
             wait = WAIT_S if moved else min(wait * 2, WAIT_MAX_S)
             time.sleep(wait)
         yield json.dumps({"end": self.end(runs)}).encode() + b"\n"
+
+    def _runs(self) -> list[WorkloadRun]:
+        runs = self.workload.runs.select_related("node").order_by("number")
+        return list(runs if self.query.rank is None else runs.filter(rank=self.query.rank))
 
     def _may_wait(self) -> bool:
         """Whether to wait for more of a piece: while the work is active, and a while after (the collector
@@ -196,32 +229,41 @@ class _Reader:
         return not (self.query.since and moment is not None and wire_time(moment) < self.query.since)
 
     def _run(self, run, runs, *, is_last: bool, active: bool, follow: bool, tail: int = 0) -> Iterator[bytes]:
-        k = run.number
-        if k > 1 and self._wanted((k, 0), run.started_at):
+        k, tag = run.number, self._tag(run)
+        if run.rank and self._wanted((k, 0), run.started_at):
+            yield self._emit(_system(k, 0, run.started_at, f"— rank {run.rank} on host {run.node_name} —", tag), (k, 0))
+        elif k > 1 and self._wanted((k, 0), run.started_at):
             verb = "resumed" if self.workload.kind == WorkloadKind.JOB else "started again"
-            yield self._emit(_system(k, 0, run.started_at, f"— {verb} on host {run.node_name} —"), (k, 0))
+            yield self._emit(_system(k, 0, run.started_at, f"— {verb} on host {run.node_name} —", tag), (k, 0))
         if k not in self.complete:
-            yield from self._piece(run, follow=follow and self._may_wait(), tail=tail, last_run=is_last)
-        if (not is_last or not active) and k in self.complete:
-            following = runs[runs.index(run) + 1].started_at if not is_last else None
+            # Of the latest placement: no later run of a lower or the same rank (a gang's members begin theirs
+            # one after another, each on its own host: one may not be there yet).
+            latest = not any(later.rank <= run.rank for later in runs[runs.index(run) + 1 :])
+            yield from self._piece(run, follow=follow and self._may_wait(), tail=tail, last_run=latest)
+        following_run = None if is_last else runs[runs.index(run) + 1]
+        # A placement ends after its last member's piece (the next run is a later placement's rank 0).
+        placement_ends = following_run is None or following_run.rank <= run.rank
+        if (not is_last or not active) and k in self.complete and placement_ends:
+            following = following_run.started_at if following_run is not None else None
             if is_last:
                 text, moment = _final(self.workload), self.workload.status_changed_at or timezone.now()
             else:
                 reason, moment = _end_reason(self.workload, run, following)
                 text = f"— {reason} —"
             if self._wanted((k, END_SEQ), moment):
-                yield self._emit(_system(k, END_SEQ, moment, text), (k, END_SEQ))
+                yield self._emit(_system(k, END_SEQ, moment, text, tag), (k, END_SEQ))
 
     def _piece(self, run, *, follow: bool, tail: int, last_run: bool) -> Iterator[bytes]:
-        k = run.number
+        k, tag = run.number, self._tag(run)
         node = run.node
         if node is None or node.status in (NodeStatus.LOST, NodeStatus.REMOVED) or not node.relay_url:
             why = "removed" if node is None or node.status == NodeStatus.REMOVED else "lost"
             if self._wanted((k, UNAVAILABLE_SEQ), run.started_at):
                 text = f"… the output of this run on host {run.node_name} is unavailable (the host is {why})"
-                yield self._emit(_system(k, UNAVAILABLE_SEQ, run.started_at, text), (k, UNAVAILABLE_SEQ))
+                yield self._emit(_system(k, UNAVAILABLE_SEQ, run.started_at, text, tag), (k, UNAVAILABLE_SEQ))
             self.complete.add(k)
             return
+        url = f"{relay_base_of(node)}/v1/{Op.LOGS}"
         while True:
             after_seq = self.after[1] if self.after[0] == k else 0
             ticket = Ticket(
@@ -236,7 +278,6 @@ class _Reader:
                 follow=follow,
             )
             headers = {"Authorization": f"Bearer {ticket_sign(ticket, secret=settings.RELAY_SECRET)}"}
-            url = f"{node.relay_url.rstrip('/')}/v1/{Op.LOGS}"
             timeout = (CONNECT_S, FOLLOW_IDLE_S if follow else IDLE_S)
             try:
                 with requests.get(url, headers=headers, stream=True, timeout=timeout) as response:
@@ -248,7 +289,7 @@ class _Reader:
                         raise refusal(response.status_code, response.raw.read(64 * 1024, decode_content=True))
                     for line in response.iter_lines(chunk_size=64 * 1024):
                         if line.startswith(b'{"n":"'):
-                            yield self._emit(line + b"\n", (k, int(line[13:25])))
+                            yield self._emit(_tagged(line, tag) + b"\n", (k, int(line[13:25])))
                         elif line.startswith(b'{"piece"'):
                             if json.loads(line)["piece"]["finished"]:
                                 self.complete.add(k)
@@ -266,7 +307,7 @@ class _Reader:
     def _tail(self) -> Iterator[bytes]:
         """The last ``tail`` lines (markers included) of the whole log, from the newest run back."""
         self.workload.refresh_from_db()
-        runs = list(self.workload.runs.select_related("node").order_by("number"))
+        runs = self._runs()
         active = self.workload.status in ACTIVE
         wanted, start = self.query.tail, self.after
         collected: list[tuple[bytes, tuple[int, int]]] = []
@@ -295,6 +336,43 @@ def log_lines(workload: Workload, *, query: Query, alive: Callable[[], bool] = l
     return _Reader(workload, query, alive).lines()
 
 
+class LogReadSlot(SessionSlot):
+    """One of the user's LOG_READS_PER_USER log reads over HTTP, a lease in Redis as a relay session's (every
+    web server counts in it; a crashed one's come back by themselves)."""
+
+    pool = "log-reads"
+
+    def limit(self) -> tuple[int, str]:
+        cap = LOG_READS_PER_USER
+        return cap, f"you have {cap} log reads under way, the most at once: wait until one of them ends"
+
+
+def log_read(workload: Workload, *, query: Query, user_id: int) -> Iterator[bytes]:
+    """``log_lines`` holding one of the user's log read slots (TooMany beyond them) until the read ends or its
+    client goes (the server closes the iterator). The slot is taken at the first line asked for."""
+    slot = LogReadSlot(user_id).take()
+    renewed = time.monotonic()
+    try:
+        for line in log_lines(workload, query=query):
+            if time.monotonic() - renewed > RENEW_S:
+                slot.renew()
+                renewed = time.monotonic()
+            yield line
+    finally:
+        slot.release()
+
+
+def member_tail(workload: Workload, rank: int, count: int = MEMBER_TAIL) -> list[str] | None:
+    """The last ``count`` lines of a gang's member's output (its own runs, through its hosts' relays, the
+    platform's markers included); None when a host that holds them does not answer."""
+    try:
+        lines = list(log_lines(workload, query=Query(tail=count, rank=rank)))
+    except ServiceError as exc:
+        log.info("the last lines of rank %s of workload %s: %s", rank, workload.pk, exc)
+        return None
+    return [json.loads(line)["line"] for line in lines[:-1]]
+
+
 def logs_panel(kind: str, object_id: int) -> dict:
     """What the console's log panel (``_logs.html``) needs: its follow socket and its download."""
     return {
@@ -308,4 +386,5 @@ def as_text(lines: Iterator[bytes]) -> Iterator[bytes]:
     for line in lines:
         item = json.loads(line)
         if "line" in item:
-            yield item["line"].encode() + b"\n"
+            where = f"[rank {item['rank']} on {item['host']}] " if "rank" in item else ""
+            yield (where + item["line"]).encode() + b"\n"

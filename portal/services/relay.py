@@ -7,7 +7,8 @@ ServiceError to raise here. ``SessionSlot`` holds one of the user's
 RELAY_MAX_SESSIONS_PER_USER concurrent terminal and file sessions, counted in
 Redis so that the cap holds across every web server and host: a slot is a lease
 renewed while the session lives, so a crashed server's slots come back by
-themselves. Leases run on Redis's clock, not this machine's.
+themselves. Leases run on Redis's clock, not this machine's. ``terminals_revoke`` closes
+a user's open terminals when their access ends.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ import logging
 import uuid
 
 import redis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import transaction
 
+from config import messages
 from config.clients import redis_client
-from config.relay import Op, Ticket, ticket_sign
+from config.relay import Op, Ticket, relay_base, ticket_sign
 from scheduler.errors import Conflict, InvalidInput, ServiceError, TooMany
-from scheduler.models import Workload, WorkloadKind, WorkloadStatus
+from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
 
 log = logging.getLogger(__name__)
 CONNECT_S = 5
@@ -38,9 +43,31 @@ def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, di
     node = workload.node
     if node is None or not node.relay_url:
         raise Conflict("the instance's host has no relay registered: its node agent must be restarted")
+    base = relay_base_of(node)
     ticket = Ticket(op=op, container=workload.container_name, workload=workload.pk, user=user.pk, **params)
     token = ticket_sign(ticket, secret=settings.RELAY_SECRET)
-    return f"{node.relay_url.rstrip('/')}/v1/{op}", {"Authorization": f"Bearer {token}"}
+    return f"{base}/v1/{op}", {"Authorization": f"Bearer {token}"}
+
+
+def terminals_revoke(*, user_id: int, reason: str, team: str | None = None) -> None:
+    """Once this transaction commits, close the user's open terminals: all of them, or with ``team`` those of work
+    charged to that team. A terminal's relay session is checked once, when it opens; this ends it sooner."""
+    event = {"type": messages.TERMINAL_REVOKE, "reason": reason, "team": team}
+
+    def send():
+        async_to_sync(get_channel_layer().group_send)(messages.terminals_group(user_id), event)
+
+    transaction.on_commit(send, robust=True)  # the change stands without Redis; the terminal lives to its limit
+
+
+def relay_base_of(node: Node) -> str:
+    """Where ``node``'s relay answers; Conflict if its relay URL is not at its registered address (nothing is
+    called: a host writes its own relay URL, and a compromised one could point the web tier anywhere)."""
+    try:
+        return relay_base(node=node.name, address=node.address, relay_url=node.relay_url)
+    except ValueError as exc:
+        log.error("relay refused before the call: %s", exc)
+        raise Conflict(str(exc)) from None
 
 
 def not_running(workload: Workload) -> str:
@@ -72,6 +99,8 @@ def refusal(status: int, body: bytes) -> ServiceError:
         return Conflict(detail)
     if status == 404:
         return Conflict("the instance's container is not on its host")
+    if status == 429:  # the host's relay is busy, or this user holds his share of it
+        return TooMany(detail)
     # 401 / 403: the web tier and the agent disagree on RELAY_SECRET (or a clock is far off); 5xx: a fault.
     log.error("relay refused a call: %s %s", status, detail)
     return Conflict(f"the instance's host refused: {detail}")
@@ -109,16 +138,26 @@ return 1
 
 
 class SessionSlot:
-    """One of the user's concurrent terminal / file sessions: ``take()``, ``renew()`` every RENEW_S, ``release()``."""
+    """One of the user's concurrent terminal / file sessions: ``take()``, ``renew()`` every RENEW_S, ``release()``.
+
+    A subclass counts another kind of session against its own cap (``pool``, ``limit``).
+    """
+
+    pool = "relay-sessions"
 
     def __init__(self, user_id: int):
-        self.key = f"gpucloud:{settings.DEPLOYMENT_ID}:relay-sessions:{user_id}"
+        self.key = f"gpucloud:{settings.DEPLOYMENT_ID}:{self.pool}:{user_id}"
         self.member = uuid.uuid4().hex
 
-    def take(self) -> SessionSlot:
+    def limit(self) -> tuple[int, str]:
+        """The cap, and the sentence that refuses one more."""
         cap = settings.RELAY_MAX_SESSIONS_PER_USER
+        return cap, f"you have {cap} terminal and file sessions open, the most at once: close one first"
+
+    def take(self) -> SessionSlot:
+        cap, refused = self.limit()
         if not redis_client().eval(_TAKE, 1, self.key, self.member, cap, LEASE_S * 1000):
-            raise TooMany(f"you have {cap} terminal and file sessions open, the most at once: close one first")
+            raise TooMany(refused)
         return self
 
     def renew(self) -> None:

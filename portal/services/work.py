@@ -15,13 +15,15 @@ from billing.ledger import payer_for
 from billing.models import Membership
 from config.messages import ToNode, ToScheduler, send_after_commit
 from portal import limits
-from portal.models import BillingMode, GpuType, Instance, Job
+from portal.models import BillingMode, GpuType, Image, ImageStatus, Instance, Job
 from portal.selectors import image_list
 from portal.services import images
 from portal.services.slow import slow_operation_admit, slow_operations_lock
+from scheduler import envnames
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
+from scheduler.policy import SHARE_FRACTIONS
 from scheduler.services import moves
 from scheduler.services import workloads as scheduler
 from scheduler.services.code import workload_code_attach
@@ -36,15 +38,28 @@ FIELD_NAMES = {
 }
 
 
+def offered_fractions() -> str:
+    """The fractions of a card on offer, as a user reads them: "0.1, 0.2, 0.5"."""
+    return ", ".join(str(f) for f in SHARE_FRACTIONS)
+
+
 def check_gpus(gpus: Decimal, *, most: int = limits.MAX_CARDS, what: str = "instance") -> tuple[int, int]:
-    """Whole cards (1..``most``) or a fraction 0.1 .. 0.9 in steps of 0.1 -> (cards, thousandths per card)."""
-    if gpus != gpus.quantize(limits.GPU_FRACTION_STEP) or gpus <= 0:
-        raise InvalidInput("must be a whole number of cards or a fraction 0.1 .. 0.9 in steps of 0.1", field="gpus")
+    """Whole cards (1..``most``) or one of the offered fractions of a card (``SHARE_FRACTIONS``: a card's
+    MPS daemon serves one share size at a time, so the product offers a few) -> (cards, thousandths per card)."""
+    if not gpus.is_finite() or gpus <= 0:
+        raise InvalidInput(f"must be whole cards or a fraction of one card: {offered_fractions()}", field="gpus")
     if gpus < 1:
+        if gpus not in SHARE_FRACTIONS:
+            raise InvalidInput(
+                f"{gpus.normalize()} of a card is not offered: a fraction of one card is one of {offered_fractions()} "
+                "(a card serves one share size at a time); or ask for whole cards",
+                field="gpus",
+            )
         return 1, int(gpus * WHOLE_CARD)
     if gpus != gpus.to_integral_value():
         raise InvalidInput(
-            f"{gpus.normalize()} is not possible: ask for whole cards, or a fraction of one card below 1", field="gpus"
+            f"{gpus.normalize()} is not possible: ask for whole cards, or a fraction of a card: {offered_fractions()}",
+            field="gpus",
         )
     if gpus > most:
         raise InvalidInput(f"at most {most} cards per {what}", field="gpus")
@@ -69,7 +84,12 @@ def check_nodes(gpus: Decimal, nodes: int | None) -> int | None:
 def _catalog(*, owner, image_id: int, gpu_type_id: int):
     image = image_list(user=owner).filter(pk=image_id).first()
     if image is None:
-        raise InvalidInput("unknown image", field="image")
+        retired = Image.objects.filter(pk=image_id, visibility="official", status=ImageStatus.RETIRED).first()
+        raise InvalidInput(f"{retired.status_reason} ({retired.name})" if retired else "unknown image", field="image")
+    if image.status == ImageStatus.BUILDING:
+        raise InvalidInput(f"{image.name} is still being built ({image.status_reason}): try again later", field="image")
+    if image.status != ImageStatus.READY:
+        raise InvalidInput(f"{image.name} is not available: {image.status_reason}", field="image")
     gpu_type = GpuType.objects.filter(pk=gpu_type_id, active=True).first()
     if gpu_type is None:
         raise InvalidInput("unknown GPU type", field="gpu_type")
@@ -219,7 +239,8 @@ ENV_NAME = re.compile(limits.ENV_NAME_PATTERN)
 
 
 def check_env(env: dict | None) -> dict:
-    """A job's environment: string -> string, shell variable names, at most ENV_ENTRIES of them."""
+    """A job's environment: string -> string, shell variable names, at most ENV_ENTRIES of them, none of
+    the names the platform or the NVIDIA Container Toolkit reads (``scheduler.envnames``)."""
     env = env or {}
     if not isinstance(env, dict):
         raise InvalidInput("must be an object of NAME: value strings", field="env")
@@ -228,6 +249,8 @@ def check_env(env: dict | None) -> dict:
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise InvalidInput(f"{name!r} is not a variable name (letters, digits, _; not a digit first)", field="env")
+        if why := envnames.why_reserved(name):
+            raise InvalidInput(f"{name} may not be set: {why}", field="env")
         if not isinstance(value, str):
             raise InvalidInput(f"the value of {name} must be a string", field="env")
         if len(value) > limits.ENV_VALUE_CHARS:
@@ -269,6 +292,8 @@ def job_create(
     spot: bool = False,
     code: bytes | None = None,
     nodes: int | None = None,
+    elastic_min: int | None = None,
+    elastic_max: int | None = None,
 ) -> Job:
     """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume.
 
@@ -277,7 +302,8 @@ def job_create(
     with it; its node's agent extracts it into the job's data disk and runs the command there
     (``scheduler.services.code``). A job may ask for more cards than one node has: it runs as a gang,
     one container per node (``nodes`` of them with gpus / nodes cards each, or as few as it takes);
-    ``cpu_cores`` and ``memory_gb`` are per node.
+    ``cpu_cores`` and ``memory_gb`` are per node. ``elastic_min``..``elastic_max``: an elastic job, which the
+    scheduler may run on any size in that range around ``gpus`` (``scheduler.services.elastic``).
     """
     job = job_prepare(
         owner=owner,
@@ -292,6 +318,8 @@ def job_create(
         env=env,
         nodes=nodes,
     )
+    if elastic_min is not None or elastic_max is not None:
+        job.work.update(elastic_min=elastic_min, elastic_max=elastic_max)
     check_payable(owner, job.team)
     with transaction.atomic():
         created = job_submit(

@@ -3,18 +3,20 @@
 Routes: ws/terminal/instances/<id>/ and ws/terminal/jobs/<id>/. Only the owner gets
 one (staff and others: 4404; not signed in: 4401; work that is not running, or
 whose host does not answer: 4409; a user who already holds
-RELAY_MAX_SESSIONS_PER_USER terminal and file sessions: 4429).
+RELAY_MAX_SESSIONS_PER_USER terminal and file sessions: 4429). An open terminal closes when its
+user's access ends (``terminals_revoke``): 4401 when their password changes or they are deactivated,
+4403 when they leave the team its work is charged to.
 Frames from the browser are JSON text: ``{"type": "input", "data": "..."}`` or
 ``{"type": "resize", "cols": 80, "rows": 24}``; the shell's output comes back as
 binary frames. When the shell exits or the container stops, the socket closes
 with 4000 and a reason; a shell that exited sends the text frame
 ``{"exit_code": N}`` just before (config/relay.py), for the CLI's ``exec``.
 Every close of ours is preceded by the text frame ``{"closed": code, "why": ..., "reason": "..."}``
-(``why``: ``stopped`` — the instance or job stopped —, ``exited``, ``ended``, or ``refused``): daphne
+(``why``: ``stopped`` — the instance or job stopped —, ``exited``, ``ended``, ``revoked``, or ``refused``): daphne
 drops a close frame's reason, so the page reads why from that frame (``instance_terminal.js``).
 
 This process never talks to Docker: it opens a WebSocket to the relay of the
-node holding the container (``scheduler/node/relay/terminal.py``) with a signed
+node holding the container (``agent/relay/terminal.py``) with a signed
 ticket, and passes frames both ways unchanged.
 """
 
@@ -28,27 +30,31 @@ import aiohttp
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from config import messages
 from config.relay import SHELL_ENDED, Op
 from portal import selectors
 from portal.services.relay import CONNECT_S, RENEW_S, SessionSlot, relay_target
-from portal.sockets.monitor import NOT_FOUND, NOT_SIGNED_IN, refuse
+from portal.sockets.monitor import NOT_FOUND, NOT_SIGNED_IN, NOT_STAFF, refuse
 from scheduler.errors import NotFound, ServiceError, TooMany
 from scheduler.models import Workload, WorkloadStatus
 
 log = logging.getLogger(__name__)
-NOT_RUNNING, TOO_MANY, ENDED = 4409, 4429, SHELL_ENDED
+NOT_RUNNING, TOO_MANY, ENDED, LEFT_TEAM = 4409, 4429, SHELL_ENDED, NOT_STAFF
 
 
 class TerminalConsumer(AsyncWebsocketConsumer):
     kind = "instance"
 
     async def connect(self):
-        self.relay = self.http = self.slot = None
+        self.relay = self.http = self.slot = self.group = None
         self.tasks: list[asyncio.Task] = []
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await refuse(self, NOT_SIGNED_IN)
             return
+        # Joined first: a revoke sent while this connects waits in the channel and closes the socket right after.
+        self.group = messages.terminals_group(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
         try:
             url, headers = await database_sync_to_async(self._target)(user)
         except NotFound:
@@ -76,7 +82,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     def _target(self, user):
         instance_id = self.scope["url_route"]["kwargs"]["instance_id"]
         workload = selectors.instance_get_owned(user=user, instance_id=instance_id).workload
-        self.workload_id = workload.pk
+        self.workload_id, self.team = workload.pk, workload.team
         return relay_target(workload=workload, user=user, op=Op.TERMINAL)
 
     async def _refuse(self, code: int, reason: str) -> None:
@@ -123,7 +129,16 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         elif bytes_data:
             await self.relay.send_bytes(bytes_data)
 
+    async def terminal_revoke(self, event):
+        """The user's access ended (``terminals_revoke``): all their terminals, or those of one team's work."""
+        if self.relay is None or self.relay.closed or (event["team"] is not None and event["team"] != self.team):
+            return
+        await self._end()
+        await self._close(LEFT_TEAM if event["team"] else NOT_SIGNED_IN, "revoked", event["reason"])
+
     async def disconnect(self, code):
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
         await self._end()
 
     async def _end(self):
@@ -147,5 +162,5 @@ class JobTerminalConsumer(TerminalConsumer):
     def _target(self, user):
         job_id = self.scope["url_route"]["kwargs"]["job_id"]
         workload = selectors.job_get_owned(user=user, job_id=job_id).workload
-        self.workload_id = workload.pk
+        self.workload_id, self.team = workload.pk, workload.team
         return relay_target(workload=workload, user=user, op=Op.TERMINAL)

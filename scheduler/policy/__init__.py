@@ -1,12 +1,22 @@
 """Scheduling policy in plain Python (numpy, no Django), shared by the live tick and the simulator.
 
-- ``cluster``: free capacity as arrays; ``placement``: where one request goes
+- ``cluster``: free capacity as arrays, each card's share class (one share size per card) and the
+  offered share sizes; ``placement``: where one request goes
   (FGD, best fit, first fit, random; gangs across nodes); ``mlfq``: queue levels
   and service; ``decide``: one tick's placements (``Place``, one ``Part`` per
   member), preemptions, reservations, elastic resizes and waiting reasons.
 """
 
-from scheduler.policy.cluster import WHOLE_CARD, CardSpec, ClusterState, NodeSpec
+from scheduler.policy.cluster import (
+    SHARE_FRACTIONS,
+    SHARE_SIZES,
+    WHOLE_CARD,
+    CardSpec,
+    ClusterState,
+    NodeSpec,
+    round_up_share,
+    share_class_of,
+)
 from scheduler.policy.decide import DISCIPLINES, Decisions, Discipline, Part, Place, Quotas, Resize, decide
 from scheduler.policy.mlfq import HIGH, LOW, NORMAL, MlfqConfig, Work, accrue, level_of
 from scheduler.policy.placement import STRATEGIES, Request, TaskType, choose, choose_parts, is_gang, task_mix
@@ -16,6 +26,8 @@ __all__ = [
     "HIGH",
     "LOW",
     "NORMAL",
+    "SHARE_FRACTIONS",
+    "SHARE_SIZES",
     "STRATEGIES",
     "WHOLE_CARD",
     "CardSpec",
@@ -37,5 +49,7 @@ __all__ = [
     "decide",
     "is_gang",
     "level_of",
+    "round_up_share",
+    "share_class_of",
     "task_mix",
 ]

@@ -3,16 +3,32 @@
 Rows are nodes, columns are card slots (padded: a node with fewer cards has
 slots that do not exist). Shares are integer thousandths of a card; CPU is in
 whatever unit the caller uses consistently (the live system uses milli-cores).
+
+One share size per card: a fraction is enforced by the card's MPS daemon, whose limits are set per card
+(``agent.mps``), so fractions of different sizes cannot share a card. The first fraction placed on an
+empty card sets the card's class (its share size, ``card_class``); only fractions of exactly that size
+join it, until it is empty again (class 0: any size). Whole-card work takes only empty cards.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 import numpy as np
 
 WHOLE_CARD = 1000
 ANY_MODEL = -1
+# The fractions of a card the product offers, in thousandths: each fills a card exactly (so a card of
+# one class has no share left that its class cannot use). Measured with bench/share_classes.py (README,
+# "Fractions: one share size per card"): every set tried costs 3.5-4 % of openb's packing against
+# free-form fractions, 1-2 % of Philly's JCT. Quarters instead of fifths pack 0.4 points more on openb
+# (no difference on Philly) but need two decimals where the portal stores gpus (one today). The portal
+# refuses other fractions; the trace simulator rounds them up.
+SHARE_SIZES = (100, 200, 500)
+SHARE_FRACTIONS = tuple(Decimal(size) / WHOLE_CARD for size in SHARE_SIZES)  # as users write them: 0.5
+NO_CLASS = 0  # an empty card (or one whose fractions are not known): takes a fraction of any size
+MIXED = -1  # fractions of several sizes (placed before the rule): takes no new fraction until it empties
 
 
 @dataclass
@@ -22,6 +38,23 @@ class CardSpec:
     memory_mb: int
     free_milli: int = WHOLE_CARD
     free_memory_mb: int | None = None
+    # The size of the fractions it holds (all alike), NO_CLASS when it holds none, MIXED when they differ.
+    share_class: int = NO_CLASS
+
+
+def share_class_of(fractions) -> int:
+    """A card's class from the shares of it that are allocated (thousandths; whole cards are no class)."""
+    sizes = {milli for milli in fractions if 0 < milli < WHOLE_CARD}
+    if not sizes:
+        return NO_CLASS
+    return sizes.pop() if len(sizes) == 1 else MIXED
+
+
+def round_up_share(milli: int, sizes: tuple[int, ...] = SHARE_SIZES) -> int:
+    """The smallest offered size that holds a share of ``milli`` (a whole card above the largest)."""
+    if milli >= WHOLE_CARD or milli <= 0:
+        return milli
+    return next((size for size in sorted(sizes) if size >= milli), WHOLE_CARD)
 
 
 @dataclass
@@ -32,13 +65,22 @@ class NodeSpec:
     cards: list[CardSpec] = field(default_factory=list)
     # Where the node sits (a rack or switch label) when the inventory says so: a gang prefers one group.
     group: object = None
+    # What people call it (the live node's name), for reasons such as a reservation's; None: its id.
+    name: str | None = None
 
 
 class ClusterState:
-    """Mutable free capacity; ``take`` and ``give`` keep every array consistent."""
+    """Mutable free capacity; ``take`` and ``give`` keep every array consistent, the cards' classes too.
 
-    def __init__(self, nodes: list[NodeSpec]):
+    ``one_size_per_card``: the product's rule (above). False lets fractions of any sizes share a card, as
+    before the rule: only for measuring what the rule costs (bench/share_classes.py) and for reproducing
+    published results on free-form fractions.
+    """
+
+    def __init__(self, nodes: list[NodeSpec], *, one_size_per_card: bool = True):
+        self.one_size_per_card = one_size_per_card
         self.node_ids = [n.id for n in nodes]
+        self.node_names = [str(n.id) if n.name is None else n.name for n in nodes]
         self.node_index = {n.id: i for i, n in enumerate(nodes)}
         width = max((len(n.cards) for n in nodes), default=0)
         count = len(nodes)
@@ -49,6 +91,7 @@ class ClusterState:
         self.free = np.zeros((count, width), dtype=np.int64)
         self.card_mem_total = np.zeros((count, width), dtype=np.int64)
         self.card_mem_free = np.zeros((count, width), dtype=np.int64)
+        self.card_class = np.zeros((count, width), dtype=np.int64)
         self.model = np.full((count, width), ANY_MODEL - 1, dtype=np.int64)
         self.card_ids: list[list[object]] = []
         labels: dict[object, int] = {}
@@ -64,13 +107,14 @@ class ClusterState:
                 self.free[i, j] = card.free_milli
                 self.card_mem_total[i, j] = card.memory_mb
                 self.card_mem_free[i, j] = card.memory_mb if card.free_memory_mb is None else card.free_memory_mb
+                self.card_class[i, j] = NO_CLASS if card.free_milli >= WHOLE_CARD else card.share_class
                 self.model[i, j] = self.model_code(card.model)
 
     def copy(self) -> ClusterState:
         """A scratch copy whose capacity can change without touching this one."""
         other = object.__new__(ClusterState)
         other.__dict__.update(self.__dict__)
-        for name in ("cpu_free", "mem_free", "free", "card_mem_free", "version"):
+        for name in ("cpu_free", "mem_free", "free", "card_mem_free", "card_class", "version"):
             setattr(other, name, getattr(self, name).copy())
         other.score_cache = {}
         return other
@@ -95,13 +139,20 @@ class ClusterState:
     def memory_for(self, node: int, card: int, milli: int) -> int:
         return int(self.card_mem_total[node, card]) * milli // WHOLE_CARD
 
+    def joinable(self, rows, milli: int) -> np.ndarray | bool:
+        """Which cards of ``rows`` a share of ``milli`` may join for its size (not counting free share)."""
+        return joinable(self.card_class[rows], milli, self.one_size_per_card)
+
     def take(self, node: int, cards: list[int], milli: int, cpu: int, memory_mb: int) -> list[int]:
-        """Take capacity; returns the GPU memory taken on each card."""
+        """Take capacity; returns the GPU memory taken on each card. A fraction sets its card's class."""
         taken = []
         for card in cards:
             memory = self.memory_for(node, card, milli)
             self.free[node, card] -= milli
             self.card_mem_free[node, card] -= memory
+            if milli < WHOLE_CARD and self.card_class[node, card] != MIXED:
+                # Without the rule (one_size_per_card False) the class is that of the last fraction: unused.
+                self.card_class[node, card] = milli
             taken.append(memory)
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= memory_mb
@@ -112,6 +163,8 @@ class ClusterState:
         for card in cards:
             self.free[node, card] += milli
             self.card_mem_free[node, card] += self.memory_for(node, card, milli)
+            if self.free[node, card] >= WHOLE_CARD:
+                self.card_class[node, card] = NO_CLASS
         self.cpu_free[node] += cpu
         self.mem_free[node] += memory_mb
         self.version[node] += 1
@@ -120,3 +173,11 @@ class ClusterState:
         """Fraction of all GPU capacity allocated (0..1)."""
         total = self.exists.sum() * WHOLE_CARD
         return float((WHOLE_CARD * self.exists - np.where(self.exists, self.free, 0)).sum() / total) if total else 0.0
+
+
+def joinable(card_class, milli: int, one_size_per_card: bool = True):
+    """Whether a share of ``milli`` may join cards of ``card_class`` for its size (an array, or True for
+    whole cards and where the rule is off): an empty card, or one of the same class."""
+    if not one_size_per_card or not 0 < milli < WHOLE_CARD:
+        return True
+    return (card_class == NO_CLASS) | (card_class == milli)

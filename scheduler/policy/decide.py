@@ -22,16 +22,19 @@ to the top queue after ``starvation_s``, so its wait is bounded by
 ``starvation_s`` plus the running time of what it waits behind on its reserved
 nodes, less where it may evict that work.
 
-Elastic work (``Work.elastic_min``..``elastic_max`` cards) starts at its asked
-size if that fits, else at ``elastic_min``. It grows (up to ``elastic_max``)
-into idle cards: those still free once every queued work has had its turn this
-tick, so no queued work could take them (all of them when nothing waits),
-outside reserved nodes. When queued work that outranks it (a higher queue, or
-on-demand work against spot work) does not fit, it shrinks toward
-``elastic_min`` (never below) if that lets the queued work fit. At most one
-resize per ``resize_interval_s``. A resize is a restart from checkpoint with
-the new world size: ``Decisions.resize`` carries the new parts, and ``decide``
-updates the resized running ``Work`` and the cluster's free capacity.
+Elastic work (``Work.elastic_min``..``elastic_max`` cards) starts at its asked size if that fits, else at
+``elastic_min`` (admitted at its minimum, as ElasticFlow admits at a job's minimum share). It grows (up to
+``elastic_max``, which may exceed the asked size) into idle cards: those still free once every queued
+work has had its turn this tick, so no queued work could take them (all of them when nothing waits),
+outside reserved nodes; a grow at most once per ``resize_interval_s``. Only its minimum is guaranteed
+(ElasticFlow's minimum share): when any queued work does not fit (but spot work never takes on-demand
+work's cards), it shrinks if that lets the queued work fit: at once, by at least half its cards (never below
+``elastic_min``), so that one restart serves the jobs that arrive after it rather than one restart per
+arriving job (each costs the whole job its restart time, the penalty Pollux weighs against a
+re-allocation); a job grown to twice its asked size comes back to it. On a node, rigid victims are
+evicted before elastic ones: shrinking is elastic work's way of giving cards back. A resize is a
+restart from checkpoint with the new world size: ``Decisions.resize`` carries the new parts, and
+``decide`` updates the resized running ``Work`` and the cluster's free capacity.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from scheduler.policy.cluster import WHOLE_CARD, ClusterState
+from scheduler.policy.cluster import NO_CLASS, WHOLE_CARD, ClusterState, joinable
 from scheduler.policy.mlfq import MlfqConfig, Work, level_of
 from scheduler.policy.placement import (
     Choice,
@@ -210,7 +213,7 @@ class Las(Discipline):
 DISCIPLINES = {d.name: d for d in (Discipline, Fifo, Srtf, Las)}
 
 
-def _no_room(request: Request, gang: bool) -> str:
+def _no_room(cluster: ClusterState, request: Request, gang: bool) -> str:
     r = request
     model = r.gpu_model or "GPU"
     if r.nodes is not None and r.nodes > 1:
@@ -218,10 +221,23 @@ def _no_room(request: Request, gang: bool) -> str:
     if gang:
         return f"not enough free {model} cards across nodes for this {r.gpu_count}-card job"
     if r.gpu_milli < WHOLE_CARD:
-        return f"no {model} card has {r.gpu_milli / WHOLE_CARD:g} free"
+        text = f"no {model} card has {r.gpu_milli / WHOLE_CARD:g} free"
+        if _room_of_other_sizes(cluster, r):
+            text += " for shares of this size (cards with room serve another size: one share size per card)"
+        return text
     if r.gpu_count == 1:
         return f"no free {model} card"
     return f"no node has {r.gpu_count} free {model} cards"
+
+
+def _room_of_other_sizes(cluster: ClusterState, r: Request) -> bool:
+    """Whether some card of the model has the share and memory for the fraction but serves another size."""
+    if not cluster.one_size_per_card:
+        return False
+    relevant = _relevant_cards(cluster, r, slice(None))
+    need_memory = cluster.card_mem_total * r.gpu_milli // WHOLE_CARD
+    room = relevant & (cluster.free >= r.gpu_milli) & (cluster.card_mem_free >= need_memory)
+    return bool((room & ~cluster.joinable(slice(None), r.gpu_milli)).any())
 
 
 @dataclass
@@ -352,7 +368,9 @@ def decide(
                 place(work, r, choices)
                 break
             blocked.setdefault(
-                key, (host_shortage(cluster, r) or _no_room(r, gang)) + (" outside reserved nodes" if mask_key else "")
+                key,
+                (host_shortage(cluster, r) or _no_room(cluster, r, gang))
+                + (" outside reserved nodes" if mask_key else ""),
             )
         else:
             reason = blocked[key]
@@ -363,8 +381,8 @@ def decide(
             if freeing and fits_after[shape]:
                 reason = "waiting for preempted work to stop"
             else:
-                outranked = [w for w in elastic if _may_shrink(work, level, w, run_levels[w.id])]
-                shrunk = _shrink_for(cluster, work, r, outranked, now, config, strategy, out, allowed)
+                lent = [w for w in elastic if _may_shrink(work, w)]
+                shrunk = _shrink_for(cluster, work, r, lent, now, config, strategy, out, allowed)
                 if shrunk:
                     blocked.clear()
                     fits_after.clear()
@@ -492,7 +510,7 @@ def _reserve(cluster: ClusterState, r: Request, work_id, ends: dict, taken: list
 
 
 def _reservation_text(cluster: ClusterState, r: Request, res: _Reservation, now: float) -> str:
-    nodes = [str(cluster.node_ids[n]) for n in np.flatnonzero(res.nodes)]
+    nodes = [cluster.node_names[n] for n in np.flatnonzero(res.nodes)]
     count = len(nodes)
     text = f"reserved {count} node{'s' if count != 1 else ''} ({', '.join(nodes)}) for this {r.gpu_count}-card job"
     if np.isfinite(res.start):
@@ -581,26 +599,25 @@ def _apply_resize(work: Work, parts: list[Part], now: float, reason: str, out: D
     out.resize.append(Resize(work.id, count, reason, parts))
 
 
-def _may_shrink(waiter: Work, waiter_level: int, work: Work, level: int) -> bool:
-    """Queued work outranks elastic work's cards above its minimum as it would outrank it for eviction:
-    a higher queue, or on-demand work against spot work (spot work never takes on-demand cards)."""
-    if waiter.spot and not work.spot:
-        return False
-    return (work.spot and not waiter.spot) or waiter_level < level
+def _may_shrink(waiter: Work, work: Work) -> bool:
+    """Elastic work is guaranteed its minimum only: any queued work that does not fit may take back its
+    cards above it, whatever their queues, except spot work from on-demand work (spot work never takes
+    on-demand cards)."""
+    return not (waiter.spot and not work.spot)
 
 
 def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, config, strategy, out, allowed) -> bool:
-    """Shrink elastic running work toward its minimum if that lets ``r`` fit (then it is placed at once)."""
-    candidates = [
-        w for w in elastic if w.request.gpu_count > w.elastic_min and _resizable(w, now, config) and w.id != waiter.id
-    ]
+    """Shrink elastic running work, deepest queue first, by what ``r`` needs and at least half its cards (not
+    below its minimum), until ``r`` fits (then it is placed at once); the interval between resizes does not
+    hold a shrink back (see the module)."""
+    candidates = [w for w in elastic if w.request.gpu_count > w.elastic_min and not w.stopping and w.id != waiter.id]
     if not candidates:
         return False
     candidates.sort(key=lambda w: (-w.level, -w.priority, -w.started, str(w.id)))
     scratch = cluster.copy()
     plan = []
     for work in candidates:
-        count = max(work.elastic_min, work.request.gpu_count - r.gpu_count)
+        count = max(work.elastic_min, min(work.request.gpu_count - r.gpu_count, work.request.gpu_count // 2))
         kept, dropped, _ = _trim(work.parts, count)
         _give_dropped(scratch, work.request, dropped)
         plan.append((work, count, kept, dropped))
@@ -664,12 +681,13 @@ def _largest_fit(cluster, request: Request, parts, most: int, strategy: str, all
     return _take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
 
 
-def _row_fits(cluster: ClusterState, node: int, free, card_mem, cpu: int, mem: int, request) -> bool:
-    """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, cpu, mem)?"""
+def _row_fits(cluster: ClusterState, node: int, free, card_mem, card_class, cpu: int, mem: int, request) -> bool:
+    """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, card_class, cpu, mem)?"""
     if cpu < request.cpu or mem < request.memory_mb:
         return False
     cards = cluster.exists[node] & (free >= request.gpu_milli)
     cards &= card_mem >= cluster.card_mem_total[node] * request.gpu_milli // WHOLE_CARD
+    cards &= joinable(card_class, request.gpu_milli, cluster.one_size_per_card)
     if request.gpu_model is not None:
         cards &= cluster.model[node] == cluster.model_code(request.gpu_model)
     return int(cards.sum()) >= max(request.gpu_count, 1 if request.gpu_milli else 0)
@@ -682,11 +700,13 @@ class _NodeRow:
         self.cluster, self.node = cluster, node
         self.free = cluster.free[node].copy()
         self.card_mem = cluster.card_mem_free[node].copy()
+        self.card_class = cluster.card_class[node].copy()
         self.cpu = int(cluster.cpu_free[node])
         self.mem = int(cluster.mem_free[node])
 
     def give(self, work: Work) -> None:
-        """Give back the work's part on this node (a gang's other parts are on other rows)."""
+        """Give back the work's part on this node (a gang's other parts are on other rows); a card it
+        empties takes any share size again."""
         r = work.request
         for node, cards in work.parts:
             if node != self.node:
@@ -694,11 +714,15 @@ class _NodeRow:
             for card in cards:
                 self.free[card] += r.gpu_milli
                 self.card_mem[card] += self.cluster.memory_for(self.node, card, r.gpu_milli)
+                if self.free[card] >= WHOLE_CARD:
+                    self.card_class[card] = NO_CLASS
             self.cpu += r.cpu
             self.mem += r.memory_mb
 
     def fits(self, request) -> bool:
-        return _row_fits(self.cluster, self.node, self.free, self.card_mem, self.cpu, self.mem, request)
+        return _row_fits(
+            self.cluster, self.node, self.free, self.card_mem, self.card_class, self.cpu, self.mem, request
+        )
 
 
 def _fits_after(cluster: ClusterState, request, leaving: list[Work], strategy: str = "bestfit") -> bool:
@@ -717,8 +741,9 @@ def _fits_after(cluster: ClusterState, request, leaving: list[Work], strategy: s
 
 
 def _victim_order(victim: Work, run_levels: dict):
-    """Lowest priority first: deepest queue, lowest user priority, least work lost (latest start)."""
-    return (-run_levels[victim.id], -victim.priority, -victim.started)
+    """Rigid work before elastic work (which shrinks instead), then lowest priority first: deepest queue,
+    lowest user priority, least work lost (latest start)."""
+    return (victim.elastic_min is not None, -run_levels[victim.id], -victim.priority, -victim.started)
 
 
 class _Victims:

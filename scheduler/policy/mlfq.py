@@ -3,12 +3,14 @@
 - Service is GPU-seconds (cards x seconds, as in Tiresias' 2D-LAS), so wide and
   long work sinks. Work that leaves its GPUs idle (measured utilization below
   ``idle_util``) accrues service at ``idle_weight`` of the rate, so I/O-bound
-  and interactive work stays high.
+  and interactive work stays high. Only a reading earns that discount: work
+  with none (``None``: a fraction of a card under MPS, whose own compute NVML
+  cannot see, or a minute with gaps) counts as fully busy (``service_rate``).
 - Work that has waited ``starvation_s`` is promoted back to the top queue.
 - Multi-card work (gangs above all) that has waited ``reserve_after_s`` and
   still does not fit gets a reservation (``decide``): the nodes it will take
   accept no other work unless it ends before they free up (Slurm's backfill).
-- Elastic work is resized at most once per ``resize_interval_s``.
+- Elastic work grows at most once per ``resize_interval_s`` (it shrinks whenever outranked work needs it).
 - Within a queue: fair share first (a user holding less than an equal share of
   the cluster goes before one holding more, as Slurm's fair-share factor
   does), then first come first served, where a user's priority (high, normal, low)
@@ -38,7 +40,8 @@ class MlfqConfig:
     # not fit gets nodes reserved; at most ``reservations`` works hold one at a time, in queue order.
     reserve_after_s: float = 3600.0
     reservations: int = 1
-    # Elastic work: the least time between two resizes of one work (each is a restart from checkpoint).
+    # Elastic work: the least time between two grows of one work (each is a restart from checkpoint);
+    # 600 s, compared with 300 and 1800 s on bench/elastic.py's tune windows.
     resize_interval_s: float = 600.0
 
     @property
@@ -97,7 +100,18 @@ def level_of(work: Work, now: float, config: MlfqConfig, *, waiting: bool) -> in
     return bisect.bisect_right(config.thresholds, work.attained)
 
 
+def service_rate(utilization: float | None, *, idle_util: float, idle_weight: float) -> float:
+    """How fast service accrues (per card-second held) for work whose GPUs read ``utilization`` (0..1).
+
+    ``None`` is no reading, and no reading is no evidence of idleness: such work accrues at the full rate,
+    as if fully busy. A busy fraction of a card shared through MPS reads None (NVML credits its SM time to the
+    MPS server), so it can never sink slower than whole-card work doing the same; it earns the idle discount
+    only from a reading below ``idle_util`` (on a real card, one with no process there at all)."""
+    idle = utilization is not None and utilization < idle_util
+    return idle_weight if idle else 1.0
+
+
 def accrue(work: Work, seconds: float, utilization: float | None, config: MlfqConfig) -> None:
-    """Add service for ``seconds`` of running at the measured GPU ``utilization`` (0..1, None: unknown)."""
-    idle = utilization is not None and utilization < config.idle_util
-    work.attained += work.request.gpus * seconds * (config.idle_weight if idle else 1.0)
+    """Add service for ``seconds`` of running at the measured GPU ``utilization`` (0..1, None: no reading)."""
+    rate = service_rate(utilization, idle_util=config.idle_util, idle_weight=config.idle_weight)
+    work.attained += work.request.gpus * seconds * rate

@@ -1,8 +1,10 @@
 """Where one request goes: first fit, best fit, random, or fragmentation-aware (FGD).
 
 Rules shared by every strategy: only cards of the requested model (or any,
-when none is asked for); multi-card work takes whole cards; GPU share, GPU
-memory, CPU and host memory are checked together.
+when none is asked for); multi-card work takes whole cards; a fraction joins
+only an empty card or one already serving fractions of its size (one share
+size per card: ``cluster``); GPU share, GPU memory, CPU and host memory are
+checked together.
 
 Work wider than any node of its model (or that asks for ``nodes`` > 1) is a
 gang: ``choose_gang`` places all of it or none, on the fewest nodes, whole
@@ -15,8 +17,8 @@ for a spread explicitly).
 FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23) scores a
 placement by how much it grows the cluster's expected fragmentation for a
 target mix of task types: a card's free share is a fragment for a task type
-when that type could not use it (too small a share, the node cannot host the
-type at all, or the type uses no card). Among the candidates that grow
+when that type could not use it (too small a share, a card serving another
+share size, the node cannot host the type at all, or the type uses no card). Among the candidates that grow
 fragmentation by no more than FGD_TOLERANCE over the least, best fit wins.
 """
 
@@ -106,11 +108,13 @@ def _eligible_nodes(cluster: ClusterState, request: Request, allowed: np.ndarray
 
 
 def _eligible_cards(cluster: ClusterState, request: Request, rows=slice(None), relevant=None) -> np.ndarray:
-    """Cards (of the given node rows) that could take the request's share, ignoring host CPU/memory."""
+    """Cards (of the given node rows) that could take the request's share, ignoring host CPU/memory: free
+    share and memory enough, and for a fraction an empty card or one of its size (``ClusterState``)."""
     if relevant is None:
         relevant = _relevant_cards(cluster, request, rows)
     need_memory = cluster.card_mem_total[rows] * request.gpu_milli // WHOLE_CARD
-    return relevant & (cluster.free[rows] >= request.gpu_milli) & (cluster.card_mem_free[rows] >= need_memory)
+    fits = relevant & (cluster.free[rows] >= request.gpu_milli) & (cluster.card_mem_free[rows] >= need_memory)
+    return fits & cluster.joinable(rows, request.gpu_milli)
 
 
 def _eligible(cluster: ClusterState, request: Request, allowed=None) -> tuple[np.ndarray, np.ndarray]:
@@ -333,40 +337,69 @@ class _MixArrays(NamedTuple):
     mem: np.ndarray
     fraction: np.ndarray  # types asking for part of one card
     uses_card: np.ndarray
+    # The distinct shares the fraction types ask for (a placeholder whole card when none does), and each
+    # type's index into them: per-card terms are computed once per share size, not once per type.
+    sizes: np.ndarray
+    size_of: np.ndarray
 
 
 def _mix_arrays(mix: list[TaskType]) -> _MixArrays:
     weights = np.array([t.weight for t in mix], dtype=np.float64)
     milli = np.array([t.gpu_milli for t in mix], dtype=np.int64)
     count = np.array([t.gpu_count for t in mix], dtype=np.int64)
+    fraction = (milli > 0) & (milli < WHOLE_CARD)
+    sizes = np.unique(milli[fraction]) if fraction.any() else np.array([WHOLE_CARD])
     return _MixArrays(
         weights / weights.sum(),
         milli,
         count,
         np.array([t.cpu for t in mix], dtype=np.int64),
         np.array([t.memory_mb for t in mix], dtype=np.int64),
-        (milli > 0) & (milli < WHOLE_CARD),
+        fraction,
         count > 0,
+        sizes,
+        np.where(fraction, np.searchsorted(sizes, milli), 0),
     )
 
 
-def _fragmentation(total, fragsum, whole, largest, cpu, mem, mix: _MixArrays) -> np.ndarray:
+def _fragmentation(total, fragsum, whole, usable, cpu, mem, mix: _MixArrays) -> np.ndarray:
     """Expected fragmentation of node states (rows) over the task mix (columns summed by weight).
 
-    total: free share of the node; fragsum[:, m]: free share on cards too small
-    for fraction type m; whole: whole free cards; largest: largest free share on
-    one card; cpu/mem: free CPU and memory.
+    total: free share of the node; fragsum[:, s]: free share on cards a fraction of size s (``mix.sizes``)
+    cannot use (too small a share left, or a card of another share size); whole: whole free cards;
+    usable[:, s]: cards a fraction of size s could join; cpu/mem: free CPU and memory.
     """
     fits_host = (cpu[:, None] >= mix.cpu) & (mem[:, None] >= mix.mem)
-    fits_gpu = np.where(mix.fraction, largest[:, None] >= mix.milli, whole[:, None] >= mix.count)
-    unusable = np.where(mix.fraction, fragsum, (total - WHOLE_CARD * whole)[:, None])
-    usable = fits_host & fits_gpu & mix.uses_card  # to work that uses no card, every free share is a fragment
-    frag = np.where(usable, unusable, total[:, None])
+    fits_gpu = np.where(mix.fraction, usable[:, mix.size_of] > 0, whole[:, None] >= mix.count)
+    unusable = np.where(mix.fraction, fragsum[:, mix.size_of], (total - WHOLE_CARD * whole)[:, None])
+    usable_node = fits_host & fits_gpu & mix.uses_card  # to work that uses no card, every free share is a fragment
+    frag = np.where(usable_node, unusable, total[:, None])
     return frag @ mix.weights
 
 
+def fragmentation(cluster: ClusterState, mix: list[TaskType]) -> float:
+    """The cluster's expected fragmentation for ``mix`` (FGD's measure), in cards: free share that the
+    mix's task types could not use, weighted by how often each type comes (cards of any model)."""
+    arrays = _mix_arrays(mix)
+    rule = cluster.one_size_per_card
+    total, whole, fragsum, usable = _node_stats_sub(cluster.free, _classes(cluster), cluster.exists, arrays, rule)
+    frag = _fragmentation(total, fragsum, whole, usable, cluster.cpu_free, cluster.mem_free, arrays)
+    return float(frag.sum()) / WHOLE_CARD
+
+
+def _card_terms(free, card_class, mix: _MixArrays, rule: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per card (any leading shape) and share size of the mix: (free share a fraction of that size cannot
+    use, whether it can join the card)."""
+    f = free[..., None]
+    fits = f >= mix.sizes
+    if rule:
+        c = card_class[..., None]
+        fits &= (c == 0) | (c == mix.sizes)
+    return np.where(fits, 0, f), fits
+
+
 def _growth(before: tuple, after: tuple, mix: _MixArrays) -> np.ndarray:
-    """Fragmentation after minus before, for node states given as (total, fragsum, whole, largest, cpu, mem)."""
+    """Fragmentation after minus before, for node states given as (total, fragsum, whole, usable, cpu, mem)."""
     both = _fragmentation(*(np.concatenate(pair) for pair in zip(before, after, strict=True)), mix)
     half = len(before[0])
     return _exact(both[half:] - both[:half])
@@ -376,29 +409,32 @@ def _fgd_delta_fraction(cluster, request, rows, cols, relevant, mix: _MixArrays)
     """Growth in expected fragmentation for placing a fraction on each candidate (row, col) card.
 
     Candidates whose node state and card are alike score alike, so each distinct
-    (sorted free shares, free CPU, free memory, chosen card's share) is scored once.
+    (sorted free shares and classes, free CPU, free memory, chosen card's share and class) is scored once.
     """
-    distinct = _distinct(cluster, rows, relevant, cluster.free[rows, cols])
+    classes = _classes(cluster)
+    distinct = _distinct(cluster, rows, relevant, cluster.free[rows, cols], classes[rows, cols])
     if distinct is not None:
         rows, cols, relevant = rows[distinct[0]], cols[distinct[0]], relevant[distinct[0]]
-    free, total, whole, fragsum = _node_stats_sub(cluster.free[rows], relevant, mix)
-    ordered = np.sort(free, axis=1)
-    largest = ordered[:, -1]
-    second = ordered[:, -2] if free.shape[1] > 1 else np.zeros(len(rows), np.int64)
+    rule = cluster.one_size_per_card
+    total, whole, fragsum, usable = _node_stats_sub(cluster.free[rows], classes[rows], relevant, mix, rule)
     cpu, mem = cluster.cpu_free[rows], cluster.mem_free[rows]
     f = cluster.free[rows, cols]
-    after_f = f - request.gpu_milli
-    fragsum_after = fragsum - f[:, None] * (f[:, None] < mix.milli) + after_f[:, None] * (after_f[:, None] < mix.milli)
-    largest_other = np.where(f == largest, second, largest)
+    # The chosen card before and after (its share taken, its class the request's), in one pass.
+    lost, fits = _card_terms(
+        np.column_stack([f, f - request.gpu_milli]),
+        np.column_stack([classes[rows, cols], np.full_like(f, request.gpu_milli)]),
+        mix,
+        rule,
+    )
     after = (
         total - request.gpu_milli,
-        fragsum_after,
+        fragsum - lost[:, 0] + lost[:, 1],
         whole - (f == WHOLE_CARD),
-        np.maximum(largest_other, after_f),
+        usable - fits[:, 0] + fits[:, 1],
         cpu - request.cpu,
         mem - request.memory_mb,
     )
-    growth = _growth((total, fragsum, whole, largest, cpu, mem), after, mix)
+    growth = _growth((total, fragsum, whole, usable, cpu, mem), after, mix)
     return growth if distinct is None else growth[distinct[1]]
 
 
@@ -410,14 +446,23 @@ def _relevant_cards(cluster: ClusterState, request: Request, rows) -> np.ndarray
     return relevant
 
 
+def _classes(cluster: ClusterState) -> np.ndarray:
+    """The cards' classes as placement scores them: all alike where fractions of any sizes may mix."""
+    if cluster.one_size_per_card:
+        return cluster.card_class
+    return np.zeros_like(cluster.card_class)
+
+
 def _distinct(cluster: ClusterState, rows: np.ndarray, relevant: np.ndarray, *extra) -> tuple | None:
     """(first of each distinct candidate state, map from every candidate to it); None (all) for small sets.
 
-    A state is the node's sorted free shares, free CPU and memory, plus ``extra`` columns.
+    A state is the node's sorted (free share, class) pairs, free CPU and memory, plus ``extra`` columns.
     """
     if rows.size <= DEDUPE_ABOVE:
         return None
-    frees = np.sort(np.where(relevant, cluster.free[rows], -1), axis=1)
+    # One number per card: its free share and its class (-1 .. WHOLE_CARD) side by side; -1 for no card.
+    cards = cluster.free[rows] * (2 * WHOLE_CARD + 2) + _classes(cluster)[rows] + 1
+    frees = np.sort(np.where(relevant, cards, -1), axis=1)
     keys = np.column_stack([frees, cluster.cpu_free[rows], cluster.mem_free[rows], *extra])
     _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     return first, inverse.ravel()
@@ -428,12 +473,14 @@ def _exact(delta: np.ndarray) -> np.ndarray:
     return np.round(delta, 6)
 
 
-def _node_stats_sub(free_rows, relevant_rows, mix: _MixArrays):
+def _node_stats_sub(free_rows, class_rows, relevant_rows, mix: _MixArrays, rule: bool):
+    """(total free share, whole free cards, fragsum, usable) of node rows, as ``_fragmentation`` takes them."""
     free = np.where(relevant_rows, free_rows, 0)
     total = free.sum(axis=1)
     whole = (relevant_rows & (free_rows == WHOLE_CARD)).sum(axis=1)
-    fragsum = (free[:, :, None] * (free[:, :, None] < mix.milli)).sum(axis=1)
-    return free, total, whole, fragsum
+    lost, fits = _card_terms(free, class_rows, mix, rule)
+    fits &= relevant_rows[:, :, None]
+    return total, whole, lost.sum(axis=1), fits.sum(axis=1)
 
 
 def _fgd_delta_whole(cluster, request, nodes, relevant, mix: _MixArrays) -> np.ndarray:
@@ -441,18 +488,18 @@ def _fgd_delta_whole(cluster, request, nodes, relevant, mix: _MixArrays) -> np.n
     distinct = _distinct(cluster, nodes, relevant)
     if distinct is not None:
         nodes, relevant = nodes[distinct[0]], relevant[distinct[0]]
-    free, total, whole, fragsum = _node_stats_sub(cluster.free[nodes], relevant, mix)
-    partial_largest = np.where(free < WHOLE_CARD, free, 0).max(axis=1)
-    largest = np.where(whole > 0, WHOLE_CARD, partial_largest)
+    rule = cluster.one_size_per_card
+    total, whole, fragsum, usable = _node_stats_sub(cluster.free[nodes], _classes(cluster)[nodes], relevant, mix, rule)
     cpu, mem = cluster.cpu_free[nodes], cluster.mem_free[nodes]
-    whole_after = whole - request.gpu_count
+    # Each card taken was whole and of no class (usable by every type that fits a card); it is left with nothing.
+    _, fits_whole = _card_terms(np.array(WHOLE_CARD), np.array(0), mix, rule)
     after = (
         total - WHOLE_CARD * request.gpu_count,
         fragsum,
-        whole_after,
-        np.where(whole_after > 0, WHOLE_CARD, partial_largest),
+        whole - request.gpu_count,
+        usable - request.gpu_count * fits_whole,
         cpu - request.cpu,
         mem - request.memory_mb,
     )
-    growth = _growth((total, fragsum, whole, largest, cpu, mem), after, mix)
+    growth = _growth((total, fragsum, whole, usable, cpu, mem), after, mix)
     return growth if distinct is None else growth[distinct[1]]

@@ -4,7 +4,8 @@ Every tick computes each running workload's service up to now from its row:
 ``attained_service`` as of ``accrued_at`` (or, before the first write of this
 run, as of ``started_at``: a placement clears ``accrued_at``), plus cards x
 seconds since, at ``idle_weight`` of the rate while its measured utilization is
-below ``idle_util``. The policy decides on those values.
+below ``idle_util`` and at the full rate without a reading (the policy's
+``service_rate``). The policy decides on those values.
 
 Writing them back for every running workload at every tick (5,000 rows) took
 ~200 ms of PostgreSQL time per tick: the pages are full, so no update is HOT and
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from scheduler.models import Workload, WorkloadStatus, card_share
+from scheduler.policy.mlfq import service_rate
 from scheduler.services.bulk import rows_update
 
 ACCRUAL_WRITE_S = 60.0
@@ -54,9 +56,9 @@ def service_accrue(rows, *, now: datetime, idle_util: float, idle_weight: float)
     for w in rows:
         since = w.accrued_s or w.started_s
         if w.status == WorkloadStatus.RUNNING and since is not None and not w.no_gpu:  # no cards held: no service
-            idle = w.gpu_utilization is not None and w.gpu_utilization < idle_util
+            rate = service_rate(w.gpu_utilization, idle_util=idle_util, idle_weight=idle_weight)
             seconds = max(now_s - since, 0.0)
-            delta = card_share(w.gpu_count, w.gpu_milli) * seconds * (idle_weight if idle else 1.0)
+            delta = card_share(w.gpu_count, w.gpu_milli) * seconds * rate
             accrued[w.pk] = Accrued(w.pk, w.attained_service + delta, delta, now, w.queue_level, since)
         else:
             accrued[w.pk] = Accrued(w.pk, w.attained_service, 0.0, None, w.queue_level, None)

@@ -10,6 +10,12 @@ same order. The free capacity is re-checked under those locks, placement by
 placement, so a stale plan (from the policy, or a racing worker) can only place
 less, never over-allocate; the database's check constraints are the last line
 behind that.
+
+One share size per card (``scheduler.policy.cluster``): a card's MPS daemon sets one
+limit for all its clients, so a fraction joins only a card holding no fraction or
+fractions of its own size. That too is re-checked under the card locks, from the
+allocation rows (every writer of a card's allocations holds its lock), so two workers
+racing for an empty card cannot put a 0.25 and a 0.5 on it.
 """
 
 from dataclasses import dataclass
@@ -95,6 +101,7 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
                 .filter(id__in={s.gpu_id for p in placements for part in p.parts for s in part.shares})
                 .order_by("id")
             }
+            _share_sizes_held(cards)
             ports = _ports_in_use([p.node_id for p in placements if p.rest])
             placed = [p for p in placements if p.workload.pk in queued and _take(p, nodes, cards, ports)]
             if placed:
@@ -103,6 +110,16 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
         # A check constraint caught what the re-check above should have: treat as no fit.
         return []
     return placed
+
+
+def _share_sizes_held(cards: dict) -> None:
+    """Set ``fractions`` on each card: the sizes of the fractions of it allocated now (call holding the
+    card locks, after they are taken)."""
+    for card in cards.values():
+        card.fractions = set()
+    held = Allocation.objects.filter(gpu_id__in=list(cards), milli__lt=WHOLE_CARD).values_list("gpu_id", "milli")
+    for gpu_id, milli in held.distinct():
+        cards[gpu_id].fractions.add(milli)
 
 
 def _ports_in_use(node_ids: list[int]) -> dict[int, set[int]]:
@@ -145,6 +162,8 @@ def _take(placement: Placement, nodes: dict, cards: dict, ports: dict) -> bool:
                 return False
             if card.allocated_milli + share.milli > WHOLE_CARD:
                 return False
+            if share.milli < WHOLE_CARD and card.fractions - {share.milli}:
+                return False  # the card serves fractions of another size
             if card.allocated_memory_mb + share.memory_mb > card.memory_mb:
                 return False
     port = None
@@ -159,6 +178,8 @@ def _take(placement: Placement, nodes: dict, cards: dict, ports: dict) -> bool:
         for share in part.shares:
             cards[share.gpu_id].allocated_milli += share.milli
             cards[share.gpu_id].allocated_memory_mb += share.memory_mb
+            if share.milli < WHOLE_CARD:
+                cards[share.gpu_id].fractions.add(share.milli)
         nodes[part.node_id].allocated_cpu += workload.held_cpu_cores
         nodes[part.node_id].allocated_memory_mb += workload.held_memory_mb
     return True
@@ -191,7 +212,7 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
     rows_update(
         Workload,
         workloads,
-        ["status_reason", "node", "queue_level", "master_port"],
+        ["status_reason", "node", "queue_level", "master_port", "gpu_count"],  # elastic work's size as placed
         status=S.STARTING,
         status_changed_at=Now(),
         started_at=None,

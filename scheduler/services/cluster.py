@@ -3,7 +3,7 @@
 It marks silent nodes lost (``node_loss``), moves draining nodes on
 (``nodes.nodes_drain_step``), sends again the launches whose message was lost
 after commit, fails moves that stopped making progress, and asks every node in service to converge with its Docker
-engine (``scheduler.node.reconcile``).
+engine (``agent.reconcile``).
 """
 
 from datetime import timedelta

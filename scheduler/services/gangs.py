@@ -20,7 +20,7 @@ members:
   a host lost, a member failed), failed, or stopped (its owner's stop).
 
 A requeued gang may land on other nodes: it resumes from its checkpoint on the
-shared file storage, which every host mounts (``scheduler/node/launcher.py``).
+shared file storage, which every host mounts (``agent/launcher.py``).
 """
 
 from datetime import timedelta
@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
-from config.messages import ToNode, ToScheduler, send_after_commit
+from config.messages import ToNode, ToScheduler, send, send_after_commit
 from scheduler.clock import db_now
 from scheduler.models import MemberStatus, Workload, WorkloadMember, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
@@ -50,6 +50,12 @@ def gang_member_on(workload: Workload, node_name: str) -> WorkloadMember | None:
 
 
 # --- a node agent's writes: its own member's row, then a step of the gang --------------------------------
+
+
+def member_address(member: WorkloadMember, address: str) -> bool:
+    """Its fixed address on its host's tenants' network, chosen before its container starts (fenced hosts:
+    ``agent.gangs``). False when the member left starting meanwhile."""
+    return _member_moved(member, [M.STARTING], address=address)
 
 
 def member_running(member: WorkloadMember, *, container_id: str, address: str) -> bool:
@@ -130,6 +136,23 @@ def gang_step(workload_id: int) -> str | None:
             )
             return S.RUNNING
     return None
+
+
+def gang_tell(workload_id: int) -> None:
+    """After a member moved (``ToScheduler.GANG_STEP``): every member's node rewrites the gangs' way through
+    its fence (a fellow's address came or went), and once rank 0 has its address the members that wait for
+    it are sent their launch (each starts knowing ``MASTER_ADDR``). The reconciliation beat does both more
+    slowly (``launches_resend``, a node's reconcile): a lost message only delays them."""
+    workload = Workload.objects.filter(pk=workload_id).only("status").first()
+    members = list(WorkloadMember.objects.filter(workload_id=workload_id).order_by("rank"))
+    if workload is None or not members:
+        return
+    for member in members:
+        send(ToNode.GANG_FENCE, node=member.node_name)
+    if workload.status == S.STARTING and members[0].address:
+        for member in members[1:]:
+            if member.status == M.STARTING and not member.address:
+                send(ToNode.LAUNCH, workload_id, member.node_name, node=member.node_name)
 
 
 def gang_stop(workload: Workload, *, reason: str, requeue: bool) -> bool:

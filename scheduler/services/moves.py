@@ -93,6 +93,11 @@ def workload_move(workload: Workload, *, target: Node | None = None) -> Move:
     return move
 
 
+def move_snapshot_ref(move: Move) -> str:
+    """Where the source pushes the system disk of ``move``: the one snapshot the move may name."""
+    return registry.registry_ref(f"gpucloud-move:{settings.DEPLOYMENT_ID}-{move.workload.uid}-{move.pk}")
+
+
 def move_report(move_id: int, report: dict) -> None:
     """An agent's report on a move: progress, what it sent or received, or an error; the next step follows.
 
@@ -105,6 +110,11 @@ def move_report(move_id: int, report: dict) -> None:
             return  # late news of a move already settled
         if report.get("error"):
             _move_fail(move, str(report["error"]))
+            return
+        # Any host can send a report: a snapshot named otherwise (another user's saved image, another
+        # registry) would become the instance's system disk, and be deleted from the registry after.
+        if report.get("snapshot_ref") is not None and report["snapshot_ref"] != move_snapshot_ref(move):
+            _move_fail(move, f"the system disk was reported at {str(report['snapshot_ref'])[:100]!r}, not the move's")
             return
         for field in ("phase", "snapshot_ref", "bytes_total", "bytes_done", "sent_sha256", "received_sha256"):
             if report.get(field) is not None:

@@ -8,7 +8,7 @@ What a lost node's work becomes:
 - a gang with a member there stops on its other hosts (SIGTERM, the grace to
   checkpoint) and is requeued as one (``gangs``);
 - jobs are requeued to run anywhere; the node's agent has stopped them itself by
-  then (``scheduler.node.selffence``: it fences its jobs well before this
+  then (``agent.selffence``: it fences its jobs well before this
   deadline), so a requeued job never runs twice;
 - running instances stay running in the database and keep their meter open:
   the host keeps running them, and when it is heard again they are re-adopted
@@ -27,6 +27,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from config.messages import ToNode, send_after_commit
+from scheduler import sharedfs
 from scheduler.clock import db_now
 from scheduler.models import ClusterWatch, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.services.gangs import gangs_of_lost_node
@@ -108,14 +110,22 @@ def work_of_lost_node_settle(node: Node, *, why: str) -> None:
 
 
 def workload_release_on_lost_node(workload: Workload, node: Node) -> bool:
-    """Release work whose node is gone: done now; the node removes its container and disk when it returns."""
-    return workload_transition(
+    """Release work whose node is gone: done now; the node removes its container and disk when it returns.
+
+    A job's checkpoint folder on the shared storage is removed now by another active host (any: they all mount
+    it), or, with none, by its own host when it returns (its reconcile)."""
+    released = workload_transition(
         workload,
         to=S.RELEASED,
         allowed_from=[S.RELEASING, S.STOPPED, S.FAILED, S.SUCCEEDED, S.QUEUED],
         reason=f"released; its container and disk are removed from node {node.name} when it returns",
         finished_at=Now(),
     )
+    if released and workload.kind == WorkloadKind.JOB and sharedfs.enabled():
+        other = Node.objects.filter(status=NodeStatus.ACTIVE).exclude(pk=node.pk).order_by("?").first()
+        if other is not None:
+            send_after_commit(ToNode.CHECKPOINTS_REMOVE, workload.owner_id, workload.uid, node=other.name, robust=True)
+    return released
 
 
 def workload_stop_on_lost_node(workload: Workload, node: Node, *, reason: str) -> bool:

@@ -1,7 +1,7 @@
 """Nodes through their life: registration, heartbeats, rejoining, and the operator's drain and remove.
 
 Control-plane code: it takes what a node agent reports (``GpuInfo``) and never
-imports the GPU-host side (``scheduler.node``). Silent nodes: ``node_loss``.
+imports the GPU-host side (``agent``). Silent nodes: ``node_loss``.
 Times are the database's (``scheduler.clock``).
 """
 
@@ -12,8 +12,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from config.relay import relay_base
 from scheduler.clock import db_now
-from scheduler.errors import Conflict
+from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
 
@@ -47,8 +48,14 @@ def node_register(
     operator is draining it (or drained it): an agent's restart does not take it back into service.
 
     Call after the agent has fenced the host (``agent_reconcile``): nothing may run
-    there that the database does not assign to it.
+    there that the database does not assign to it. A ``relay_url`` not at ``address``
+    (``config.relay.relay_base``) is refused: InvalidInput, and nothing is stored.
     """
+    if relay_url:
+        try:
+            relay_base(node=name, address=address, relay_url=relay_url)
+        except ValueError as exc:
+            raise InvalidInput(str(exc), field="relay_url") from None
     with transaction.atomic():
         kept = (
             Node.objects.select_for_update()

@@ -60,6 +60,8 @@ def workload_submit(
     pinned_node=None,
     group: WorkloadGroup | None = None,
     nodes: int | None = None,
+    elastic_min: int | None = None,
+    elastic_max: int | None = None,
 ) -> Workload:
     """Queue new work. Refuses work that no registered node could ever run.
 
@@ -71,6 +73,7 @@ def workload_submit(
     gang = kind == WorkloadKind.JOB and gpu_milli == WHOLE_CARD and pinned_node is None
     if nodes is not None and nodes > 1 and not gang:
         raise InvalidInput("only batch jobs of whole cards from a registry image may span nodes", field="nodes")
+    _check_elastic(gang=gang, gpu_count=gpu_count, nodes=nodes, elastic_min=elastic_min, elastic_max=elastic_max)
     problem = fit_problem(
         gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb, nodes=nodes, gang=gang
     )
@@ -106,12 +109,32 @@ def workload_submit(
             pinned_node=pinned_node,
             group=group,
             nodes=nodes,
+            elastic_min=elastic_min,
+            elastic_max=elastic_max,
             status=S.QUEUED,
             queued_at=timezone.now(),  # a control-plane time, compared by the control plane only
         )
         WorkloadEvent.objects.create(workload=workload, from_status="", to_status=S.QUEUED, reason="submitted")
         transaction.on_commit(tick_soon)
     return workload
+
+
+def _check_elastic(*, gang: bool, gpu_count: int, nodes, elastic_min, elastic_max) -> None:
+    """An elastic job (``services.elastic``) gives both sizes, around the size it asks, and may be placed on
+    any nodes: a batch job of whole cards from a registry image, with no node count of its own."""
+    if elastic_min is None and elastic_max is None:
+        return
+    if elastic_min is None or elastic_max is None:
+        field = "elastic_min" if elastic_min is None else "elastic_max"
+        raise InvalidInput("an elastic job gives both elastic_min and elastic_max", field=field)
+    if not gang:
+        raise InvalidInput("only batch jobs of whole cards from a registry image may be elastic", field="elastic_min")
+    if nodes is not None:
+        raise InvalidInput("an elastic job's nodes are the scheduler's to choose: leave nodes out", field="nodes")
+    if not 1 <= elastic_min <= gpu_count:
+        raise InvalidInput(f"elastic_min must be 1 to gpu_count ({gpu_count})", field="elastic_min")
+    if elastic_max < gpu_count:
+        raise InvalidInput(f"elastic_max must be at least gpu_count ({gpu_count})", field="elastic_max")
 
 
 def _requeue(workload: Workload, *, node, no_gpu: bool, reason: str) -> None:
@@ -210,7 +233,7 @@ def workload_restart(workload: Workload) -> Workload:
     is still running, and not restarting already, at the moment of the write. The claim comes
     before the node stops the container, so that exit is not taken for the work's end by the
     node's exit watcher (which would free the cards the restarted container then runs on);
-    the node ends the claim once the container runs again (``scheduler.node.agent``).
+    the node ends the claim once the container runs again (``agent.actions``).
     """
     claimed = workload_transition(
         workload,

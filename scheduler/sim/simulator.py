@@ -14,10 +14,23 @@ benchmark can price them (bench/sweep_cost.py).
 
 Every job is kept: work wider than a node runs as a gang across nodes (``decide`` places it
 all or nothing; eviction and completion give back every part). Elastic jobs (a trace job's
-``elastic_min``..``elastic_max``) run at whatever size ``decide`` gives them. Assumption: linear
-speedup, so a job's duration is its running time at its trace size and it advances at
-cards / trace cards of that rate. A resize is a restart from checkpoint: the job holds its new
+``elastic_min``..``elastic_max``) run at whatever size ``decide`` gives them. Speedup model
+(``speedup``): a job's duration is its running time at its trace size ``g``; on ``n <= g`` cards
+it advances at ``n / g`` of that rate (linear: losing a card costs its whole share, pessimistic
+for shrinks, as measured scaling is concave), and each card above ``g`` adds only
+``scale_above`` of a card's share (``1 + scale_above * (n - g) / g``): training throughput grows
+sublinearly with cards (ElasticFlow, ASPLOS'23, §2: "the training throughput scales non-linearly
+with the number of GPUs"; Pollux, OSDI'21, §2: goodput per GPU falls as a job grows), so cards
+lent beyond the asked size are worth less than the asked ones. ``scale_above=1`` is linear
+throughout. A resize is a restart from checkpoint: the job holds its new
 cards for ``restart_s`` seconds before it advances again (the same as the launch overhead).
+
+Fractions as the product offers them: a trace job's fraction of a card is rounded UP to the next
+offered size (``share_sizes``, the product's ``SHARE_SIZES`` by default; above the largest, a whole
+card), and a card serves one share size at a time (``one_size_per_card``), as live. It runs as long
+as the trace says whatever share it gets. ``share_sizes=None`` keeps the trace's exact thousandths and
+``one_size_per_card=False`` lets any sizes share a card: the free-form fractions the product had
+before the rule, to measure what the rule costs (bench/share_classes.py).
 """
 
 from __future__ import annotations
@@ -29,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from scheduler.policy.cluster import WHOLE_CARD, CardSpec, ClusterState, NodeSpec
+from scheduler.policy.cluster import SHARE_SIZES, WHOLE_CARD, CardSpec, ClusterState, NodeSpec, round_up_share
 from scheduler.policy.decide import DISCIPLINES, decide
 from scheduler.policy.mlfq import MlfqConfig, Work, accrue
 from scheduler.policy.placement import Request, task_mix
@@ -66,6 +79,13 @@ def _push_completion(completions, now, job_id, duration, executed, speed, versio
     version[job_id] = version.get(job_id, 0) + 1
     end = now + (duration[job_id] - executed[job_id]) / speed[job_id]
     heapq.heappush(completions, (end, version[job_id], job_id))
+
+
+def speedup(cards: int, asked: int, scale_above: float) -> float:
+    """How fast a job on ``cards`` advances relative to its trace size ``asked`` (the module's model)."""
+    if cards <= asked:
+        return cards / asked
+    return 1.0 + scale_above * (cards - asked) / asked
 
 
 def _may_grow(running, now: float, config: MlfqConfig) -> bool:
@@ -110,13 +130,23 @@ def simulate(
     seed: int = 0,
     launch_overhead: float = 0.0,
     restart_s: float = 60.0,
+    scale_above: float = 0.5,
+    share_sizes: tuple[int, ...] | None = SHARE_SIZES,
+    one_size_per_card: bool = True,
 ) -> SimResult:
     discipline = DISCIPLINES[policy](config)
     config = discipline.config
-    cluster = ClusterState(nodes)
+    cluster = ClusterState(nodes, one_size_per_card=one_size_per_card)
     rng = np.random.default_rng(seed)
+
+    def milli_of(job: TraceJob) -> int:
+        """The share of each card the job holds: a trace fraction rounded up to an offered size."""
+        if whole_cards_only:
+            return WHOLE_CARD
+        return job.gpu_milli if share_sizes is None else round_up_share(job.gpu_milli, share_sizes)
+
     # FGD's expected workload: the trace's own request shapes, as the live tick uses recent submissions.
-    shapes = ((j.gpu_count, WHOLE_CARD if whole_cards_only else j.gpu_milli, j.cpu, j.memory_mb) for j in jobs)
+    shapes = ((j.gpu_count, milli_of(j), j.cpu, j.memory_mb) for j in jobs)
     mix = task_mix(shapes) if strategy == "fgd" else None
     works: dict[int, Work] = {}
     executed: dict[int, float] = {}
@@ -125,7 +155,7 @@ def simulate(
     done: dict[int, float] = {}
     duration = {j.id: j.duration for j in jobs}
     base = {j.id: j.gpu_count for j in jobs}
-    speed: dict[int, float] = {}  # seconds of trace time per second: cards now / trace cards (1 if rigid)
+    speed: dict[int, float] = {}  # seconds of trace time per second (``speedup``; 1 if rigid)
     resizes = 0
     utilization = {j.id: j.utilization for j in jobs}
     waiting: dict[int, Work] = {}
@@ -191,15 +221,14 @@ def simulate(
             executed[job_id] = max(executed[job_id], executed_before_launch[job_id])  # evicted while launching
             version[job_id] = version.get(job_id, 0) + 1
             work.node, work.cards, work.rest, work.stopping = None, [], [], False
-            if work.elastic_max is not None:  # back in the queue it asks its largest size first again
-                work.request = replace(work.request, gpu_count=work.elastic_max)
+            if work.elastic_max is not None:  # back in the queue it asks its trace size first again
+                work.request = replace(work.request, gpu_count=base[job_id])
             work.waiting_since = now
             waiting[job_id] = work
         while next_arrival < len(arrivals) and arrivals[next_arrival].submit <= now:
             job = arrivals[next_arrival]
             next_arrival += 1
-            milli = WHOLE_CARD if whole_cards_only else job.gpu_milli
-            request = Request(job.id, job.gpu_model, job.gpu_count, milli, job.cpu, job.memory_mb)
+            request = Request(job.id, job.gpu_model, job.gpu_count, milli_of(job), job.cpu, job.memory_mb)
             work = Work(
                 job.id,
                 job.user,
@@ -213,7 +242,7 @@ def simulate(
                 fallback_after=job.fallback_after,
                 fallback_at=job.fallback_at,
                 elastic_min=job.elastic_min,
-                elastic_max=job.gpu_count if job.elastic_min is not None else None,
+                elastic_max=(job.elastic_max or job.gpu_count) if job.elastic_min is not None else None,
             )
             works[job.id] = work
             executed[job.id] = 0.0
@@ -247,7 +276,7 @@ def simulate(
             work.resized_at = now
             if work.elastic_min is not None:
                 work.request = replace(work.request, gpu_count=place.gpu_count, nodes=None)
-            speed[work.id] = work.request.gpu_count / base[work.id]
+            speed[work.id] = speedup(work.request.gpu_count, base[work.id], scale_above)
             running[work.id] = work
             run_start[work.id] = (now, work.spot)
             first_start.setdefault(work.id, now)
@@ -258,7 +287,7 @@ def simulate(
         for resize in decisions.resize:
             resizes += 1
             work = running[resize.work_id]  # decide has moved it to its new parts and size
-            speed[work.id] = resize.gpu_count / base[work.id]
+            speed[work.id] = speedup(resize.gpu_count, base[work.id], scale_above)
             executed[work.id] -= restart_s * speed[work.id]  # the restart from checkpoint holds the new cards
             _push_completion(completions, now, work.id, duration, executed, speed, version)
         # FIFO's blocked head stays blocked until capacity is given back: later arrivals queue behind it.

@@ -1,6 +1,8 @@
 """Readers for public GPU-cluster traces: Microsoft Philly, Alibaba PAI (openb), and a generic CSV.
 
-Pure Python, no Django: the simulator and the benchmarks use them.
+Pure Python, no Django: the simulator and the benchmarks use them. A fraction of a card is read as
+the trace gives it (openb's exact thousandths); the simulator rounds it up to a size the product
+offers (``scheduler.sim.simulator``).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ class TraceJob:
     group_cap: int | None = None
     fallback_after: int | None = None  # preemptions after which spot work runs on-demand
     fallback_at: float | None = None  # trace time from which it does
-    # Elastic: it may run on elastic_min..gpu_count cards (None: rigid, always gpu_count).
+    # Elastic: it may run on elastic_min..elastic_max cards (None: rigid, always gpu_count); elastic_max
+    # None is gpu_count. Its duration is its running time on gpu_count cards (the simulator's speedup model).
     elastic_min: int | None = None
+    elastic_max: int | None = None
     utilization: float | None = None  # its GPUs' average utilization while it runs (0..1); None: unknown
 
 

@@ -5,8 +5,11 @@ and attributes what it can to the tenants holding a share of it. The sampler
 (``sampler.py``) turns a sample into one document for the node and one per
 running workload, in the versioned compact shape the README documents
 (``"v": 1``): short keys, SI-ish units (MiB, W, °C, MHz, KB/s), utilization
-as a 0..1 fraction, ``null`` for what the card does not report. A backfill point
-(``charted``) is the same document with only what the charts draw.
+as a 0..1 fraction, ``null`` for what the card does not report. A tenant's
+utilization that is ``null`` says why in ``util_absent`` (``UTIL_ABSENT``): on a
+card shared through MPS the driver credits every client's SM time to the MPS
+server, so a fraction's own compute is not measurable, and it is absent, never 0.
+A backfill point (``charted``) is the same document with only what the charts draw.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from dataclasses import asdict, dataclass, field
 from scheduler.policy.cluster import WHOLE_CARD
 
 DOCUMENT_VERSION = 1
+
+# Why a tenant's utilization is null (its ``util_absent``). Readers must never take an absent reading for idle.
+SHARED_CARD = "shared-card"  # its processes are MPS clients: NVML lists the card's SM time under the MPS server only
+NO_READING = "no-reading"  # the driver gave no per-process reading this sample (or none yet: a first sample)
+UTIL_ABSENT = {SHARED_CARD: "per-tenant compute not measurable on a shared card", NO_READING: "no reading"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,11 @@ class TenantReading:
 
     util: float | None  # of its share, 0..1 (a 0.3 share fully busy reads 1.0)
     mem_used: int | None  # MiB
+    util_absent: str | None = None  # why ``util`` is None: a key of UTIL_ABSENT
+
+    def __post_init__(self):
+        if self.util is None and self.util_absent is None:
+            object.__setattr__(self, "util_absent", NO_READING)
 
 
 def tenant_holder(tenant: Tenant, share: TenantShare, reading: TenantReading | None) -> dict:
@@ -93,6 +106,7 @@ def tenant_holder(tenant: Tenant, share: TenantShare, reading: TenantReading | N
         "owner": tenant.owner_id,
         "share": share.milli / WHOLE_CARD,
         "util": _round(reading.util) if reading else None,
+        "util_absent": reading.util_absent if reading else NO_READING,
         "mem_used": reading.mem_used if reading else None,
         "mem_cap": share.memory_mb,
     }
@@ -129,6 +143,7 @@ def workload_document(
                 "model": card.model if card else None,
                 "share": share.milli / WHOLE_CARD,
                 "util": _round(own.util) if own else None,
+                "util_absent": own.util_absent if own else NO_READING,
                 "mem_used": own.mem_used if own else None,
                 "mem_cap": share.memory_mb,
                 "card_util": _round(card.util) if card else None,
@@ -151,7 +166,19 @@ def workload_document(
 
 
 # What the monitor's charts draw of each card (instance_monitor.js): a backfill point keeps only these.
-CHARTED_CARD_KEYS = ("i", "uuid", "share", "util", "mem_used", "mem_cap", "mem_total", "power", "temp")
+CHARTED_CARD_KEYS = (
+    "i",
+    "uuid",
+    "share",
+    "util",
+    "util_absent",
+    "card_util",
+    "mem_used",
+    "mem_cap",
+    "mem_total",
+    "power",
+    "temp",
+)
 
 
 def charted(doc: dict) -> dict:

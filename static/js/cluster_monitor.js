@@ -17,10 +17,18 @@
       set(row, "sm_clock", g.sm_clock == null ? "—" : `${g.sm_clock} MHz`);
       for (const t of g.tenants) {
         const held = row.querySelector(`[data-workload="${t.workload}"] [data-held="util"]`);
-        if (held) held.textContent = t.util == null ? "—" : `busy ${Math.round(t.util * 100)}% · ${t.mem_used ?? "—"}/${t.mem_cap} MiB`;
+        if (held) held.textContent = `${ownUtil(t)} · ${t.mem_used ?? "—"}/${t.mem_cap} MiB`;
       }
     }
     totals();
+  }
+
+  // A fraction of a card under MPS has no utilization of its own (util null, util_absent "shared-card"): say so,
+  // with its own memory; the card's utilization is in the row.
+  const notMeasurable = document.getElementById("util-absent-text").textContent;
+  function ownUtil(t) {
+    if (t.util != null) return `busy ${Math.round(t.util * 100)}%`;
+    return t.util_absent === "shared-card" ? notMeasurable : "—";
   }
 
   function set(row, field, text) { row.querySelector(`[data-field="${field}"]`).textContent = text; }

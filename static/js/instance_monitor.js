@@ -1,7 +1,9 @@
 // Instance monitor: live charts of the instance's GPUs and container from /ws/monitor/instances/<id>/.
 // The socket sends {"type": "history", "samples": [...]} first (a compact backfill: points over the last
 // 15 minutes with only what the charts draw, then the newest sample whole, so the charts draw at once, also
-// after a reconnect), then one sample document per second (see the README for its shape).
+// after a reconnect), then one sample document per second (see the README for its shape). A share whose own
+// utilization is absent (util null, util_absent "shared-card": a fraction of a card under MPS) is drawn as a gap,
+// never 0, beside its card's utilization (dashed), with the page's sentence saying why.
 (function () {
   const cfg = JSON.parse(document.getElementById("monitor-config").textContent);
   const conn = document.getElementById("conn");
@@ -16,8 +18,12 @@
     get: (d) => { const g = d.gpus.find((x) => x.uuid === uuid); return g && g[field] != null ? g[field] * scale : null; },
   }));
   const limitLine = (label, get) => ({ label, color: "#c43d3d", dash: [6, 4], get });
+  const cardLines = () => gpus.map((uuid, k) => ({
+    label: `GPU${indexOf(uuid)} card`, color: COLORS[k % COLORS.length], dash: [3, 3],
+    get: (d) => { const g = d.gpus.find((x) => x.uuid === uuid); return g && g.card_util != null ? g.card_util * 100 : null; },
+  }));
   const DEFS = {
-    util: () => perGpu("util", 100),
+    util: () => perGpu("util", 100).concat(cardLines()),
     mem: () => perGpu("mem_used", 1).concat(gpus.length ? [limitLine("cap", (d) => (d.gpus[0] || {}).mem_cap)] : []),
     power: () => perGpu("power", 1),
     temp: () => perGpu("temp", 1),
@@ -61,13 +67,20 @@
     }
     const last = docs[docs.length - 1];
     if (last) smi.textContent = nvidiaSmi(last);
+    document.querySelector("[data-util-absent]").hidden = !(last && last.gpus.some((g) => g.util_absent === SHARED));
+  }
+
+  const SHARED = "shared-card";
+  function ownUtil(g) {
+    if (g.util != null) return `util ${fmt(g.util, 100, "%")} of share`;
+    return g.util_absent === SHARED ? "util not measurable (shared card)" : "util —";
   }
 
   function nvidiaSmi(d) {
     const when = new Date(d.t * 1000).toLocaleTimeString();
     const rows = d.gpus.map((g) => [
       `GPU${g.i ?? "?"}  ${(g.model || "").padEnd(12)}  share ${g.share.toFixed(2)}`,
-      `util ${fmt(g.util, 100, "%")} of share`,
+      ownUtil(g),
       `mem ${g.mem_used ?? "—"} / ${g.mem_cap} MiB`,
       `${fmt(g.power, 1, " W")}  ${fmt(g.temp, 1, " °C")}  card util ${fmt(g.card_util, 100, "%")}`,
     ].join("  │  "));
@@ -104,6 +117,7 @@
       data.push(times.map((t) => (rows.has(t) && rows.get(t)[3] != null ? rows.get(t)[3] * 100 : null)));
     });
     build("day", lines, data);
+    document.querySelector("[data-day-unread]").hidden = !cfg.minutes.some((m) => m[2] == null);
   }
 
   let delay = 1000;

@@ -56,3 +56,12 @@ def test_it_fails_without_a_final_line_carrying_errors_and_commit(smoke):
     assert smoke.failure(0, line(rps=10, errors=0)) is not None
     assert smoke.failure(0, line(rps=10, commit="abc1234")) is not None
     assert smoke.failure(0, "no json at all") is not None
+
+
+def test_exactly_the_benches_that_bring_up_a_cluster_run_in_the_cluster_lane(smoke):
+    """The two lanes run side by side: two benches with a cluster at once would meet on its addresses (gcb)."""
+    present, _, _ = smoke.scripts()
+    bring_up = {s for s in present if "tests.cluster.harness import" in (smoke.BENCH / s).read_text()}
+    assert bring_up >= {"cluster_live.py", "gang_allreduce.py", "launch_latency.py"}
+    assert {s for s in present if smoke.SMOKE[s].lane == "cluster"} == bring_up
+    assert {smoke.SMOKE[s].lane for s in present} == {"cluster", "local"}

@@ -5,6 +5,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from agent.launcher import docker_client
 from billing.enforcement import enforce, standing
 from billing.ledger import ledger_check, platform_account, transfer, user_account
 from billing.models import AccountKind, MeterSegment, Posting, PostingKind, RateCard, SpotPrice
@@ -12,7 +13,6 @@ from billing.prices import spot_recompute
 from billing.settlement import settle
 from portal.models import Instance
 from scheduler.models import Gpu
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status
 from tests.portal.test_instance_api import create
 

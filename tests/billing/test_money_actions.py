@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from billing import services
 from billing.ledger import user_account
-from billing.models import Account, Posting, PostingKind
+from billing.models import Account, Membership, Posting, PostingKind, Team, TopUpRequest
 from scheduler.errors import InvalidInput, ServiceError
 
 pytestmark = pytest.mark.django_db
@@ -146,3 +146,83 @@ def test_a_budget_is_set_and_removed_the_same_way_from_the_console_and_the_api(a
     assert api.patch("/api/v1/billing/", {"monthly_budget": "12.5"}, format="json").status_code == 200
     console.post("/billing/", {"monthly_budget": ""})
     assert user_account(user).monthly_budget is None
+
+
+def test_a_holder_of_the_permission_cannot_top_up_their_own_wallet_past_the_small_limit(django_user_model):
+    cashier = staff_user(django_user_model, "cashier", "top_up")
+    body = {"username": "cashier", "amount": "10000.00", "memo": "bonus"}
+    before = user_account(cashier).balance
+    refused = api_as(cashier).post(TOPUPS, body, format="json")
+    assert refused.status_code == 400 and "another holder" in refused.data["amount"][0]
+    small = body | {"amount": str(services.SELF_TOP_UP_MAX)}
+    assert api_as(cashier).post(TOPUPS, small, format="json").status_code == 201
+    assert user_account(cashier).balance == before + services.SELF_TOP_UP_MAX
+    other = staff_user(django_user_model, "other", "top_up")  # another holder may
+    assert api_as(other).post(TOPUPS, body | {"amount": "500.00"}, format="json").status_code == 201
+
+
+def test_nor_the_wallet_of_a_team_they_belong_to(user, django_user_model):
+    cashier = staff_user(django_user_model, "cashier", "top_up")
+    team = Team.objects.create(slug="lab", name="Lab")
+    Membership.objects.create(team=team, user=cashier)
+    Membership.objects.create(team=Team.objects.create(slug="other", name="Other"), user=user)
+    refused = api_as(cashier).post(TOPUPS, {"team": "lab", "amount": "500.00", "memo": "x"}, format="json")
+    assert refused.status_code == 400 and "amount" in refused.data
+    assert not Posting.objects.filter(kind=PostingKind.TOPUP).exists()
+    other = {"team": "other", "amount": "500.00", "memo": "x"}
+    assert api_as(cashier).post(TOPUPS, other, format="json").status_code == 201
+
+
+def test_a_top_up_past_the_approval_limit_is_posted_only_when_another_holder_approves_it(user, django_user_model):
+    cashier = api_as(staff_user(django_user_model, "cashier", "top_up"))
+    before = user_account(user).balance
+    big = str(services.TOP_UP_APPROVAL_ABOVE + 1)
+    asked = cashier.post(TOPUPS, {"username": user.username, "amount": big, "memo": "wire 9"}, format="json")
+    assert asked.status_code == 202 and asked.data["status"] == "pending", asked.data
+    assert user_account(user).balance == before and not Posting.objects.filter(kind=PostingKind.TOPUP).exists()
+    approve = f"{TOPUPS}requests/{asked.data['request']}/approve/"
+
+    assert cashier.post(approve).status_code == 409, "not by whoever asked"
+    assert api_as(staff_user(django_user_model, "clerk")).post(approve).status_code == 403
+    assert api_as(user).post(approve).status_code == 403
+    assert user_account(user).balance == before
+
+    approver = staff_user(django_user_model, "approver", "top_up")
+    for _ in range(2):  # approving twice posts once
+        approved = api_as(approver).post(approve)
+        assert approved.status_code == 201 and approved.data["balance"] == str(before + Decimal(big))
+    posting = Posting.objects.get(kind=PostingKind.TOPUP)
+    assert (posting.created_by, posting.memo, posting.amount) == (approver, "wire 9", Decimal(big))
+    assert TopUpRequest.objects.get().approved_by == approver
+
+
+def test_the_admin_top_up_past_the_approval_limit_waits_for_the_approve_action(user, django_user_model):
+    account = user_account(user)
+    before = account.balance
+    cashier = staff_user(django_user_model, "cashier", "view_account", "change_account", "view_topuprequest", "top_up")
+    form = admin_top_up_form(admin_client(cashier), account) | {"amount": "5000.00", "apply": "Post"}
+    assert admin_client(cashier).post("/admin/billing/account/", form).status_code == 302
+    account.refresh_from_db()
+    assert account.balance == before and TopUpRequest.objects.get().posting is None
+
+    approver = staff_user(django_user_model, "approver", "view_topuprequest", "top_up")
+    action = {"action": "approve", "_selected_action": [TopUpRequest.objects.get().pk], "index": 0}
+    assert admin_client(cashier).post("/admin/billing/topuprequest/", action).status_code == 302
+    account.refresh_from_db()
+    assert account.balance == before, "not by whoever asked"
+    assert admin_client(approver).post("/admin/billing/topuprequest/", action).status_code == 302
+    account.refresh_from_db()
+    assert account.balance == before + Decimal("5000.00")
+    assert Posting.objects.get(kind=PostingKind.TOPUP).created_by == approver
+
+
+def test_the_service_refuses_an_approval_from_someone_without_the_permission(user, django_user_model):
+    cashier = staff_user(django_user_model, "cashier", "top_up")
+    amount = services.TOP_UP_APPROVAL_ABOVE + 1
+    pending, _ = services.wallet_top_up(account=user_account(user), amount=amount, kind="topup", reason="x", by=cashier)
+    for person in (staff_user(django_user_model, "clerk"), user):
+        with pytest.raises(ServiceError):
+            services.top_up_approve(request_id=pending.pk, by=person)
+    services.top_up_approve(request_id=pending.pk, by=staff_user(django_user_model, "approver", "top_up"))
+    with pytest.raises(ServiceError):  # nor, once approved, hands its posting to anyone
+        services.top_up_approve(request_id=pending.pk, by=user)

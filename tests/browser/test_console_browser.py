@@ -3,8 +3,8 @@
 import pytest
 from playwright.sync_api import expect
 
+from agent.launcher import docker_client
 from portal.models import Instance
-from scheduler.node.launcher import docker_client
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

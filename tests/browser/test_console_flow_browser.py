@@ -10,8 +10,8 @@ each page go to docs/screenshots/.
 import pytest
 from playwright.sync_api import expect
 
+from agent.launcher import docker_client
 from portal.models import Image, Instance
-from scheduler.node.launcher import docker_client
 from tests.browser.test_monitor_browser import SCREENSHOTS, sign_in
 from tests.browser.test_terminal_browser import SCREEN
 from tests.conftest import wait_status

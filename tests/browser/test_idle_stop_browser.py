@@ -24,7 +24,7 @@ def test_an_idle_instance_is_warned_about_then_stopped(page, cluster, catalog):
     page.fill("#id_name", "sleepy")
     page.select_option("#id_gpu_type", str(catalog["rtx3090"].pk))
     page.select_option("#id_image", str(catalog["image"].pk))
-    page.fill("#id_gpus", "0.5")
+    page.fill("#id_gpus", "1")  # a whole card: a fraction's own compute has no reading (MPS), never idle
     page.fill("#id_cpu_cores", "1")
     page.fill("#id_memory_gb", "1")
     page.fill("#id_idle_util_percent", "50")

@@ -1,10 +1,13 @@
-"""The live GPU monitor in a real browser: an instance's charts move, and staff see the cluster grid."""
+"""The live GPU monitor in a real browser: an instance's charts move, and staff see the cluster grid.
+
+The instance holds half a card: as on a real host (MPS), its own compute is not measurable, so the page shows
+the card's utilization, its own memory and the sentence saying why, never 0 %."""
 
 import pytest
 from playwright.sync_api import expect
 
+from agent.launcher import docker_client
 from portal.models import Instance
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
@@ -40,7 +43,13 @@ def test_the_instance_monitor_charts_move_and_the_cluster_grid_shows_who_holds_w
     )
     expect(page.locator("#smi")).to_contain_text("share 0.50")
     expect(page.locator("#smi")).to_contain_text("simulated GPU")
+    expect(page.locator("#smi")).to_contain_text("util not measurable (shared card)")
+    expect(page.locator("#smi")).not_to_contain_text("util 0% of share")
+    expect(page.locator("[data-util-absent]")).to_be_visible()
+    expect(page.locator("[data-util-absent]")).to_contain_text("not measurable on a shared card")
+    page.wait_for_function("() => /card util [1-9]/.test(document.querySelector('#smi').textContent)", timeout=20_000)
     expect(util_chart.locator("canvas")).to_have_count(1)
+    expect(util_chart).to_contain_text("GPU0 card")
     page.screenshot(path=f"{SCREENSHOTS}/instance-monitor.png", full_page=True)
 
     django_user_model.objects.create_user("ops", password="ops-pass-123", is_staff=True)
@@ -52,9 +61,12 @@ def test_the_instance_monitor_charts_move_and_the_cluster_grid_shows_who_holds_w
     expect(node).to_contain_text("simulated")
     held = node.locator(f'[data-workload="{workload.pk}"]')
     expect(held).to_contain_text("alice")
-    expect(held.locator('[data-held="util"]')).to_contain_text("busy", timeout=10_000)
+    own = held.locator('[data-held="util"]')
+    expect(own).to_contain_text("own compute not measurable on a shared card", timeout=10_000)
+    expect(own).to_contain_text("MiB")
     card = node.locator("tr[data-uuid]", has=staff_page.locator(f'[data-workload="{workload.pk}"]'))
     expect(card.locator('[data-field="power"]')).to_contain_text("W")
+    expect(card.locator('[data-field="util"]')).to_contain_text("%")
     staff_page.screenshot(path=f"{SCREENSHOTS}/cluster-monitor.png", full_page=True)
     assert (
         held.get_by_role("link", name=instance.name, exact=True)

@@ -41,13 +41,13 @@ def cli(user, web_server, tmp_path):
 @pytest.fixture
 def agent(node_worker, settings, tmp_path):
     """The node agent's parts the CLI reaches: its worker, its relay and — where this tree has it — its log
-    collector (``scheduler.node.collector``, from the logs branch of issue 16), as the agent runs them."""
+    collector (``agent.collector``, from the logs branch of issue 16), as the agent runs them."""
     try:
-        from scheduler.node import collector
+        from agent import collector
     except ImportError:  # before the logs branch is merged: the CLI follows the job's status instead
         yield node_worker
         return
-    from scheduler.node.launcher import docker_client
+    from agent.launcher import docker_client
 
     settings.WORKLOG_DIR = tmp_path / "worklogs"
     running = collector.Collector(node_worker.name, docker_client().api).start()

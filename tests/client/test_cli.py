@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from portal.models import ApiToken, Job
-from tests.conftest import TEST_IMAGE, wait_status
+from tests.conftest import TEST_IMAGE, make_node, wait_status
 from tests.portal.test_jobs_and_preemption import exit_watcher
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
@@ -96,3 +96,21 @@ def test_exec_cp_ps_and_cancel_on_a_running_job(cli, catalog, agent, tmp_path):
     wait_status(job.workload, "stopped")
     assert json.loads(cli("show", f"j{job.pk}", "--json").stdout)["status"] == "stopped"
     assert cli("exec", f"j{job.pk}").returncode == 1, "a job that does not run has no shell (409)"
+
+
+def test_submit_elastic_asks_for_a_range_and_ps_shows_the_cards_it_holds_now(cli, catalog):
+    make_node("sim:4xRTX3090")
+    common = ["submit", "-d", "--gpu-type", "RTX3090", "--image", str(catalog["image"].pk), "--memory", "1G"]
+    done = cli(*common, "--gpus", "2", "--elastic", "1:4", "--", "python", "train.py")
+    assert done.returncode == 0, done.stderr
+    job = Job.objects.get(pk=int(done.stdout.strip()))
+    assert (job.workload.elastic_min, job.workload.elastic_max, job.workload.gpu_count) == (1, 4, 2)
+    listed = json.loads(cli("ps", "--json").stdout)["jobs"]
+    assert [(j["cards"], j["elastic_min"], j["elastic_max"]) for j in listed] == [(2, 1, 4)]
+    assert "2 of 1-4×RTX3090" in cli("ps").stdout
+
+    wrong = cli(*common, "--gpus", "2", "--elastic", "4", "--", "true")
+    assert wrong.returncode == 2 and "MIN:MAX" in wrong.stderr
+    refused = cli(*common, "--gpus", "2", "--elastic", "3:4", "--", "true")  # the server's check, named
+    assert refused.returncode == 1 and "elastic_min" in refused.stderr
+    assert Job.objects.count() == 1

@@ -4,7 +4,10 @@ import json
 
 import pytest
 
-from tests.conftest import TEST_IMAGE
+from portal.models import Job
+from scheduler.models import WorkloadCode
+from tests.conftest import TEST_IMAGE, wait_for
+from tests.portal.test_jobs_and_preemption import exit_watcher
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -33,3 +36,28 @@ def test_a_sweep_is_one_submission_of_the_product_shown_per_task_and_cancelled_a
 def test_an_array_spec_with_a_mistake_is_refused_naming_the_field(cli, catalog, sim_node):
     refused = cli("submit", "--gpu-type", "RTX3090", "--image", TEST_IMAGE, "--array", "9-1", "--", "true")
     assert refused.returncode == 1 and "array" in refused.stderr
+
+
+def test_an_array_with_upload_sends_the_code_once_and_every_task_runs_in_it(cli, catalog, agent, tmp_path):
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "say.txt").write_text("in\n")
+    (code / "run.sh").write_text('echo "task $GPUCLOUD_ARRAY_INDEX lr=$GPUCLOUD_PARAM_LR $(cat say.txt) $PWD"\n')
+    with exit_watcher(agent):
+        submitted = cli(
+            "submit", "--gpu-type", "RTX3090", "--gpus", "0.5", "--memory", "1G", "--cpus", "1",
+            "--image", TEST_IMAGE, "--upload", str(code), "--param", "lr=1e-3,3e-4", "--", "sh", "run.sh",
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        ref = submitted.stdout.strip()
+
+        def done():
+            shown = json.loads(cli("show", ref, "--json").stdout)
+            assert shown["counts"].get("failed", 0) == 0, shown
+            return shown["counts"].get("done") == 2
+
+        wait_for(done, timeout=90, what="both tasks to finish")
+    assert WorkloadCode.objects.count() == 1  # sent and stored once
+    for task in Job.objects.filter(array_id=int(ref[1:])):
+        log = cli("logs", f"j{task.pk}").stdout
+        assert f"task {task.array_index} lr={task.params['lr']} in /root/checkpoints/code" in log, log

@@ -61,6 +61,8 @@ def test_exec_it_is_a_raw_terminal_that_follows_the_windows_size_and_exits_with_
     cooked = termios.tcgetattr(slave)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLOUD_")}
     environment |= {"GPUCLOUD_URL": cli.url, "GPUCLOUD_TOKEN": cli.token, "XDG_CONFIG_HOME": cli.config_home}
+    # As a login shell may export them (pytest-xdist's workers do: 80 x 24): the window's own size must win.
+    environment |= {"COLUMNS": "80", "LINES": "24"}
 
     def controlling_terminal():  # as a login shell's terminal: its size changes signal the CLI (SIGWINCH)
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)

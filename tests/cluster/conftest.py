@@ -71,3 +71,12 @@ def cluster():
             c.down()
         except ClusterError as exc:
             pytest.fail(str(exc))
+
+
+def pytest_collection_modifyitems(items):
+    """The session's cluster starts inside its first test's time (cluster.sh up: engines, the images into its
+    registry — on a clean checkout the PyTorch image's root filesystem too): minutes on a busy machine, past
+    the suite's 180 s. A test that names its own limit keeps it."""
+    for item in items:
+        if "tests/cluster/" in str(item.path) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(600))

@@ -8,6 +8,8 @@ Needs root, as the script does.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import socket
 import subprocess
@@ -24,11 +26,25 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "config" / "dev" / "cluster.sh"
-IMAGE = "gpucloud/pytorch:2.5.1-cuda12.4"
+IMAGE = "gpucloud/busybox-standin:latest"  # load_demo --stand-in: sh, nc and sleep, a few MB
 
 
 class ClusterError(RuntimeError):
     """The script failed; the message holds its output."""
+
+
+# What a user types to start one process per card on each member (the platform's contract).
+GANG_TORCHRUN = (
+    "--nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node $NPROC_PER_NODE "
+    "--master-addr $MASTER_ADDR --master-port $MASTER_PORT"
+)
+
+
+def uploaded(path: Path, then: str) -> str:
+    """A job's command that writes the file ``path`` into /tmp/job (as ``--upload`` would put it in the job's
+    folder) and runs ``then`` there."""
+    code = base64.b64encode(path.read_bytes()).decode()
+    return f"mkdir -p /tmp/job && cd /tmp/job && echo {code} | base64 -d > {path.name} && {then}"
 
 
 def free_port() -> int:
@@ -125,14 +141,15 @@ class Cluster:
 
     @cached_property
     def catalog(self) -> dict:
-        """GPU type ids by name, and the id of the test image (read once; ``catalog_forget`` after a change)."""
+        """GPU type ids by name, the id of the test image, and every image's id by its reference without the
+        registry (read once; ``catalog_forget`` after a change)."""
         types = {t["name"]: t["id"] for t in self.api("get", "gpu-types/").json()["results"]}
         # The catalog names its registry (REGISTRY/gpucloud/pytorch:...).
         images = {
             i["docker_ref"].split("/", 1)[-1] if "." in i["docker_ref"].split("/")[0] else i["docker_ref"]: i["id"]
             for i in self.api("get", "images/").json()["results"]
         }
-        return {"gpu_types": types, "image": images[IMAGE]}
+        return {"gpu_types": types, "image": images[IMAGE], "images": images}
 
     def catalog_forget(self) -> None:
         self.__dict__.pop("catalog", None)
@@ -147,6 +164,17 @@ class Cluster:
             "memory_gb": 1,
         }
         return body | fields
+
+    def job_ended(self, job_id: int, timeout: float) -> tuple[dict, list[dict]]:
+        """Wait for the job to end; its last state and its log's records (NDJSON: line, rank, host, ...)."""
+
+        def ended():
+            state = self.api("get", f"jobs/{job_id}/").json()
+            return state if state["status"] in ("succeeded", "failed", "cancelled") else None
+
+        done = wait_until(ended, timeout=timeout, what=f"job {job_id} to end", every=1)
+        log = self.api("get", f"jobs/{job_id}/logs/", params={"format": "ndjson"}).text
+        return done, [json.loads(line) for line in log.splitlines()]
 
     def create_instance(self, gpu_type: str, gpus: float | str = 1) -> dict:
         response = self.api("post", "instances/", json=self.work_body(gpu_type, gpus, disk_gb=5))

@@ -2,6 +2,8 @@
 disks, tenants fenced off from the control plane and the other hosts with Docker's iptables on, and a
 host cut off from the control plane that stops its own job before the job runs elsewhere."""
 
+import json
+import re
 import subprocess
 from contextlib import contextmanager
 
@@ -122,11 +124,31 @@ def test_a_tenant_reaches_no_control_plane_service_no_other_host_and_no_other_te
         cluster.release(neighbour["id"])
 
 
+# A training loop in sh: each step is done once its counter is saved in AUTO_TMPDIR (written whole, then renamed
+# over the last), then logged with the run that did it; a run starts from the counter it finds there.
+STEPS = r"""
+ck="$AUTO_TMPDIR"; run=$(cut -c1-8 /proc/sys/kernel/random/uuid)
+n=0; [ -s "$ck/step" ] && n=$(cat "$ck/step")
+echo "run $run resumes from step $n"
+while :; do
+  n=$((n + 1)); sleep 0.1
+  echo $n > "$ck/step.new" && mv -f "$ck/step.new" "$ck/step" && echo "$run $n" >> "$ck/steps"
+done
+"""
+
+
+def counter(container) -> int:
+    code, out = run_in(container, 'cat "$AUTO_TMPDIR/step" 2>/dev/null || echo 0')
+    return int(out.strip() or 0) if code == 0 else 0
+
+
 def test_a_host_cut_off_stops_its_job_before_it_runs_elsewhere_and_keeps_its_instance_metered(cluster):
+    """...and the job, single-node, resumes on the other host from the step it had reached: its AUTO_TMPDIR is on
+    the shared storage, not on the host that was lost."""
     spare = "h3"
     with node_held_back(cluster, spare):  # both land on h1
         instance = cluster.wait_instance(cluster.create_instance("RTX3090")["id"], "running")
-        job = cluster.api("post", "jobs/", json=cluster.work_body("RTX3090", command="sleep 600"))
+        job = cluster.api("post", "jobs/", json=cluster.work_body("RTX3090", command=STEPS))
         assert job.status_code == 201, job.text
         job_id = job.json()["id"]
         wait_until(
@@ -137,6 +159,10 @@ def test_a_host_cut_off_stops_its_job_before_it_runs_elsewhere_and_keeps_its_ins
     assert instance["node"] == "h1"
     workload = cluster.sql("SELECT workload_id FROM portal_job WHERE id = %s", (job_id,))[0][0]
     old_container = cluster.sql("SELECT container_id FROM scheduler_workload WHERE id = %s", (workload,))[0][0]
+    on_h1 = cluster.engine(1).containers.get(old_container)
+    code, out = run_in(on_h1, 'echo "$AUTO_TMPDIR"; df -P "$AUTO_TMPDIR"')
+    assert code == 0 and "/root/autodl-fs/checkpoints/" in out and "JuiceFS" in out, out
+    wait_until(lambda: counter(on_h1) >= 10, timeout=30, what="the job to do 10 steps on h1")
     cut = ["iptables", "-I", "OUTPUT", "-d", f"10.{cluster.net}.0.1", "-j", "DROP"]
     assert in_host(cluster, 1, *cut).returncode == 0
     try:
@@ -164,6 +190,24 @@ def test_a_host_cut_off_stops_its_job_before_it_runs_elsewhere_and_keeps_its_ins
         started = cluster.engine(3).containers.get(new_container).attrs["State"]
         assert not stopped["Running"]
         assert stopped["FinishedAt"] < started["StartedAt"]  # h1 had stopped it before h3 started it
+        # It resumed on h3 from the step it had saved on h1, and no step was done twice: in the order the two
+        # runs logged them, h1's steps 1..a, then h3's from a + 1 (a + 2 when h1 was cut off between saving
+        # step a + 1 and logging it), one by one.
+        on_h3 = cluster.engine(3).containers.get(new_container)
+        said = wait_until(
+            lambda: re.search(r"run (\w+) resumes from step (\d+)", on_h3.logs().decode()), timeout=30, what="h3's run"
+        )
+        resumed = int(said.group(2))
+        wait_until(lambda: counter(on_h3) >= resumed + 5, timeout=30, what="five steps on h3")
+        steps = steps_of(on_h3)
+        runs = list(dict.fromkeys(run for run, _ in steps))
+        assert len(runs) == 2 and runs[1] == said.group(1), steps
+        first = [n for run, n in steps if run == runs[0]]
+        again = [n for run, n in steps if run == runs[1]]
+        assert steps == [(runs[0], n) for n in first] + [(runs[1], n) for n in again]  # never interleaved
+        assert first == list(range(1, len(first) + 1)), first  # h1's run, before the cut
+        assert resumed >= 10 and resumed in (first[-1], first[-1] + 1), (resumed, first)  # from its checkpoint
+        assert again == list(range(resumed + 1, resumed + 1 + len(again))), again
         # The instance ran on: h1 still runs it, and its meter is still open.
         assert container_of(cluster, instance).status == "running"
         assert (
@@ -181,6 +225,9 @@ def test_a_host_cut_off_stops_its_job_before_it_runs_elsewhere_and_keeps_its_ins
         timeout=90,
         what="h1 to rejoin",
     )
+    # Nothing of h1's run landed late, once h1 reached the storage again: the steps only went on on h3.
+    later = steps_of(on_h3)
+    assert later[: len(steps)] == steps and {run for run, _ in later[len(steps) :]} == {runs[1]}, later
     segments = cluster.sql(
         "SELECT s.ended_at FROM billing_metersegment s JOIN portal_instance i ON i.workload_id = s.workload_id "
         "WHERE i.id = %s",
@@ -190,3 +237,45 @@ def test_a_host_cut_off_stops_its_job_before_it_runs_elsewhere_and_keeps_its_ins
     assert cluster.instance(instance["id"])["status"] == "running"
     cluster.api("post", f"jobs/{job_id}/cancel/")
     cluster.release(instance["id"])
+
+
+def steps_of(container) -> list[tuple[str, int]]:
+    code, out = run_in(container, 'cat "$AUTO_TMPDIR/steps"')
+    assert code == 0, out
+    return [(run, int(n)) for run, n in (line.split() for line in out.splitlines() if line.strip())]
+
+
+def test_the_logs_of_jobs_on_two_hosts_at_once_are_whole_and_in_order(cluster):
+    """Each host keeps its own logs (its own state directory, as real hosts have their own disks): a host's
+    collector never closes another host's runs, so two jobs printing at once on two hosts read back whole,
+    in order, with no "removed before its output was read" note while they ran."""
+    lines = 120
+    command = f"for i in $(seq 1 {lines}); do echo line $i; sleep 0.05; done"
+    jobs = []
+    for gpu_type in ("RTX3090", "A100-80GB"):  # h1 or h3, and h2
+        response = cluster.api("post", "jobs/", json=cluster.work_body(gpu_type, 1, command=command))
+        assert response.status_code == 201, response.text
+        jobs.append(response.json())
+
+    def read(job) -> list[dict]:
+        response = cluster.api("get", f"jobs/{job['id']}/logs/", params={"format": "ndjson"})
+        assert response.status_code == 200, response.text
+        return [json.loads(line) for line in response.text.splitlines()]  # every line whole JSON
+
+    def done() -> bool:
+        for job in jobs:
+            read(job)  # followed while they run: each read must parse
+        states = [cluster.api("get", f"jobs/{job['id']}/").json()["status"] for job in jobs]
+        assert "failed" not in states, states
+        return all(state == "succeeded" for state in states)
+
+    wait_until(done, timeout=120, what="both jobs to finish", every=1.0)
+    nodes = {cluster.api("get", f"jobs/{job['id']}/").json()["node"] for job in jobs}
+    assert len(nodes) == 2, nodes
+    for job in jobs:
+        records = read(job)
+        output = [r["line"] for r in records if r.get("stream") == "stdout"]
+        assert output == [f"line {i}" for i in range(1, lines + 1)]
+        cursors = [r["n"] for r in records if "n" in r]
+        assert len(cursors) == len(set(cursors)) and cursors == sorted(cursors)
+        assert not [r for r in records if "removed before" in r.get("line", "")]

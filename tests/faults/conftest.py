@@ -22,9 +22,10 @@ import requests
 from django.conf import settings
 from django.db import connection
 
+from agent import launcher
 from portal.services.tokens import token_create
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
-from scheduler.node import launcher
+from tests.agent.test_sharedfs import volume  # noqa: F401  (a JuiceFS volume, for test_host_services)
 from tests.conftest import NO_DOCKER, database_url, remove_node_containers, wait_for
 
 RECONCILE_S = 1  # beat: scheduler tick and cluster reconciliation every second

@@ -17,9 +17,9 @@ import pytest
 import redis
 from django.db import connection, transaction
 
+from agent import launcher
 from billing.models import MeterSegment
 from scheduler.models import Node, Workload, WorkloadStatus
-from scheduler.node import launcher
 from scheduler.telemetry import streams
 from tests.conftest import url_as, wait_for, wait_status
 from tests.faults.conftest import LOST_AFTER_S, dockerd_pid
@@ -83,6 +83,7 @@ def test_kill_9_of_the_scheduler_worker_in_the_middle_of_a_tick(cluster, catalog
     cluster.wait_converged()
 
 
+@pytest.mark.alone  # freezes the machine's Docker engine
 # A deadline longer than the agent is away, so that what settles the launch is its resend.
 @pytest.mark.parametrize("cluster_env", [{"TRANSITION_DEADLINE_S": "60"}])
 def test_kill_9_of_the_node_agent_in_the_middle_of_a_launch(cluster, catalog):
@@ -106,6 +107,7 @@ def test_kill_9_of_the_node_agent_in_the_middle_of_a_launch(cluster, catalog):
     cluster.wait_converged()
 
 
+@pytest.mark.alone  # freezes the machine's Docker engine
 def test_kill_9_of_the_node_agent_in_the_middle_of_a_stop(cluster, catalog):
     w = cluster.create_instance(catalog)
     wait_status(w, "running", timeout=30)
@@ -194,6 +196,7 @@ def test_a_node_agent_whose_clock_is_40_seconds_off_is_not_lost_and_meters_on_th
     cluster.wait_converged()
 
 
+@pytest.mark.alone  # stops the machine's PostgreSQL
 def test_the_control_plane_down_two_minutes_loses_no_node_and_fails_no_instance(cluster, catalog):
     instance = cluster.create_instance(catalog)
     job = cluster.create_job(catalog, "sleep 600")
@@ -253,6 +256,7 @@ def test_restarting_redis_while_instances_run(cluster, catalog):
     cluster.wait_converged()
 
 
+@pytest.mark.alone  # stops the machine's PostgreSQL
 def test_restarting_postgresql_while_instances_run(cluster, catalog):
     w = cluster.create_instance(catalog)
     job = cluster.create_job(catalog, "sleep 600")
@@ -271,9 +275,16 @@ def test_restarting_postgresql_while_instances_run(cluster, catalog):
     cluster.wait_converged()
 
 
+@pytest.mark.alone  # restarts the machine's Docker engine
 def test_restarting_dockerd_while_instances_run(cluster, catalog):
+    """What the engine's restart does to an instance follows its ``--live-restore`` (config/dev/services.sh
+    starts it with the option, an engine already running is kept as it is): with it the container outlives the
+    engine and the instance stays RUNNING; without it the container stops and reconciliation says so.
+    tests/agent/test_live_restore.py runs both on engines of its own."""
+    live_restore = launcher.docker_client().info()["LiveRestoreEnabled"]
     w = cluster.create_instance(catalog)
     wait_status(w, "running", timeout=30)
+    container_pid = launcher.docker_client().containers.get(w.container_name).attrs["State"]["Pid"]
     pid = dockerd_pid()
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         command = [part.decode() for part in f.read().split(b"\0") if part]
@@ -287,6 +298,19 @@ def test_restarting_dockerd_while_instances_run(cluster, catalog):
         what="dockerd to come back",
     )
     launcher.docker_client.cache_clear()
+    if live_restore:
+        # The same process, still running; the agent reconciles against the engine that is back and changes
+        # nothing; the instance stops when asked.
+        container = launcher.docker_client().containers.get(w.container_name)
+        assert (container.status, container.attrs["State"]["Pid"]) == ("running", container_pid)
+        cluster.wait_converged()
+        w.refresh_from_db()
+        assert w.status == "running", w.status_reason
+        assert not w.events.filter(to_status__in=["stopped", "failed"]).exists()
+        assert cluster.api("post", f"instances/{w.instance.pk}/stop/").status_code == 202
+        wait_status(w, "stopped", timeout=30)
+        cluster.wait_converged()
+        return
     # Its containers stopped with the engine: reconciliation says so, and the instance starts again.
     wait_for(lambda: w.refresh_from_db() or w.status != "running", timeout=30, what="the stop to be noticed")
     assert w.status in ("stopped", "failed") and "container exited" in w.status_reason

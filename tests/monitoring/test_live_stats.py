@@ -6,8 +6,8 @@ import json
 import pytest
 import websockets
 
+from agent.launcher import docker_client
 from portal.models import Instance
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status
 from tests.portal.test_live_updates import session_cookie
 
@@ -27,7 +27,8 @@ async def next_sample(ws, predicate, timeout: float) -> dict:
 
 
 def test_an_instances_live_stats_reach_its_owner_and_follow_its_container(cluster, catalog, user, outsider):
-    workload = cluster.create_instance(catalog, gpus="0.5")
+    # A whole card: a fraction's own compute is not measurable (it is an MPS client on a real host).
+    workload = cluster.create_instance(catalog, gpus="1")
     wait_status(workload, "running", timeout=60)
     instance = Instance.objects.get(workload=workload)
     url = f"ws://127.0.0.1:{cluster.web_port}/ws/monitor/instances/{instance.pk}/"
@@ -47,7 +48,7 @@ def test_an_instances_live_stats_reach_its_owner_and_follow_its_container(cluste
     assert history["type"] == "history"
     assert idle["workload"] == workload.pk and idle["simulated"] is True and idle["node"] == cluster.node_name
     assert idle["gpus"][0]["util"] < 0.2, "the idle instance read idle"
-    assert busy["gpus"][0]["share"] == 0.5 and busy["cpu"] > 0.7
+    assert busy["gpus"][0]["share"] == 1.0 and busy["cpu"] > 0.7
     assert busy["gpus"][0]["mem_cap"] == workload.allocations.get().memory_mb
 
     async def reconnect_and_outsider():

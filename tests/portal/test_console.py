@@ -22,7 +22,7 @@ def form(catalog, **overrides):
         "name": "nb",
         "gpu_type": catalog["rtx3090"].pk,
         "image": catalog["image"].pk,
-        "gpus": "0.3",
+        "gpus": "0.5",
         "cpu_cores": 2,
         "memory_gb": 4,
         "disk_gb": 30,
@@ -47,7 +47,7 @@ def test_creating_an_instance_queues_it_and_lists_it(console, catalog, sim_node)
     response = console.post("/instances/new/", form(catalog))
     assert response.status_code == 302
     page = console.get("/").content.decode()
-    assert "nb" in page and "Queued" in page and "0.3 × RTX 3090 24GB" in page
+    assert "nb" in page and "Queued" in page and "0.5 × RTX 3090 24GB" in page
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,11 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, RequestFactory
 
+from agent import launcher
+from agent.launcher import docker_client
 from portal.console import files
 from portal.models import Instance
 from portal.services.relay import SessionSlot
-from scheduler.node import launcher
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status
 from tests.portal.test_instance_api import create
 
@@ -186,3 +186,12 @@ def test_an_upload_without_the_csrf_token_is_refused(running, user):
     strict.force_login(user)
     response = strict.post(f"/instances/{instance.pk}/files/upload/", {"file": SimpleUploadedFile("x", b"x")})
     assert response.status_code == 403
+
+
+def test_a_listing_whose_output_is_not_one_is_refused_naming_the_path(running, api):
+    """The listing runs the tenant's own ``sh``: one that prints a line without end is answered with why, at once."""
+    instance, _ = running
+    replace = "rm -f /bin/sh && printf '#!/bin/busybox sh\\nexec tr \"\\\\\\\\0\" x < /dev/zero\\n' > /bin/sh"
+    in_container(instance, "/bin/busybox", "sh", "-c", replace + " && chmod +x /bin/sh")
+    answer = api.get(f"/api/v1/instances/{instance.pk}/files/", {"path": "/root/autodl-tmp"})
+    assert answer.status_code == 400 and "line longer than" in answer.data["path"][0], answer.data

@@ -103,3 +103,34 @@ def test_the_console_form_takes_nodes_and_the_page_shows_each_member(client, use
     assert f"1: {b.name}" in client.get("/jobs/").content.decode()  # one row, its members on it
     uneven = client.post("/jobs/new/", form | {"gpus": "3"})
     assert uneven.status_code == 200 and 'data-field="nodes"' in uneven.content.decode()
+
+
+def test_an_elastic_job_is_asked_for_through_the_api_and_shows_its_range_and_its_cards_now(api, catalog, two_nodes):
+    response = post(api, catalog, gpus="2", elastic_min=1, elastic_max=4)
+    assert response.status_code == 201, response.data
+    assert (response.data["elastic_min"], response.data["elastic_max"], response.data["cards"]) == (1, 4, 2)
+    job = Job.objects.get()
+    assert (job.workload.elastic_min, job.workload.elastic_max, job.workload.gpu_count) == (1, 4, 2)
+    Workload.objects.filter(pk=job.workload.pk).update(gpu_count=4)  # the tick grew it
+    assert api.get(f"/api/v1/jobs/{job.pk}/").data["cards"] == 4
+    rigid = post(api, catalog, gpus="2").data
+    assert (rigid["elastic_min"], rigid["elastic_max"], rigid["cards"]) == (None, None, 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "words"),
+    [
+        ({"gpus": "2", "elastic_min": 1}, "elastic_max", "both elastic_min and elastic_max"),
+        ({"gpus": "2", "elastic_min": 3, "elastic_max": 4}, "elastic_min", "1 to gpu_count"),
+        ({"gpus": "2", "elastic_min": 1, "elastic_max": 1}, "elastic_max", "at least gpu_count"),
+        ({"gpus": "0.5", "elastic_min": 1, "elastic_max": 2}, "elastic_min", "whole cards"),
+        ({"gpus": "2", "nodes": 1, "elastic_min": 1, "elastic_max": 4}, "nodes", "leave nodes out"),
+        ({"gpus": "2", "elastic_min": 0, "elastic_max": 4}, "elastic_min", ""),
+    ],
+    ids=["half-a-range", "min-above-asked", "max-below-asked", "a-share", "nodes-given", "zero"],
+)
+def test_an_elastic_range_that_cannot_be_is_refused_naming_its_field(api, catalog, two_nodes, fields, field, words):
+    response = post(api, catalog, **fields)
+    assert response.status_code == 400 and field in response.data, response.data
+    assert words in str(response.data[field])
+    assert not Workload.objects.exists()

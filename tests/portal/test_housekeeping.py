@@ -5,18 +5,19 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from agent.launcher import docker_client
 from portal.models import Instance
 from portal.services.housekeeping import housekeeping, idle_stop
 from scheduler.models import Workload, WorkloadGpuMinute
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status
 from tests.portal.test_instance_api import create
+from tests.portal.test_jobs_and_preemption import read_volume, reconcile, submit_job
 
 pytestmark = pytest.mark.django_db
 
 
-def minutes_of(workload, peaks: list[float], now) -> None:
-    """What the node agent's rollups write: one row per minute of the workload's card."""
+def minutes_of(workload, peaks: list[float | None], now) -> None:
+    """What the node agent's rollups write: one row per minute of the workload's card (None: no reading)."""
     gpu = workload.allocations.get().gpu
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=len(peaks))
     for i, peak in enumerate(peaks):
@@ -25,7 +26,7 @@ def minutes_of(workload, peaks: list[float], now) -> None:
             gpu=gpu,
             workload=workload,
             samples=60,
-            util_avg=peak / 2,
+            util_avg=None if peak is None else peak / 2,
             util_max=peak,
         )
 
@@ -68,6 +69,17 @@ def test_a_busy_minute_or_missing_samples_keep_it_running(running, settings):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_minutes_without_a_reading_never_stop_it(running, settings):
+    # A fraction of a card under MPS: no per-tenant compute reading while its process runs, the rollup is NULL.
+    now = timezone.now()
+    minutes_of(running.workload, [None, None, None], now)
+    assert idle_stop(now) == [] and Instance.objects.get().stop_warned_at is None
+    WorkloadGpuMinute.objects.all().delete()
+    minutes_of(running.workload, [0.0, None, 0.0, 0.0], now)  # read idle on either side of an unread minute
+    assert idle_stop(now) == [] and Instance.objects.get().stop_warned_at is None
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_long_stopped_instance_is_announced_then_released(running, api, client, user, settings):
     settings.HOUSEKEEPING_DAYS = 15
     assert api.post(f"/api/v1/instances/{running.pk}/stop/").status_code == 202
@@ -77,5 +89,32 @@ def test_a_long_stopped_instance_is_announced_then_released(running, api, client
     assert "data-release-warning" in client.get("/").content.decode()
     assert housekeeping() == []
     Workload.objects.filter(pk=running.workload_id).update(status_changed_at=timezone.now() - timedelta(days=16))
-    assert housekeeping() == [running.pk]
+    assert housekeeping() == [running.workload_id]
     wait_status(running.workload, "released", timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_ended_job_says_how_long_its_checkpoints_are_kept_and_is_released_then(
+    api, catalog, node_worker, client, user, settings
+):
+    settings.HOUSEKEEPING_DAYS = 15
+    job = submit_job(api, catalog, command='echo done > "$AUTO_TMPDIR/out"')
+    assert api.get(f"/api/v1/jobs/{job.pk}/").data["kept_until"] is None  # queued: nothing to count yet
+    wait_status(job.workload, "succeeded", poke=reconcile(node_worker))
+    body = api.get(f"/api/v1/jobs/{job.pk}/").data
+    # No shared storage here (one host): its AUTO_TMPDIR is its own volume, kept on that host.
+    assert body["auto_tmpdir"] == settings.JOB_CHECKPOINT_PATH == "/root/checkpoints"
+    assert read_volume(job.workload.volume_name, "out") == "done"
+    job.workload.refresh_from_db()
+    kept_until = job.workload.status_changed_at + timedelta(days=15)
+    assert body["kept_until"] == kept_until.isoformat().replace("+00:00", "Z")
+    client.force_login(user)
+    assert f"kept until {kept_until:%Y-%m-%d %H:%M} UTC" in client.get(f"/jobs/{job.pk}/").content.decode()
+
+    Workload.objects.filter(pk=job.workload_id).update(status_changed_at=timezone.now() - timedelta(days=14))
+    assert housekeeping() == []
+    Workload.objects.filter(pk=job.workload_id).update(status_changed_at=timezone.now() - timedelta(days=16))
+    assert housekeeping() == [job.workload_id]
+    wait_status(job.workload, "released", timeout=30)
+    assert not docker_client().volumes.list(filters={"name": job.workload.volume_name})
+    assert api.get(f"/api/v1/jobs/{job.pk}/").data["kept_until"] is None

@@ -3,11 +3,13 @@
 import threading
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 from rest_framework.test import APIClient
 
 from portal.models import Instance, Job
 from tests.portal.test_instance_api import create
+from tests.portal.test_job_code_and_files_api import archive
 
 KEY = {"HTTP_IDEMPOTENCY_KEY": "2f1c0a7e-retry-me"}
 
@@ -50,6 +52,31 @@ def test_jobs_take_an_idempotency_key_too(api, catalog, sim_node):
     job = {"image": catalog["image"].pk, "gpu_type": catalog["rtx3090"].pk, "gpus": "1", "command": "true"}
     ids = {api.post("/api/v1/jobs/", job, format="json", **KEY).data["id"] for _ in range(3)}
     assert len(ids) == 1 and Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_same_key_with_other_code_under_the_same_file_name_is_a_conflict(api, catalog, sim_node):
+    code = archive({"run.sh": b"echo first\n"})
+    assert submit_code(api, catalog, code).status_code == 201
+    other = submit_code(api, catalog, archive({"run.sh": b"echo other\n"}))
+    assert other.status_code == 409 and "Idempotency-Key" in other.data["detail"]
+    assert Job.objects.count() == 1 and bytes(Job.objects.get().workload.code.archive) == code
+
+
+@pytest.mark.django_db
+def test_the_same_key_with_the_same_code_answers_the_first_job(api, catalog, sim_node):
+    code = archive({"run.sh": b"echo hi\n"})
+    first, again = submit_code(api, catalog, code), submit_code(api, catalog, code)
+    assert first.status_code == again.status_code == 201 and again.data["id"] == first.data["id"]
+    assert Job.objects.count() == 1
+
+
+def submit_code(api, catalog, code: bytes):
+    form = {
+        "image": catalog["image"].pk, "gpu_type": catalog["rtx3090"].pk, "gpus": "0.5", "cpu_cores": 1,
+        "memory_gb": 1, "command": "sh run.sh", "code": SimpleUploadedFile("code.tar.gz", code),
+    }  # fmt: skip
+    return api.post("/api/v1/jobs/", form, format="multipart", **KEY)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,9 +8,9 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from agent.launcher import LABEL, docker_client
 from portal.models import Instance
 from scheduler.models import Workload
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_status
 
 
@@ -132,12 +132,13 @@ BAD_INPUTS = [
 def test_bad_input_is_refused_naming_the_field_and_leaves_nothing_behind(api, catalog, sim_node, override, field):
     if override.get("gpu_type") == "h100":
         override = {"gpu_type": catalog["h100"].pk}
-    containers_before = len(docker_client().containers.list(all=True))
+    ours = {"label": f"{LABEL}.deployment={settings.DEPLOYMENT_ID}"}  # other runs' containers share the engine
+    containers_before = len(docker_client().containers.list(all=True, filters=ours))
     response = create(api, catalog, **override)
     assert response.status_code == 400
     assert field in response.data, response.data
     assert not Workload.objects.exists() and not Instance.objects.exists()
-    assert len(docker_client().containers.list(all=True)) == containers_before
+    assert len(docker_client().containers.list(all=True, filters=ours)) == containers_before
 
 
 @pytest.mark.django_db

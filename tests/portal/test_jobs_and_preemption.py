@@ -6,11 +6,11 @@ import threading
 import pytest
 from django.db import connection
 
+from agent.launcher import docker_client
+from agent.reconcile import agent_reconcile, watch_container_exits
 from billing.models import MeterSegment
 from portal.models import Instance, Job
 from scheduler.models import Workload
-from scheduler.node.launcher import docker_client
-from scheduler.node.reconcile import agent_reconcile, watch_container_exits
 from tests.conftest import TEST_IMAGE, wait_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,8 +97,8 @@ def test_a_job_over_its_maximum_runtime_is_stopped_and_says_so_even_when_the_exi
     api, catalog, node_worker, settings, monkeypatch
 ):
     """The stop's own exit (137) must not be taken for a crash by the Docker-events watcher."""
-    from scheduler.node import launcher
-    from scheduler.node import reconcile as node_reconcile
+    from agent import launcher
+    from agent import reconcile as node_reconcile
 
     settings.INSTANCE_STOP_GRACE_S = 1
     watcher_reconciled = threading.Event()

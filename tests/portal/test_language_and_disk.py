@@ -5,9 +5,9 @@ import subprocess
 
 import pytest
 
+from agent import disks, launcher
 from portal.models import Instance
 from scheduler.models import WorkloadEvent
-from scheduler.node import disks, launcher
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import container, create
 

@@ -10,11 +10,11 @@ import websockets
 import websockets.exceptions  # the package does not import it itself until a connection does
 from django.db import connection
 
+from agent import collector as log_collector
+from agent import worklogs
+from agent.launcher import docker_client
 from portal.models import Instance
 from scheduler.models import NodeStatus, Workload, WorkloadRun
-from scheduler.node import collector as log_collector
-from scheduler.node import worklogs
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import create
 from tests.portal.test_jobs_and_preemption import TRAINER, reconcile, submit_job
@@ -72,7 +72,7 @@ def test_a_failed_jobs_log_outlives_its_container_and_ends_with_its_last_lines_a
 
 
 def test_tail_since_and_after_select_the_lines_with_no_docker_in_the_web_tier(api, catalog, logs_node, monkeypatch):
-    from scheduler.node import launcher
+    from agent import launcher
 
     job = submit_job(api, catalog, command="for i in $(seq 1 30); do echo line $i; done")
     wait_status(job.workload, "succeeded", poke=reconcile(logs_node))
@@ -324,8 +324,8 @@ def test_pieces_on_two_hosts_are_read_in_order_each_from_its_own_hosts_relay(
 ):
     from django.db.models.functions import Now
 
+    from agent.relay.server import RelayServer
     from scheduler.models import WorkloadEvent
-    from scheduler.node.relay.server import RelayServer
     from tests.conftest import make_node
 
     settings.WORKLOG_DIR = tmp_path / "worklogs"

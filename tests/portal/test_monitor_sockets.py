@@ -10,12 +10,12 @@ import redis
 import websockets
 import websockets.exceptions  # the package does not import it itself until a connection does
 
+from agent.telemetry.sampler import Sampler
+from agent.telemetry.simgpu import SimulatedBackend
 from scheduler.telemetry import streams
-from scheduler.telemetry.sampler import Sampler
-from scheduler.telemetry.simgpu import SimulatedBackend
+from tests.agent.telemetry.test_sampler import running_on
 from tests.conftest import make_node
 from tests.portal.test_live_updates import session_cookie
-from tests.scheduler.telemetry.test_sampler import running_on
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 VIEWERS = 12

@@ -18,9 +18,9 @@ import requests
 from django.conf import settings
 from django.core.management import call_command
 
+from agent.launcher import docker_client
 from portal.models import GpuType, Image, Instance
-from portal.services.demo import catalog_load
-from scheduler.node.launcher import docker_client
+from portal.services.demo import catalog_load, stand_in_load
 from scheduler.registry import MANIFEST_TYPES, image_name, manifest_digest, registry_ref
 from tests.conftest import TEST_IMAGE, make_node, remove_node_containers, wait_for, wait_status, worker_for
 from tests.portal.test_instance_api import container, create
@@ -104,7 +104,8 @@ def registry(registry_server, settings):
 def registry_catalog(registry, base_image):
     """The demo catalog with its references in the registry, pushed there by build_images."""
     catalog_load()
-    call_command("build_images", stdout=io.StringIO())
+    stand_in_load()
+    call_command("build_images", "--only", TEST_IMAGE, stdout=io.StringIO())
     return {
         "rtx3090": GpuType.objects.get(name="RTX3090"),
         "h100": GpuType.objects.get(name="H100"),
@@ -145,7 +146,7 @@ def test_catalog_images_are_pushed_once_and_pulled_by_a_host_that_lacks_them(
     ref = registry_catalog["image"].docker_ref
     assert ref == f"{registry.address}/{TEST_IMAGE}" and registry.manifest_status(ref) == 200
     out = io.StringIO()
-    call_command("build_images", stdout=out)  # a second run pushes nothing: the registry has them all
+    call_command("build_images", "--only", TEST_IMAGE, stdout=out)  # a second run pushes nothing: it is there
     assert "pushed" not in out.getvalue() and f"{ref} is in the registry already" in out.getvalue()
 
     local_copy_removed(ref)
@@ -241,9 +242,9 @@ def test_the_registry_serves_tls_with_its_own_ca_and_the_control_plane_verifies_
         settings.REGISTRY, settings.REGISTRY_USERNAME, settings.REGISTRY_PASSWORD = server.address, USERNAME, PASSWORD
         with pytest.raises(requests.exceptions.SSLError):
             requests.get(server.url, timeout=5)  # not a certificate anyone trusts but who holds its CA
-        ref = f"{server.address}/gpucloud/base:tls"
-        docker_client().images.get(base_image).tag(f"{server.address}/gpucloud/base", "tls")
-        from scheduler.node.launcher import image_push
+        ref = f"{server.address}/gpucloud/busybox-standin:tls"
+        docker_client().images.get(base_image).tag(f"{server.address}/gpucloud/busybox-standin", "tls")
+        from agent.launcher import image_push
 
         image_push(ref)
         settings.REGISTRY_CA_FILE = server.ca

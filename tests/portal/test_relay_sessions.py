@@ -46,3 +46,8 @@ def test_the_slot_of_a_server_that_died_lapses_by_itself(settings, user, monkeyp
 
     assert not free()
     wait_for(free, timeout=10, what="the lease to lapse")
+
+
+def test_a_relay_that_refuses_for_too_many_calls_answers_429_with_its_reason():
+    refused = relay.refusal(429, b'{"detail": "this host\'s relay is busy: try again in a moment"}')
+    assert isinstance(refused, TooMany) and refused.message == "this host's relay is busy: try again in a moment"

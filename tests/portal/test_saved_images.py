@@ -4,8 +4,8 @@ import docker
 import pytest
 from django.test import Client
 
+from agent.launcher import docker_client
 from portal.models import Image, Instance
-from scheduler.node.launcher import docker_client
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import container, create
 

@@ -5,11 +5,15 @@ daphne runs with no Docker engine to reach (as in production): the shell comes t
 
 import asyncio
 import json
+from decimal import Decimal
 
 import pytest
 import websockets
 import websockets.exceptions  # the package does not import it itself until a connection does
 
+from billing.ledger import team_account, wallet_credit
+from billing.models import Membership
+from billing.teams import member_add, member_remove, team_create, team_get
 from portal.models import Instance
 from portal.services.relay import SessionSlot
 from scheduler.services.workloads import workload_stop
@@ -118,3 +122,61 @@ def test_a_terminal_beyond_the_users_session_cap_is_refused_with_4429_until_one_
     finally:
         for slot in held:
             slot.release()
+
+
+async def closed_after(url: str, headers: dict, change) -> tuple[int, dict | None]:
+    """Open a live terminal, run ``change`` (a database write) in a thread, and return how the terminal closed."""
+
+    def write():
+        from django.db import connection
+
+        try:
+            change()
+        finally:
+            connection.close()
+
+    async with websockets.connect(url, additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "input", "data": "echo live-$((6*7))\n"}))
+        await read_until(ws, [""], "live-42")
+        await asyncio.to_thread(write)
+        return await closing(ws, 10)
+
+
+def test_a_new_password_closes_the_users_open_terminal(terminal, user):
+    _, url, mine = terminal
+
+    def new_password():
+        user.set_password("a-new-password-0123")
+        user.save()
+
+    code, why = asyncio.run(closed_after(url, mine, new_password))
+    assert (code, why["why"]) == (4401, "revoked") and "password changed" in why["reason"]
+
+
+def test_deactivating_the_user_closes_their_open_terminal(terminal, user):
+    _, url, mine = terminal
+
+    def deactivate():
+        user.is_active = False
+        user.save(update_fields=["is_active"])
+
+    code, why = asyncio.run(closed_after(url, mine, deactivate))
+    assert (code, why["why"]) == (4401, "revoked") and "deactivated" in why["reason"]
+
+
+def test_leaving_the_team_closes_the_terminal_of_work_it_pays_for(
+    user, outsider, outsider_api, catalog, node_worker, web_server
+):
+    team = team_get(user=user, slug=team_create(user=user, name="NLP").slug)  # as the admin sees it
+    member_add(team=team, by=user, username=outsider.username)
+    wallet_credit(account=team_account(team), amount=Decimal(100), kind="topup", memo="t", by=None)
+    assert create(outsider_api, catalog, team=team.slug).status_code == 201
+    instance = Instance.objects.get()
+    wait_status(instance.workload, "running", timeout=30)
+    url = f"ws://{web_server}/ws/terminal/instances/{instance.pk}/"
+    theirs = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(outsider)}
+    membership = Membership.objects.get(team=team, user=outsider)
+
+    leave = lambda: member_remove(team=team, by=user, member_id=membership.pk)  # noqa: E731
+    code, why = asyncio.run(closed_after(url, theirs, leave))
+    assert (code, why["why"]) == (4403, "revoked") and "no longer a member of team nlp" in why["reason"]

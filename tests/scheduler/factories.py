@@ -1,5 +1,6 @@
 """Small builders for scheduler rows."""
 
+from portal.services.demo import STANDIN_IMAGE
 from scheduler.models import Workload, WorkloadStatus
 
 
@@ -8,7 +9,7 @@ def workload(owner, *, gpu_model="RTX3090", gpu_count=1, gpu_milli=1000, cpu=1, 
         owner=owner,
         kind=fields.pop("kind", "instance"),
         name=fields.pop("name", "w"),
-        image_ref=fields.pop("image_ref", "gpucloud/base:latest"),
+        image_ref=fields.pop("image_ref", STANDIN_IMAGE),
         gpu_model=gpu_model,
         gpu_count=gpu_count,
         gpu_milli=gpu_milli,

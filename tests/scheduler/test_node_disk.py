@@ -4,9 +4,9 @@ import os
 
 import pytest
 
+from agent import disks, launcher
 from scheduler import tick
 from scheduler.models import Node, Workload
-from scheduler.node import disks, launcher
 from scheduler.selectors import cluster_capacity
 from scheduler.services.nodes import node_heartbeat
 from tests.conftest import make_node

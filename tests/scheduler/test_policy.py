@@ -21,6 +21,7 @@ from scheduler.policy import (
     level_of,
 )
 from scheduler.policy.decide import DISCIPLINES
+from scheduler.policy.mlfq import service_rate
 
 
 def node(node_id, *frees, model="A100", cpu=64, memory=262144, card_memory=81920):
@@ -115,6 +116,7 @@ def test_no_sequence_of_decisions_over_allocates_a_card_or_misses_room(frees, re
     c = cluster(*[node(f"n{i}", *f) for i, f in enumerate(frees)])
     mix = [TaskType(1, 500, 0, 0, 1), TaskType(2, 1000, 0, 0, 1)]
     rng = np.random.default_rng(0)
+    sizes = {}  # (node, card) -> share sizes placed on it here: one per card
     for i, (count, milli, strategy, model) in enumerate(requests):
         request = Request(i, model, count if milli == 1000 else 1, milli)
         before = {name: getattr(c, name).copy() for name in ("exists", "free", "card_mem_free", "cpu_free", "mem_free")}
@@ -126,7 +128,10 @@ def test_no_sequence_of_decisions_over_allocates_a_card_or_misses_room(frees, re
         else:
             assert len(set(choice.cards)) == request.gpu_count
             c.take(choice.node, choice.cards, request.gpu_milli, 0, 0)
+            if milli < 1000:
+                sizes.setdefault((choice.node, choice.cards[0]), set()).add(milli)
         assert (c.free >= 0).all() and (c.card_mem_free >= 0).all()
+        assert all(len(placed) == 1 for placed in sizes.values())
 
 
 # --- MLFQ ------------------------------------------------------------------------------------------------------
@@ -147,6 +152,16 @@ def test_idle_work_accrues_service_more_slowly_and_stays_higher():
     accrue(idle, 200, 0.05, CONFIG)
     assert idle.attained == busy.attained * 0.25
     assert level_of(idle, 0, CONFIG, waiting=False) < level_of(busy, 0, CONFIG, waiting=False)
+
+
+def test_work_without_a_reading_accrues_as_fully_busy_never_at_the_idle_rate():
+    # A fraction of a card under MPS has no per-tenant compute reading (None): no evidence of idleness.
+    unread, busy = work(1), work(2)
+    accrue(unread, 200, None, CONFIG)
+    accrue(busy, 200, 1.0, CONFIG)
+    assert unread.attained == busy.attained == 200
+    assert service_rate(None, idle_util=0.3, idle_weight=0.25) == 1.0
+    assert service_rate(0.0, idle_util=0.3, idle_weight=0.25) == 0.25, "only a reading earns the discount"
 
 
 def test_work_that_waited_past_the_starvation_limit_is_promoted_to_the_top():

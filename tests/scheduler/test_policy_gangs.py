@@ -250,28 +250,44 @@ def test_running_elastic_work_grows_into_idle_cards_when_nothing_waits():
     assert w.request.gpu_count == 8 and c.free.sum() == 0 and w.resized_at == 1000
 
 
-def test_elastic_work_shrinks_toward_its_minimum_for_queued_work_and_never_below():
+def test_elastic_work_shrinks_by_half_for_queued_work_and_never_below_its_minimum():
     c = ClusterState([node("a", free=0)])
     w = running(1, [(0, list(range(8)))], attained=5000, elastic_min=4, elastic_max=8, resized_at=0, preemptible=False)
     d = decide([work(2, 2)], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
-    assert [(r.work_id, r.gpu_count) for r in d.resize] == [(1, 6)]
-    assert d.resize[0].reason == "shrunk from 8 to 6 cards for queued work 2"
+    assert [(r.work_id, r.gpu_count) for r in d.resize] == [(1, 4)]  # half: one restart for the next jobs too
+    assert d.resize[0].reason == "shrunk from 8 to 4 cards for queued work 2"
     assert [p.work_id for p in d.place] == [2]
     d = decide([work(3, 4)], [w], c, now=2000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
-    assert [(r.work_id, r.gpu_count) for r in d.resize] == [] and 3 in d.waiting  # min 4 leaves only 2
+    assert [(r.work_id, r.gpu_count) for r in d.resize] == [] and 3 in d.waiting  # at its minimum already
 
 
-def test_elastic_work_is_not_resized_again_within_the_interval():
+def test_elastic_work_grows_again_only_after_the_interval_but_shrinks_at_once():
+    c = ClusterState([node("a", free=4)])
+    w = running(1, [(0, [0, 1, 2, 3])], attained=5000, elastic_min=2, elastic_max=8, resized_at=900)
+    d = decide([], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
+    assert d.resize == []  # grown or started 100 s ago: no grow yet
     c = ClusterState([node("a", free=0)])
     w = running(1, [(0, list(range(8)))], attained=5000, elastic_min=2, elastic_max=8, resized_at=900)
     d = decide([work(2, 2)], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
-    assert d.resize == [] and d.place == []
+    assert [(r.work_id, r.gpu_count) for r in d.resize] == [(1, 4)] and [p.work_id for p in d.place] == [2]
 
 
-def test_elastic_work_keeps_its_cards_against_queued_work_of_its_own_queue():
+def test_rigid_victims_go_before_elastic_ones_on_a_node():
+    c = ClusterState([node("a", free=0)])
+    rigid = running(1, [(0, [0, 1, 2, 3])], attained=5000, started=10)
+    flexible = running(2, [(0, [4, 5, 6, 7])], attained=5000, elastic_min=4, elastic_max=8, started=20)
+    d = decide([work(3, 4)], [rigid, flexible], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
+    assert [p.work_id for p in d.preempt] == [1]  # the later-started elastic one would lose less, yet stays
+
+
+def test_elastic_work_gives_its_cards_above_its_minimum_to_any_queued_work_but_spot_work_from_on_demand():
     c = ClusterState([node("a", free=0)])
     w = running(1, [(0, list(range(8)))], attained=10, elastic_min=2, elastic_max=8, preemptible=False)
     d = decide([work(2, 2)], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
+    assert [(r.work_id, r.gpu_count) for r in d.resize] == [(1, 4)] and [p.work_id for p in d.place] == [2]
+    c = ClusterState([node("a", free=0)])
+    w = running(1, [(0, list(range(8)))], attained=10, elastic_min=2, elastic_max=8, preemptible=False)
+    d = decide([work(3, 2, spot=True)], [w], c, now=1000, discipline=DISCIPLINES["mlfq"](CONFIG), strategy="bestfit")
     assert d.resize == [] and d.place == []
 
 

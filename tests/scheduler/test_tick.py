@@ -146,19 +146,6 @@ def test_the_nodes_launches_in_one_body_are_split_so_a_message_stays_small(user,
         assert node.name in launches
 
 
-def test_a_node_launches_its_own_part_of_a_shared_launch_message(monkeypatch):
-    from scheduler.node import agent, tasks
-
-    launched, sent = [], []
-    monkeypatch.setattr(agent, "agent_launch", lambda workload_id, node_name: launched.append((workload_id, node_name)))
-    monkeypatch.setattr(tasks, "send", lambda task, *args, node: sent.append((task, args, node)))
-
-    tasks.agent_launch_many.apply(args=[{"gpu-a": [1], "gpu-b": [2, 3]}], routing_key="node.gpu-b").get()
-
-    assert launched == [(2, "gpu-b")]
-    assert sent == [(tasks.ToNode.LAUNCH, (3, "gpu-b"), "gpu-b")]
-
-
 def test_a_tick_runs_with_the_garbage_collector_paused_and_turns_it_back_on(monkeypatch):
     import gc
 

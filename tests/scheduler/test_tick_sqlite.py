@@ -21,7 +21,7 @@ from django.utils import timezone
 from config.clients import redis_client
 from config.messages import node_queue
 from scheduler.models import Workload, WorkloadStatus as S
-from scheduler.node.gpus import simulated_inventory
+from agent.gpus import simulated_inventory
 from scheduler.services.nodes import node_register
 from scheduler.tick import schedule_tick
 from tests.scheduler.factories import workload

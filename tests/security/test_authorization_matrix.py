@@ -28,6 +28,7 @@ ROLES = ("owner", "other", "anonymous", "staff")  # the columns of MATRIX; "staf
 # "other" in each row, but for these (route -> outcome).
 STAFFER = {
     "api-billing-topups": DENIED,  # making money needs billing.top_up, not just is_staff
+    "api-billing-topup-approve": DENIED,
     "admin:index": ALLOWED,  # the admin's front page, saying there is nothing this account may change
     "admin:password_change": ALLOWED,
     "admin:password_change_done": ALLOWED,
@@ -154,6 +155,7 @@ MATRIX = {
     "api-billing": ("get", {}, "", MINE),
     "api-billing-statement": ("get", {}, "", MINE),
     "api-billing-topups": ("post", {}, "", STAFF_ONLY),  # staff: 400 for the empty body
+    "api-billing-topup-approve": ("post", {}, "", (DENIED, DENIED, DENIED, HIDDEN)),  # no such request: 404
     "api-prices": ("get", {}, "?gpu_type=1&gpus=0.5", MINE),
     "console-billing": ("get", {}, "", MINE),
     "console-billing-statement-csv": ("get", {}, "", MINE),
@@ -191,6 +193,9 @@ ADMIN_EXPECTED = {
     "admin:billing_posting_delete": (DENIED, DENIED, DENIED, DENIED),
     "admin:billing_ratecard_delete": (DENIED, DENIED, DENIED, DENIED),
     "admin:billing_spotprice_add": (DENIED, DENIED, DENIED, DENIED),
+    # A top-up waiting for approval comes from a top-up, and goes only by being approved (an action).
+    "admin:billing_topuprequest_add": (DENIED, DENIED, DENIED, DENIED),
+    "admin:billing_topuprequest_delete": (DENIED, DENIED, DENIED, DENIED),
     # Minute rollups are written by node agents only: nobody adds one by hand.
     "admin:scheduler_gpuminute_add": (DENIED, DENIED, DENIED, DENIED),
     "admin:scheduler_workloadgpuminute_add": (DENIED, DENIED, DENIED, DENIED),

@@ -176,6 +176,23 @@ def test_a_node_reads_the_code_of_its_own_jobs_only_and_writes_none(two_hosts):
         conn.execute("UPDATE scheduler_workloadcode SET archive = 'x'")
 
 
+def test_a_node_reads_the_code_of_an_array_with_a_task_here_stored_with_another_task(two_hosts, user):
+    """An array's code is stored once, with its first task: a host running another of its tasks reads it."""
+    from scheduler.models import WorkloadCode, WorkloadGroup
+
+    conn, mine, theirs, work = two_hosts
+    sweep, other = WorkloadGroup.objects.create(name="sweep"), WorkloadGroup.objects.create(name="other")
+    Workload.objects.filter(pk=work["mine"].pk).update(group=sweep)
+    first = running_on(theirs, user)  # the array's first task, on the other host, holds the code
+    Workload.objects.filter(pk=first.pk).update(group=sweep)
+    elsewhere = running_on(theirs, user)  # another array's, none of this host's
+    Workload.objects.filter(pk=elsewhere.pk).update(group=other)
+    for workload in (first, elsewhere):
+        WorkloadCode.objects.create(workload=workload, archive=b"tgz", size_bytes=3, sha256="0" * 64)
+    readable = conn.execute("SELECT workload_id FROM scheduler_workloadcode").fetchall()
+    assert readable == [(first.pk,)]
+
+
 def test_a_node_records_runs_of_its_own_work_on_itself_only(two_hosts):
     from scheduler.models import WorkloadRun
 
@@ -190,3 +207,23 @@ def test_a_node_records_runs_of_its_own_work_on_itself_only(two_hosts):
         with pytest.raises(DENIED, match="row-level security"):
             conn.execute(insert, [workload.pk, 2, node.pk, node.name])
     assert list(WorkloadRun.objects.values_list("workload_id", "node_id")) == [(work["mine"].pk, mine.pk)]
+
+
+def test_a_gangs_member_host_records_its_members_runs_on_itself_only_without_the_workloads_lock(two_hosts):
+    """A gang's workload row is its rank 0's host's: the member's host numbers its run without locking it."""
+    from scheduler.models import WorkloadMember, WorkloadRun
+
+    conn, mine, theirs, work = two_hosts
+    gang = work["theirs"]
+    WorkloadMember.objects.create(workload=gang, rank=0, node=theirs, node_name=theirs.name)
+    WorkloadMember.objects.create(workload=gang, rank=1, node=mine, node_name=mine.name)
+    insert = (
+        "INSERT INTO scheduler_workloadrun (workload_id, number, rank, node_id, node_name, started_at) "
+        "VALUES (%s, %s, %s, %s, %s, now())"
+    )
+    conn.execute(insert, [gang.pk, 1, 1, mine.pk, mine.name])
+    with pytest.raises(DENIED, match="row-level security"):
+        conn.execute(insert, [gang.pk, 2, 0, theirs.pk, theirs.name])  # not on another host
+    locked = conn.execute("SELECT id FROM scheduler_workload WHERE id = %s FOR UPDATE", [gang.pk]).fetchall()
+    assert locked == []  # the row lock rank 0's host takes is not this host's to take
+    assert list(WorkloadRun.objects.values_list("workload_id", "rank", "node_id")) == [(gang.pk, 1, mine.pk)]

@@ -33,7 +33,7 @@ from django.db import connection, transaction
 from psycopg import sql
 
 from billing.models import MeterSegment
-from portal.models import Instance
+from portal.models import Image, Instance
 from scheduler.models import (
     Allocation,
     Gpu,
@@ -47,7 +47,6 @@ from scheduler.models import (
     WorkloadMember,
     WorkloadRun,
 )
-from scheduler.telemetry.rollups import FIELDS as ROLLUP_FIELDS
 
 # The id of the node the session's role belongs to: {own} in the row rules below.
 OWN_NODE = "(SELECT n.id FROM scheduler_node n WHERE n.name = {name})"
@@ -57,6 +56,11 @@ OWN_WORK = "(SELECT w.id FROM scheduler_workload w WHERE coalesce(w.node_id, w.p
 OWN_CARDS = "(SELECT g.id FROM scheduler_gpu g WHERE g.node_id = {own})"
 # Gangs with a member on the node: it launches that member (reading the gang's code), nothing more.
 MEMBER_OF = "(SELECT m.workload_id FROM scheduler_workloadmember m WHERE m.node_id = {own})"
+# The tasks of the arrays with a task here: an array's code is stored once, with its first task.
+SAME_ARRAY = (
+    "(SELECT t.id FROM scheduler_workload t JOIN scheduler_workload w ON t.group_id = w.group_id"
+    " WHERE coalesce(w.node_id, w.pinned_node_id) = {own})"
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class NodeAccess:
     read_own: bool = False  # it reads only ``rows`` too (tenants' data it needs for its own work alone)
 
 
-# What a node agent's process does to each table (scheduler/node/*, scheduler/services/nodes.py and
+# What a node agent's process does to each table (agent/*, scheduler/services/nodes.py and
 # lifecycle.py that it calls, and the lifecycle receivers that run in it: billing's metering, the
 # portal's live push). A column a new agent code path updates must be added here: the fault suite's
 # lifecycle test runs the agent on this role.
@@ -130,16 +134,22 @@ NODE_ACCESS = {
     ),
     Allocation: NodeAccess("SELECT, DELETE", rows="gpu_id IN " + OWN_CARDS),  # freed when work leaves a holding state
     WorkloadEvent: NodeAccess("SELECT, INSERT", rows="workload_id IN " + OWN_WORK),
-    # Each start of its work's containers (where that piece of the work's log lives): on this node only.
+    # Each start of its work's containers, a gang's member's here included (where that piece of the work's
+    # log lives): on this node only.
     WorkloadRun: NodeAccess(
-        "SELECT, INSERT", rows="workload_id IN " + OWN_WORK, check="workload_id IN " + OWN_WORK + " AND node_id = {own}"
+        "SELECT, INSERT",
+        rows="workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF,
+        check="(workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF + ") AND node_id = {own}",
     ),
     MeterSegment: NodeAccess("SELECT, INSERT", update=("ended_at", "end_reason"), rows="workload_id IN " + OWN_WORK),
     Instance: NodeAccess("SELECT"),
+    Image: NodeAccess("SELECT"),  # a host removes an image from its engine only while it is being deleted
     Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
-    # A job's code, extracted into its container at launch: the host of that job's only.
+    # A job's code, extracted into its container at launch: the host of that job's only (of a task of its array's).
     WorkloadCode: NodeAccess(
-        "SELECT", rows="workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF, read_own=True
+        "SELECT",
+        rows="workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF + " OR workload_id IN " + SAME_ARRAY,
+        read_own=True,
     ),
     # A gang's member on this node: its container's state, written by this node's agent only.
     WorkloadMember: NodeAccess(
@@ -148,8 +158,8 @@ NODE_ACCESS = {
         rows="node_id = {own}",
     ),
     # Minute rollups, upserted (an agent restarted mid-minute).
-    GpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
-    WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=tuple(ROLLUP_FIELDS), rows="gpu_id IN " + OWN_CARDS),
+    GpuMinute: NodeAccess("SELECT, INSERT", update=GpuMinute.VALUES, rows="gpu_id IN " + OWN_CARDS),
+    WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=GpuMinute.VALUES, rows="gpu_id IN " + OWN_CARDS),
 }
 
 MAX_ROLE_NAME = 63  # PostgreSQL's identifier length

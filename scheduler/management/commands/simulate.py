@@ -6,7 +6,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduler.node.gpus import parse_sim_spec
+from scheduler.gpuspec import parse_sim_spec
 from scheduler.policy import DISCIPLINES, STRATEGIES
 from scheduler.policy.cluster import CardSpec, NodeSpec
 from scheduler.sim.simulator import simulate, uniform_nodes

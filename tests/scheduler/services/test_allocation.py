@@ -26,6 +26,17 @@ def half(card):
     return dict(node_id=card.node_id, shares=[Share(card.pk, 500, card.memory_mb // 2)])
 
 
+def quarter(card):
+    return dict(node_id=card.node_id, shares=[Share(card.pk, 250, card.memory_mb // 4)])
+
+
+def one_size_per_card(cards):
+    """Every card holds fractions of one size at most (its MPS daemon's limits are per card)."""
+    for card in cards:
+        sizes = set(card.allocations.filter(milli__lt=1000).values_list("milli", flat=True))
+        assert len(sizes) <= 1, f"{card} holds fractions of sizes {sorted(sizes)}"
+
+
 def test_a_placement_takes_share_memory_cpu_and_moves_work_to_starting(user, node):
     card = node.gpus.get()
     w = workload(user, gpu_milli=500, cpu=2, memory_mb=2048)
@@ -66,6 +77,38 @@ def test_a_stale_placement_is_refused_under_the_lock(user, node):
     assert card.allocated_milli == 1000
 
 
+def test_a_fraction_of_another_size_is_refused_under_the_lock(user, node):
+    card = node.gpus.get()
+    holder, other = workload(user, gpu_milli=250), workload(user, gpu_milli=500)
+    assert allocation_create(workload=holder, **quarter(card))
+    assert not allocation_create(workload=other, **half(card))  # a stale plan: the share would fit
+    other.refresh_from_db()
+    assert other.status == WorkloadStatus.QUEUED
+    card.refresh_from_db()
+    assert card.allocated_milli == 250
+    assert allocation_create(workload=workload(user, gpu_milli=250), **quarter(card))
+
+
+def test_a_card_that_empties_takes_any_size_again(user, node):
+    card = node.gpus.get()
+    w = workload(user, gpu_milli=250)
+    assert allocation_create(workload=w, **quarter(card))
+    assert workload_transition(w, to=WorkloadStatus.FAILED, allowed_from=[WorkloadStatus.STARTING], reason="x")
+    assert allocation_create(workload=workload(user, gpu_milli=500), **half(card))
+
+
+def test_a_batch_never_puts_two_sizes_on_one_empty_card(user, node):
+    from scheduler.services.allocation import Placement, allocations_create
+
+    card = node.gpus.get()
+    small, large = workload(user, gpu_milli=250), workload(user, gpu_milli=500)
+    placed = allocations_create(
+        [Placement(small, node.pk, quarter(card)["shares"]), Placement(large, node.pk, half(card)["shares"])]
+    )
+    assert [p.workload.pk for p in placed] == [small.pk]
+    one_size_per_card([card])
+
+
 def test_the_database_itself_refuses_a_card_beyond_one(node):
     card = node.gpus.get()
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -75,7 +118,7 @@ def test_the_database_itself_refuses_a_card_beyond_one(node):
 
 
 def test_the_tick_places_what_fits_and_leaves_the_rest_queued(user, node):
-    fits = [workload(user, gpu_milli=400), workload(user, gpu_milli=600)]
+    fits = [workload(user, gpu_milli=500), workload(user, gpu_milli=500)]
     waits = workload(user, gpu_milli=100)
     assert sorted(schedule_tick().placed) == sorted(w.pk for w in fits)
     waits.refresh_from_db()
@@ -83,34 +126,52 @@ def test_the_tick_places_what_fits_and_leaves_the_rest_queued(user, node):
     assert waits.queue_position == 1 and "has 0.1 free" in waits.status_reason
 
 
-@pytest.mark.django_db(transaction=True)
-def test_two_concurrent_placements_on_the_last_free_share_exactly_one_wins(user):
+def placed_at_once(placements: list[tuple]) -> list[bool]:
+    """``allocation_create(workload=w, **where)`` for each (w, where), in threads released together."""
     if connection.vendor != "postgresql":
         pytest.fail("this race is only meaningful on PostgreSQL: run with DATABASE_URL set (make test does)")
-    node = make_node("sim:1xRTX3090")
-    card = node.gpus.get()
-    taken = workload(user, gpu_milli=500)
-    assert allocation_create(workload=taken, **half(card))
-    contenders = [workload(user, gpu_milli=500) for _ in range(2)]
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(len(placements))
     results = {}
 
-    def place(w):
+    def place(i, w, where):
         try:
             barrier.wait()
-            results[w.pk] = allocation_create(workload=w, **half(card))
+            results[i] = allocation_create(workload=w, **where)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=place, args=(w,)) for w in contenders]
+    threads = [threading.Thread(target=place, args=(i, *p)) for i, p in enumerate(placements)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert sorted(results.values()) == [False, True]
+    return [results.get(i) for i in range(len(placements))]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_placements_on_the_last_free_share_exactly_one_wins(user):
+    node = make_node("sim:1xRTX3090")
+    card = node.gpus.get()
+    taken = workload(user, gpu_milli=500)
+    assert allocation_create(workload=taken, **half(card))
+    results = placed_at_once([(workload(user, gpu_milli=500), half(card)) for _ in range(2)])
+    assert sorted(results) == [False, True]
     card.refresh_from_db()
     assert card.allocated_milli == 1000
     assert Allocation.objects.filter(gpu=card).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_for_an_empty_card_cannot_put_a_quarter_and_a_half_on_it(user):
+    node = make_node("sim:1xRTX3090")
+    card = node.gpus.get()
+    results = placed_at_once(
+        [(workload(user, gpu_milli=250), quarter(card)), (workload(user, gpu_milli=500), half(card))]
+    )
+    assert sorted(results) == [False, True]  # both fit by share (0.75): the size decides
+    one_size_per_card([card])
+    card.refresh_from_db()
+    assert card.allocated_milli in (250, 500)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -140,6 +201,7 @@ def test_many_concurrent_ticks_never_over_allocate(user):
     for card in node.gpus.all():
         held = sum(a.milli for a in card.allocations.all())
         assert held == card.allocated_milli <= 1000
+    one_size_per_card(node.gpus.all())
     assert Allocation.objects.values("workload").distinct().count() == Allocation.objects.count()
 
 
@@ -213,6 +275,7 @@ def test_concurrent_submissions_and_ticks_keep_every_card_and_node_within_capaci
         held = card.allocations.aggregate(milli=Sum("milli"), memory=Sum("memory_mb"))
         assert (held["milli"] or 0) == card.allocated_milli <= 1000
         assert (held["memory"] or 0) == card.allocated_memory_mb <= card.memory_mb
+    one_size_per_card(node.gpus.all())
     placed = Workload.objects.filter(status=WorkloadStatus.STARTING)
     assert node.allocated_cpu == sum(w.cpu_cores for w in placed) <= node.cpu_cores
     assert all(w.allocations.count() == 1 for w in placed)

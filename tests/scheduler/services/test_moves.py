@@ -8,7 +8,7 @@ from config.messages import ToNode
 from scheduler.clock import db_now
 from scheduler.errors import Conflict
 from scheduler.models import Move, MoveStatus, Node, NodeStatus, WorkloadStatus
-from scheduler.services.moves import move_report, moves_stalled_fail, workload_move
+from scheduler.services.moves import move_report, move_snapshot_ref, moves_stalled_fail, workload_move
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
 
@@ -53,8 +53,9 @@ def test_matching_checksums_finish_the_move_on_the_target_and_the_source_cleans_
     move = workload_move(w, target=target)
     monkeypatch.setattr("scheduler.registry.manifest_delete", lambda name: True)
 
+    snapshot = move_snapshot_ref(move)
     with django_capture_on_commit_callbacks() as callbacks:
-        move_report(move.pk, {"snapshot_ref": "127.0.0.1:5999/gpucloud-move:x", "exported": True, "bytes_total": 10})
+        move_report(move.pk, {"snapshot_ref": snapshot, "exported": True, "bytes_total": 10})
     assert sent_to(callbacks, monkeypatch)[-1] == (ToNode.MOVE_IMPORT, (move.pk,), target.name)
     with django_capture_on_commit_callbacks() as callbacks:
         move_report(move.pk, {"sent_sha256": "ab" * 32, "bytes_sent": 10})
@@ -64,7 +65,7 @@ def test_matching_checksums_finish_the_move_on_the_target_and_the_source_cleans_
     move.refresh_from_db()
     assert move.status == MoveStatus.DONE and move.bytes_done == 10
     assert w.status == S.STOPPED and w.pinned_node == target and w.node is None
-    assert w.image_ref == "127.0.0.1:5999/gpucloud-move:x" and f"to {target.name}" in w.status_reason
+    assert w.image_ref == snapshot and f"to {target.name}" in w.status_reason
     assert (ToNode.MOVE_CLEANUP, (move.pk, "source"), source.name) in sent_to(callbacks, monkeypatch)
 
 
@@ -72,7 +73,7 @@ def test_different_checksums_fail_the_move_and_the_instance_stays_where_it_was(
     user, hosts, django_capture_on_commit_callbacks, monkeypatch
 ):
     source, target, _ = hosts
-    w = workload(user, status=S.STOPPED, node=source, image_ref="gpucloud/base:latest")
+    w = workload(user, status=S.STOPPED, node=source, image_ref="gpucloud/busybox-standin:latest")
     move = workload_move(w, target=target)
     monkeypatch.setattr("scheduler.registry.manifest_delete", lambda name: True)
 
@@ -82,9 +83,29 @@ def test_different_checksums_fail_the_move_and_the_instance_stays_where_it_was(
 
     w.refresh_from_db()
     assert Move.objects.get().status == MoveStatus.FAILED
-    assert w.status == S.STOPPED and w.node == source and w.image_ref == "gpucloud/base:latest"
+    assert w.status == S.STOPPED and w.node == source and w.image_ref == "gpucloud/busybox-standin:latest"
     assert "checksums differ" in w.status_reason and f"stays on {source.name}" in w.status_reason
     assert (ToNode.MOVE_CLEANUP, (move.pk, "target"), target.name) in sent_to(callbacks, monkeypatch)
+
+
+def test_a_snapshot_reported_anywhere_but_the_moves_own_fails_the_move_and_is_not_deleted(
+    user, hosts, django_capture_on_commit_callbacks, monkeypatch
+):
+    source, target, _ = hosts
+    w = workload(user, status=S.STOPPED, node=source, image_ref="gpucloud/busybox-standin:latest")
+    move = workload_move(w, target=target)
+    deleted = []
+    monkeypatch.setattr("scheduler.registry.manifest_delete", deleted.append)
+    theirs = "127.0.0.1:5999/gpucloud-saved:someone-elses"  # reported by any host: every host can sign one
+
+    with django_capture_on_commit_callbacks(execute=True):
+        move_report(move.pk, {"snapshot_ref": theirs, "exported": True})
+        move_report(move.pk, {"sent_sha256": "ab" * 32, "received_sha256": "ab" * 32})
+
+    w.refresh_from_db()
+    move.refresh_from_db()
+    assert move.status == MoveStatus.FAILED and "not the move's" in move.error and move.snapshot_ref == ""
+    assert w.status == S.STOPPED and w.image_ref == "gpucloud/busybox-standin:latest" and deleted == []
 
 
 def test_a_move_without_progress_fails_after_the_stall_time(user, hosts, settings):

@@ -5,10 +5,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from agent.gpus import simulated_inventory
 from billing.models import MeterSegment
 from scheduler.clock import db_now
 from scheduler.models import ClusterWatch, Gpu, Node, NodeStatus, WorkloadStatus
-from scheduler.node.gpus import simulated_inventory
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.node_loss import nodes_mark_lost

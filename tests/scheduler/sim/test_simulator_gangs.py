@@ -3,7 +3,7 @@
 import pytest
 
 from scheduler.policy import MlfqConfig
-from scheduler.sim.simulator import simulate, uniform_nodes
+from scheduler.sim.simulator import simulate, speedup, uniform_nodes
 from scheduler.sim.traces import TraceJob
 
 
@@ -36,3 +36,11 @@ def test_rigid_and_elastic_alike_when_nothing_competes():
     rigid = [TraceJob(0, 0, 500, 8)]
     elastic = [TraceJob(0, 0, 500, 8, elastic_min=2)]
     assert simulate(rigid, uniform_nodes(8)).done == simulate(elastic, uniform_nodes(8)).done == {0: 500}
+
+
+def test_cards_above_the_asked_size_are_worth_scale_above_of_a_card_each():
+    # Asked 4, may use 8: alone on 8 cards it starts at 8 and advances at 1 + 0.5 * 4 / 4 = 1.5x.
+    jobs = [TraceJob(0, 0, 900, 4, elastic_min=2, elastic_max=8)]
+    assert simulate(jobs, uniform_nodes(8), scale_above=0.5).done == {0: pytest.approx(600)}
+    assert simulate(jobs, uniform_nodes(8), scale_above=1.0).done == {0: pytest.approx(450)}
+    assert speedup(2, 4, 0.5) == 0.5 and speedup(4, 4, 0.5) == 1.0  # linear up to the asked size

@@ -1,0 +1,166 @@
+"""What the relay checks before any handler runs: the ticket, and that the container is one of this node's.
+
+``Guard.admit`` answers 401 for a missing, forged, expired or already used
+ticket, 403 for a ticket of another operation or one whose path leaves its
+root, 404 for a container that is not there, 403 for one of another node or
+deployment (or whose labels name another workload or owner than the ticket),
+and 409 for one that does not run. A log is the workload's, read from this host's files whatever
+became of its container: 404 when there is none here, 403 when another owner's or deployment's.
+It returns a ``Call``: what a handler needs.
+
+A call's blocking work runs on the relay's THREADS threads (``Threads``), shared out: one user holds at
+most RELAY_MAX_SESSIONS_PER_USER of them at once, and work never waits for one: beyond either, 429. A
+thread is counted until its work has really ended, not when its HTTP side gave up, so a tenant whose
+calls hang (his container answers Docker slowly, or never) holds his own share and no one else's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import posixpath
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import docker
+from django.conf import settings
+from django.core import signing
+
+from agent import worklogs
+from agent.launcher import LABEL
+from config.relay import FILE_ROOTS, TICKET_S, Op, Ticket, ticket_open, within
+
+
+class Refused(Exception):
+    """A request the relay will not serve: answered with ``status`` and ``{"detail": message}``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+THREADS = 64  # blocking Docker calls in flight at once (a transfer holds one for its whole length)
+
+
+class Threads:
+    """The relay's worker threads, counted per user: ``run`` refuses (429) rather than queue behind busy ones."""
+
+    def __init__(self, executor: Executor):
+        self._executor = executor
+        self._lock = threading.Lock()  # the counts drop on the worker threads, as each piece of work ends
+        self._busy = 0
+        self._by_user: dict[int, int] = {}
+
+    def run(self, user: int, function: Callable) -> asyncio.Future:
+        """``function()`` on a thread of its own, started now, counted for ``user`` until it has returned."""
+        with self._lock:
+            if self._busy >= THREADS:
+                raise Refused(429, "this host's relay is busy: try again in a moment")
+            cap = settings.RELAY_MAX_SESSIONS_PER_USER
+            if self._by_user.get(user, 0) >= cap:
+                raise Refused(429, f"you have {cap} file, terminal and log calls at once on this host: wait for one")
+            self._busy += 1
+            self._by_user[user] = self._by_user.get(user, 0) + 1
+        future = self._executor.submit(function)
+        future.add_done_callback(lambda _: self._done(user))
+        return asyncio.wrap_future(future)
+
+    def _done(self, user: int) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._by_user[user] -= 1
+            if not self._by_user[user]:
+                del self._by_user[user]
+
+
+@dataclass
+class Call:
+    """One admitted request: its ticket, the Docker API, and how to run a blocking call off the event loop."""
+
+    ticket: Ticket
+    api: docker.APIClient
+    threads: Threads
+
+    def run(self, function: Callable, *args, **kwargs) -> asyncio.Future:
+        """``function(*args, **kwargs)`` on the relay's threads, started now; await the result (Refused: 429)."""
+        return self.threads.run(self.ticket.user, functools.partial(function, *args, **kwargs))
+
+
+class Guard:
+    def __init__(self, *, node: str, deployment: str, secret: str):
+        self.node, self.deployment, self.secret = node, deployment, secret
+        self._spent: dict[str, float] = {}  # nonce -> when it may be forgotten (it has expired by then)
+
+    async def admit(self, request, op: Op, *, api: docker.APIClient, threads: Threads) -> Call:
+        ticket = self._ticket(request.headers.get("Authorization", ""), op)
+        call = Call(ticket, api, threads)
+        if op == Op.LOGS:  # the log outlives the container: its files say whose it is
+            meta = await call.run(worklogs.meta_read, ticket.workload)
+            if meta is None:
+                raise Refused(404, f"no log of workload {ticket.workload} on this node")
+            if meta.get("deployment") != self.deployment or meta.get("owner") != ticket.user:
+                raise Refused(403, f"the log of workload {ticket.workload} is not this ticket's")
+            return call
+        labels, running = await call.run(_container_state, api, ticket.container)
+        if labels is None:
+            raise Refused(404, f"no container {ticket.container} on this node")
+        expected = {
+            f"{LABEL}.node": self.node,
+            f"{LABEL}.deployment": self.deployment,
+            f"{LABEL}.workload": str(ticket.workload),
+            f"{LABEL}.owner": str(ticket.user),
+        }
+        if any(labels.get(key) != value for key, value in expected.items()):
+            raise Refused(403, f"{ticket.container} is not a container of this node's for this ticket")
+        if op == Op.VOLUME:
+            if running:
+                raise Refused(409, "the instance runs: its disk is copied only while it is stopped")
+        elif not running:
+            raise Refused(409, "the instance is not running")
+        return call
+
+    def _ticket(self, header: str, op: Op) -> Ticket:
+        scheme, _, token = header.partition(" ")
+        if scheme != "Bearer" or not token:
+            raise Refused(401, "a relay ticket is required (Authorization: Bearer ...)")
+        try:
+            ticket = ticket_open(token, secret=self.secret)
+        except signing.SignatureExpired:
+            raise Refused(401, "the ticket has expired") from None
+        except signing.BadSignature:
+            raise Refused(401, "the ticket is not valid") from None
+        if ticket.op != op:
+            raise Refused(403, f"the ticket is for {ticket.op}, not {op}")
+        if op in (Op.LIST, Op.DOWNLOAD, Op.UPLOAD) and not (
+            ticket.root in FILE_ROOTS
+            and posixpath.normpath(ticket.path) == ticket.path
+            and within(ticket.path, ticket.root)
+        ):
+            raise Refused(403, "the ticket's path is not under its root")
+        now = time.monotonic()
+        self._spent = {nonce: until for nonce, until in self._spent.items() if until > now}
+        if ticket.nonce in self._spent:
+            raise Refused(401, "the ticket was used already")
+        self._spent[ticket.nonce] = now + TICKET_S + 5
+        return ticket
+
+
+STARTED = "relay.started"
+
+
+async def start(request, response):
+    """Prepare ``response`` (its status and headers go out) and note it: a later failure can only cut it short."""
+    await response.prepare(request)
+    request[STARTED] = response
+    return response
+
+
+def _container_state(api: docker.APIClient, name: str) -> tuple[dict | None, bool]:
+    try:
+        attrs = api.inspect_container(name)
+    except docker.errors.NotFound:
+        return None, False
+    return attrs["Config"].get("Labels") or {}, bool(attrs["State"].get("Running"))

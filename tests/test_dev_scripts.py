@@ -1,0 +1,71 @@
+"""The development scripts make Celery's signing keys before any step that sends a signed message.
+
+Creating a user sends one (its file-storage quota, when file storage is on): without the keys it
+fails with ``SerializerNotInstalled: auth`` tracebacks, as ``make cluster`` printed on a fresh clone.
+"""
+
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+SCRIPTS = Path(settings.BASE_DIR) / "config" / "dev"
+
+
+def _shell_function(script: Path, name: str) -> str:
+    match = re.search(rf"^{name}\(\) \{{.*?^\}}$", script.read_text(), re.S | re.M)
+    assert match, f"{script.name} has no function {name}"
+    return match.group(0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cluster_database_step_makes_the_keys_before_the_demo_users_send_messages(tmp_path):
+    """cluster.sh's database_ready, run for real on a fresh key folder with file storage on (db_roles,
+    which makes the cluster's roles, is left out: the machine's PostgreSQL is shared)."""
+    keys, calls = tmp_path / "keys", tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\necho "$*" >>{calls}\ncase "$*" in *db_roles*) exit 0 ;; esac\n'
+        f'exec {settings.BASE_DIR}/.venv/bin/python "$@"\n'
+    )
+    python.chmod(0o755)
+    db = connection.settings_dict
+    owner_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    queue = f"dev-scripts-{uuid.uuid4().hex}"
+    program = "\n".join(
+        [
+            "set -euo pipefail",
+            _shell_function(SCRIPTS / "cluster.sh", "database_ready"),
+            f"owner_url() {{ echo '{owner_url}'; }}",
+            f"PY={python} DB_OWNER=gpucloud WEB_DB_PASSWORD=x DIR={tmp_path}",
+            "database_ready",
+        ]
+    )
+    env = os.environ | {
+        "KEYS_DIR": str(keys),
+        "SHARED_FS_META": "postgres://gpucloud_fs@127.0.0.1:1/meta",  # on: a new user's quota is a message
+        "SCHEDULER_QUEUE": queue,
+    }
+    try:
+        done = subprocess.run(
+            ["bash", "-c", program], cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+        )
+        sent = redis.Redis.from_url(settings.REDIS_URL).llen(queue)
+    finally:
+        redis.Redis.from_url(settings.REDIS_URL).delete(queue)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert calls.read_text().splitlines()[0] == "manage.py make_signing_keys"
+    assert (keys / "celery.key").exists()
+    assert sent == 2  # demo's and admin's quota, signed
+
+
+def test_run_script_makes_the_keys_before_its_first_other_manage_py_step():
+    steps = re.findall(r"^\$PY (?:-m \S+|manage\.py \S+)", (SCRIPTS / "run.sh").read_text(), re.M)
+    assert steps[0] == "$PY manage.py make_signing_keys", steps
