@@ -6,6 +6,7 @@ a Redis restart. The test drives the platform through its HTTP API only, so ever
 published by the cluster's own processes, on the cluster's own Redis.
 """
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -91,6 +92,8 @@ class Cluster:
                 f"{self.logs}/beat-schedule-{self.node_name}",
                 "--without-gossip",
                 "--without-mingle",
+                "--loglevel",
+                "INFO",
             ],
             "agent": [python, "manage.py", "node_agent", "--name", self.node_name],
         }
@@ -200,6 +203,20 @@ class Cluster:
             wait_for(ok, timeout=timeout, what="the cluster to converge")
         except AssertionError:
             raise AssertionError(f"not converged after {timeout}s: {last}") from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows the end of each of its cluster's process logs: what the scheduler, the agent and
+    the web server were doing when the wait ran out (CI keeps no files)."""
+    report = yield
+    c = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and isinstance(c, Cluster):
+        for role in c.processes:
+            path = f"{c.logs}/{c.node_name}-{role}.log"
+            with contextlib.suppress(OSError), open(path, errors="replace") as f:
+                report.sections.append((f"{role} log (last 60 lines)", "".join(f.readlines()[-60:])))
+    return report
 
 
 @pytest.fixture
