@@ -278,6 +278,8 @@ IMAGE_SAVE_DEADLINE_S = env.int("IMAGE_SAVE_DEADLINE_S", default=IMAGE_SAVE_TIME
 IMAGE_DELETE_DEADLINE_S = env.int("IMAGE_DELETE_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
 DISK_GROW_DEADLINE_S = env.int("DISK_GROW_DEADLINE_S", default=DISK_GROW_TIME_LIMIT_S + 60)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's consumer, kept alive through a broker restart (Celery 5.7.0 dies of one: config/celery_consumer.py).
+CELERY_WORKER_CONSUMER = "config.celery_consumer:Consumer"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Signed messages (Celery's "auth" serializer): a task a tenant or anyone else writes into Redis
 # is refused, because it does not carry a signature from a key in the certificate store.
