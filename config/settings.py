@@ -5,6 +5,7 @@ bool); the GPU backend spec is checked by ``scheduler.gpuspec.parse_sim_spec``.
 """
 
 import hashlib
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +18,13 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
 env = environ.Env()
+
+# A command typed in a `make run` checkout (manage.py shell, node drain, ...) with no settings of its own runs
+# as that stack does: config/dev/run.sh writes them to var/run.env (RUN_ENV_FILE names another file). Read only
+# where neither SECRET_KEY nor DEBUG is set: never by tests, production or make run's own processes.
+RUN_ENV_FILE = Path(os.environ.get("RUN_ENV_FILE", VAR_DIR / "run.env"))
+if not {"SECRET_KEY", "DEBUG"} & os.environ.keys() and RUN_ENV_FILE.is_file():
+    environ.Env.read_env(RUN_ENV_FILE)
 
 # Off unless the environment turns it on (make run does); production never runs with it.
 DEBUG = env.bool("DEBUG", default=False)

@@ -4,6 +4,7 @@ Creating a user sends one (its file-storage quota, when file storage is on): wit
 fails with ``SerializerNotInstalled: auth`` tracebacks, as ``make cluster`` printed on a fresh clone.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -69,3 +70,47 @@ def test_cluster_database_step_makes_the_keys_before_the_demo_users_send_message
 def test_run_script_makes_the_keys_before_its_first_other_manage_py_step():
     steps = re.findall(r"^\$PY (?:-m \S+|manage\.py \S+)", (SCRIPTS / "run.sh").read_text(), re.M)
     assert steps[0] == "$PY manage.py make_signing_keys", steps
+
+
+def _settings_seen(env: dict) -> dict:
+    """DEBUG, the database and Redis as a command typed in the checkout sees them."""
+    code = "import json; from django.conf import settings as s; "
+    code += "print(json.dumps([s.DEBUG, str(s.DATABASES['default']['NAME']), s.REDIS_URL, s.GPU_BACKEND]))"
+    done = subprocess.run(
+        [f"{settings.BASE_DIR}/.venv/bin/python", "manage.py", "shell", "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(zip(["DEBUG", "database", "redis", "gpus"], json.loads(done.stdout.splitlines()[-1]), strict=True))
+
+
+def test_a_command_typed_in_a_make_run_checkout_runs_as_make_run_does(tmp_path):
+    """run.sh's write_run_env, run for real, then `manage.py shell` as a user types it (no SECRET_KEY, no DEBUG):
+    it reads make run's settings, not the ones that stop it ("SECRET_KEY must be set ... when DEBUG is off")."""
+    stack = {
+        "RUN_DIR": str(tmp_path),
+        "DEBUG": "true",
+        "DATABASE_URL": f"sqlite:///{tmp_path}/my db.sqlite3",  # a space survives the file
+        "REDIS_URL": "redis://127.0.0.1:6379/9",
+        "GPU_BACKEND": "sim:2xRTX3090",
+    }
+    function = _shell_function(SCRIPTS / "run.sh", "write_run_env")
+    subprocess.run(["bash", "-c", f"{function}\nwrite_run_env"], env={"PATH": os.environ["PATH"]} | stack, check=True)
+    run_env = tmp_path / "run.env"
+    assert run_env.stat().st_mode & 0o077 == 0  # it may hold SECRET_KEY: the owner's only
+    typed = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG", "DATABASE_URL", "REDIS_URL"}}
+    typed |= {"RUN_ENV_FILE": str(run_env)}
+    typed.pop("GPU_BACKEND", None)
+    seen = _settings_seen(typed)
+    assert seen == {
+        "DEBUG": True,
+        "database": f"{tmp_path}/my db.sqlite3",
+        "redis": "redis://127.0.0.1:6379/9",
+        "gpus": "sim:2xRTX3090",
+    }
+    # Tests and production set SECRET_KEY: the file is not theirs to read.
+    assert _settings_seen(typed | {"SECRET_KEY": "k" * 40})["DEBUG"] is False

@@ -17,6 +17,18 @@ export WEBSOCKET_URL=${WEBSOCKET_URL:-ws://127.0.0.1:$WS_PORT}
 export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
 mkdir -p "$LOG_DIR"
 
+# Commands typed in this checkout (manage.py shell, node drain, ...) run as this stack does: settings.py reads
+# var/run.env where a command sets neither SECRET_KEY nor DEBUG. Written once the settings below are known.
+write_run_env() {
+  local file=$RUN_DIR/run.env name
+  (umask 077 && : >"$file")
+  for name in DEBUG SECRET_KEY DATABASE_URL REDIS_URL DEPLOYMENT_ID GPU_BACKEND WEBSOCKET_URL KEYS_DIR \
+    AGENT_STATE_DIR VOLUMES_DIR STATIC_ROOT RELAY_PORT LXCFS_DIR REGISTRY REGISTRY_USERNAME REGISTRY_PASSWORD \
+    SHARED_FS_META SHARED_FS_BUCKET SHARED_FS_MOUNT SHARED_FS_CACHE_DIR; do
+    [ -z "${!name+set}" ] || printf "%s='%s'\n" "$name" "${!name}" >>"$file"
+  done
+}
+
 pids=()
 cleanup() {
   trap - INT TERM EXIT; kill "${pids[@]}" ${builder:-} 2>/dev/null || true; wait 2>/dev/null || true
@@ -50,6 +62,7 @@ if [ -z "${SHARED_FS_META+set}" ]; then
   fi
 fi
 mkdir -p var/sharedfs
+write_run_env
 
 # LXCFS (an instance's `free` and /proc/meminfo show its own limits: agent/hostview.py). A Debian
 # host with systemd runs the lxcfs service; without one it is started here, detached like the JuiceFS mount

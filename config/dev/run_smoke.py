@@ -379,6 +379,17 @@ class Smoke:
         capacity = self.gpu_type["capacity"]
         return f"{gpu_model}: {capacity['cards']} cards on {', '.join(capacity.get('nodes', {}))}"
 
+    def command(self):
+        """`python manage.py node list` typed in the checkout as the README shows it, with no settings of its own:
+        it runs as the stack does, from run.sh's run.env (RUN_ENV_FILE: this stack's, not a developer's var/)."""
+        typed = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TERM")}
+        typed["RUN_ENV_FILE"] = str(self.stack.run_dir / "run.env")
+        argv = [sys.executable, "manage.py", "node", "list"]
+        done = subprocess.run(argv, cwd=ROOT, env=typed, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0 or "run-smoke-node" not in done.stdout:
+            raise StepFailed(f"manage.py node list: exit {done.returncode}: {(done.stderr or done.stdout)[-400:]}")
+        return next(line for line in done.stdout.splitlines() if "run-smoke-node" in line)[:100]
+
     def create(self, gpu_model: str, gpus: str):
         gpu_type = self.gpu_type
         shape = {"gpu_type": gpu_type["id"], "gpus": gpus, "cpu_cores": 1, "memory_gb": 2}
@@ -494,6 +505,7 @@ def main() -> int:
         smoke.step("console", smoke.console)
         smoke.step("image", smoke.image)
         smoke.step("node", lambda: smoke.node(args.gpu))
+        smoke.step("command", smoke.command)
         smoke.step("create", lambda: smoke.create(args.gpu, args.gpus))
         smoke.step("running", smoke.running)
         smoke.step("run 60 s", smoke.run_a_minute)
