@@ -285,6 +285,8 @@ class Workload(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # Who may queue work ahead of everyone else's: superusers, and users or groups an administrator gives it.
+        permissions = [("submit_high_priority", "Can submit work at high priority")]
         indexes = [models.Index(fields=["status", "queued_at"])]
         constraints = [
             models.CheckConstraint(

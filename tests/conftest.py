@@ -205,6 +205,15 @@ def user(django_user_model):
 
 
 @pytest.fixture
+def may_submit_high(user):
+    """``user`` allowed to submit work at high priority, as an administrator allows it."""
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(codename="submit_high_priority"))
+    return user
+
+
+@pytest.fixture
 def outsider(django_user_model):
     return django_user_model.objects.create_user("mallory", password="mallory-pass-123")
 

@@ -23,9 +23,11 @@ from portal.console.shortcuts import or_404
 from portal.services import arrays, work
 from portal.services.housekeeping import job_kept_until, release_due_at
 from portal.services.logs import logs_panel, member_tail
+from portal.services.work import HIGH_PRIORITY_PERMISSION
 from portal.throttles import sign_in_wait
 from scheduler import sharedfs
 from scheduler.errors import InvalidInput, ServiceError
+from scheduler.models import Priority
 
 
 @require_safe
@@ -65,6 +67,9 @@ def _create(request, form_class, template: str, create):
         initial["team"] = request.GET["team"]
     teams = teams_of(request.user)
     form = form_class(request.POST or None, gpu_types=gpu_types, images=images, teams=teams, initial=initial)
+    if "priority" in form.fields and not request.user.has_perm(HIGH_PRIORITY_PERMISSION):
+        priority = form.fields["priority"]  # High is offered to those an administrator allows only
+        priority.choices = [(value, label) for value, label in priority.choices if value != Priority.HIGH]
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
         data["image_id"], data["gpu_type_id"] = data.pop("image"), data.pop("gpu_type")

@@ -90,6 +90,7 @@ def array_create(
         raise InvalidInput(f"one of {', '.join(Fallback.values)}", field="fallback")
     if budget is not None and budget <= 0:
         raise InvalidInput("a budget must be more than 0", field="budget")
+    work.check_priority(owner, priority)
     job = work.job_prepare(
         owner=owner,
         name=name,

@@ -22,7 +22,7 @@ from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import envnames
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput
-from scheduler.models import WHOLE_CARD, WorkloadEvent, WorkloadKind, WorkloadStatus
+from scheduler.models import WHOLE_CARD, Priority, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.policy import SHARE_FRACTIONS
 from scheduler.services import moves
 from scheduler.services import workloads as scheduler
@@ -320,6 +320,7 @@ def job_create(
     )
     if elastic_min is not None or elastic_max is not None:
         job.work.update(elastic_min=elastic_min, elastic_max=elastic_max)
+    check_priority(owner, priority)
     check_payable(owner, job.team)
     with transaction.atomic():
         created = job_submit(
@@ -328,6 +329,20 @@ def job_create(
         if code is not None:
             workload_code_attach(workload=created.workload, archive=code)
         return created
+
+
+HIGH_PRIORITY_PERMISSION = "scheduler.submit_high_priority"
+
+
+def check_priority(owner, priority: int) -> None:
+    """High priority jumps the queue: only for those an administrator allows (superusers, or a user or group
+    holding ``scheduler.submit_high_priority``); normal and low are everyone's."""
+    if priority == Priority.HIGH and not owner.has_perm(HIGH_PRIORITY_PERMISSION):
+        raise InvalidInput(
+            "high priority is for users an administrator allows (permission submit_high_priority); "
+            "use normal or low, or ask an administrator",
+            field="priority",
+        )
 
 
 def job_prepare(

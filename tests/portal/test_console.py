@@ -89,7 +89,7 @@ def job_form(catalog, **overrides):
         "command": "python train.py",
         "cpu_cores": 2,
         "memory_gb": 4,
-        "priority": 0,
+        "priority": 1,
     }
     return {**data, **overrides}
 

@@ -128,7 +128,7 @@ def test_a_job_over_its_maximum_runtime_is_stopped_and_says_so_even_when_the_exi
     assert "maximum runtime of 1 s" in job.workload.status_reason
 
 
-def test_a_preempted_job_resumes_from_its_checkpoint_and_finishes(api, catalog, node_worker, settings):
+def test_a_preempted_job_resumes_from_its_checkpoint_and_finishes(api, catalog, node_worker, settings, may_submit_high):
     settings.PREEMPTION_GRACE_S = 5
     long = submit_job(api, catalog, gpus="2", command=TRAINER)
     wait_status(long.workload, "running")

@@ -109,7 +109,7 @@ def test_an_outsider_and_strangers_get_404(api, outsider_api, catalog, logs_node
     assert client.get(f"/api/v1/jobs/{job.pk}/logs/").status_code in (401, 403)
 
 
-def test_a_preempted_and_resumed_job_shows_one_log_with_markers(api, catalog, logs_node, settings):
+def test_a_preempted_and_resumed_job_shows_one_log_with_markers(api, catalog, logs_node, settings, may_submit_high):
     settings.PREEMPTION_GRACE_S = 5
     long = submit_job(api, catalog, gpus="2", command=TRAINER)
     wait_status(long.workload, "running")

@@ -48,7 +48,7 @@ def create_form_fields(form_class, catalog) -> dict:
     if form_class is InstanceCreateForm:
         return instance
     shared = {name: value for name, value in instance.items() if name in JobCreateForm.base_fields}
-    return shared | {"command": "true", "priority": 0, "max_runtime_s": "", "env": "A=1", "spot": "", "array": ""}
+    return shared | {"command": "true", "priority": 1, "max_runtime_s": "", "env": "A=1", "spot": "", "array": ""}
 
 
 # route -> (extra URL kwargs, a valid submission: each of its fields gets every ODD value in turn)
