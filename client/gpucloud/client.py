@@ -17,6 +17,7 @@ import re
 import socket
 import tarfile
 import time
+import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -34,6 +35,12 @@ KINDS = ("job", "instance")
 NDJSON = {"Accept": "application/x-ndjson, application/json;q=0.9"}  # the logs endpoint's formats
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 CHUNK = 1024 * 1024
+IDEMPOTENCY = "Idempotency-Key"  # a create carrying one is made once, however often it is sent (the server keeps it)
+# Safe to send twice: what HTTP calls idempotent, and a create with its Idempotency-Key.
+RESENDABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# A connection the server closed as it was reused (gunicorn closes an idle keep-alive one after 5 s): the request
+# met a closed socket, no answer came. Sent once more, on a new connection, where sending it twice is safe.
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 RECONNECT_S = (0.5, 1, 2, 5)  # waits between reconnects of a log follow that lost its socket
 
 
@@ -68,12 +75,24 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        url = f"/api/v1/{path.lstrip('/')}"
+        resendable = method in RESENDABLE_METHODS or IDEMPOTENCY in (kwargs.get("headers") or {})
         try:
-            response = self.http.request(method, f"/api/v1/{path.lstrip('/')}", **kwargs)
+            try:
+                response = self.http.request(method, url, **kwargs)
+            except STALE_CONNECTION:
+                if not resendable:
+                    raise  # a create or an action without a key may have been done: say so, do not repeat it
+                response = self.http.request(method, url, **kwargs)
         except httpx.HTTPError as exc:
             raise transport_error(self.url, exc) from exc
         self._check(response)
         return response
+
+    def _create(self, path: str, *, model, **kwargs):
+        """POST a create with an Idempotency-Key of its own: sent again after a stale connection, it makes one."""
+        headers = {IDEMPOTENCY: uuid.uuid4().hex}
+        return self._json("POST", path, headers=headers, model=model, **kwargs)
 
     @staticmethod
     def _check(response: httpx.Response) -> None:
@@ -216,7 +235,7 @@ class Client:
         body |= _given(command=command, env=env or None, spot=spot, priority=priority, max_runtime_s=max_runtime_s)
         if elastic is not None:
             body |= {"elastic_min": elastic[0], "elastic_max": elastic[1]}
-        return self._json("POST", "jobs/", **_with_code(body, upload), model=Job)
+        return self._create("jobs/", **_with_code(body, upload), model=Job)
 
     def cancel_job(self, job_id: int) -> Job:
         return self._json("POST", f"jobs/{job_id}/cancel/", model=Job)
@@ -264,7 +283,7 @@ class Client:
             command=command, array=array, params=params, max_running=max_running, spot=spot, fallback=fallback,
             budget=budget, env=env or None,
         )  # fmt: skip
-        return self._json("POST", "arrays/", **_with_code(body, upload), model=ArrayJob)
+        return self._create("arrays/", **_with_code(body, upload), model=ArrayJob)
 
     def arrays(self) -> list[ArrayJob]:
         return list(self._pages("arrays/", model=ArrayJob))
@@ -303,7 +322,7 @@ class Client:
             image=image, gpu_type=gpu_type, gpus=gpus, memory_gb=memory_gb, cpu_cores=cpu_cores, name=name, team=team
         )
         body |= _given(disk_gb=disk_gb, billing_mode="spot" if spot else None)
-        return self._json("POST", "instances/", json=body, model=Instance)
+        return self._create("instances/", json=body, model=Instance)
 
     def instance_action(self, instance_id: int, action: str) -> Instance:
         """``action``: start, stop, restart, release, start-no-gpu."""
