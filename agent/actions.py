@@ -463,6 +463,8 @@ def agent_register(node_name: str, *, relay_url: str = "") -> Node:
     host_cpus = os.cpu_count() or 1
     host_memory_mb = info.get("MemTotal", 0) // (1024 * 1024)
     overcommit = simulated and settings.NODE_OVERCOMMIT_SIMULATED
+    # A demo host (simulated cards, overcommit on) offers what such cards come with, however small the machine.
+    simulated_cpus = max(host_cpus, settings.SIM_CPUS_PER_CARD * len(gpus)) if overcommit else 0
     return node_register(
         name=node_name,
         hostname=socket.gethostname(),
@@ -470,7 +472,7 @@ def agent_register(node_name: str, *, relay_url: str = "") -> Node:
         relay_url=relay_url,
         # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has
         # (but simulated hosts sharing one development machine may, when told so).
-        cpu_cores=_at_most(settings.NODE_CPUS, host_cpus, "NODE_CPUS", may_exceed=overcommit),
+        cpu_cores=_at_most(settings.NODE_CPUS or simulated_cpus, host_cpus, "NODE_CPUS", may_exceed=overcommit),
         memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB", may_exceed=overcommit),
         gpus=gpus,
         simulated=simulated,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import os
 import tarfile
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from scheduler import envnames, registry, sharedfs
 from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
 from scheduler.services.code import code_check
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_REPOSITORY = "gpucloud-snapshot"
 # What root in a rented container keeps: enough to install packages and run
@@ -190,8 +193,12 @@ def container_spec(
     host_cpus = os.cpu_count() or 1
     cpu_cores, memory_mb = workload.held_cpu_cores, workload.held_memory_mb
     if cpu_cores > host_cpus:
-        # Never quietly give less than was asked (and billed): Docker would cap the quota at the host.
-        raise InvalidInput(f"asks for {cpu_cores} CPU cores; this host has {host_cpus}", field="cpu_cores")
+        if not (node.simulated and settings.NODE_OVERCOMMIT_SIMULATED):
+            # Never quietly give less than was asked (and billed): Docker would cap the quota at the host.
+            raise InvalidInput(f"asks for {cpu_cores} CPU cores; this host has {host_cpus}", field="cpu_cores")
+        # A demo host that says it oversubscribes the machine (simulated cards, NODE_OVERCOMMIT_SIMULATED).
+        log.info("%s asks for %s CPU cores; this simulated host oversubscribes its %s", workload, cpu_cores, host_cpus)
+        cpu_cores = host_cpus
     spec = dict(
         image=workload.image_ref,
         command=workload.command or settings.INSTANCE_IDLE_COMMAND,

@@ -393,6 +393,9 @@ NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memor
 # Development only: several simulated hosts share one machine (config/dev/cluster.sh), so a host
 # with simulated cards may advertise NODE_CPUS / NODE_MEMORY_MB above what the machine has.
 NODE_OVERCOMMIT_SIMULATED = env.bool("NODE_OVERCOMMIT_SIMULATED", default=False)
+# Such a host without NODE_CPUS offers its simulated cards' usual cores (a rate card's default cpus_per_card each),
+# so that a demo on a 2-core machine fills its cards (make run); a container's quota is then capped at the host.
+SIM_CPUS_PER_CARD = env.int("SIM_CPUS_PER_CARD", default=8)
 # The address the control plane and the other GPU hosts reach this host at (its LAN address).
 NODE_ADDRESS = env.str("NODE_ADDRESS", default="127.0.0.1")
 NODE_HEARTBEAT_S = env.int("NODE_HEARTBEAT_S", default=5)

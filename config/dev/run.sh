@@ -15,6 +15,9 @@ RUN_DIR=${RUN_DIR:-var}
 LOG_DIR=$RUN_DIR/log
 export WEBSOCKET_URL=${WEBSOCKET_URL:-ws://127.0.0.1:$WS_PORT}
 export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
+# With simulated cards (no NVIDIA GPU here) the node offers the cores such cards come with, more than a small
+# machine has, so that the demo can fill its cards; it says so in its first line (agent/actions.py).
+export NODE_OVERCOMMIT_SIMULATED=${NODE_OVERCOMMIT_SIMULATED:-true}
 mkdir -p "$LOG_DIR"
 
 # Commands typed in this checkout (manage.py shell, node drain, ...) run as this stack does: settings.py reads
@@ -22,7 +25,8 @@ mkdir -p "$LOG_DIR"
 write_run_env() {
   local file=$RUN_DIR/run.env name
   (umask 077 && : >"$file")
-  for name in DEBUG SECRET_KEY DATABASE_URL REDIS_URL DEPLOYMENT_ID GPU_BACKEND WEBSOCKET_URL KEYS_DIR \
+  for name in DEBUG SECRET_KEY DATABASE_URL REDIS_URL DEPLOYMENT_ID GPU_BACKEND WEBSOCKET_URL KEYS_DIR NODE_CPUS \
+    NODE_OVERCOMMIT_SIMULATED \
     AGENT_STATE_DIR VOLUMES_DIR STATIC_ROOT RELAY_PORT LXCFS_DIR REGISTRY REGISTRY_USERNAME REGISTRY_PASSWORD \
     SHARED_FS_META SHARED_FS_BUCKET SHARED_FS_MOUNT SHARED_FS_CACHE_DIR; do
     [ -z "${!name+set}" ] || printf "%s='%s'\n" "$name" "${!name}" >>"$file"

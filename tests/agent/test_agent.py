@@ -43,8 +43,11 @@ def test_simulated_hosts_sharing_a_machine_may_advertise_more_than_it_has_when_t
     assert (node.cpu_cores, node.memory_mb) == (settings.NODE_CPUS, settings.NODE_MEMORY_MB)
     settings.NODE_CPUS = settings.NODE_MEMORY_MB = 0
     node = agent_register("test-shared-machine")
-    assert node.cpu_cores == os.cpu_count()
+    # Unset, it offers what its one simulated card comes with (make run's demo on a 2-core machine).
+    assert node.cpu_cores == max(os.cpu_count(), settings.SIM_CPUS_PER_CARD)
     assert node.memory_mb == launcher.docker_client().info()["MemTotal"] // (1024 * 1024)
+    settings.NODE_OVERCOMMIT_SIMULATED = False
+    assert agent_register("test-shared-machine").cpu_cores == os.cpu_count()
 
 
 def test_work_asking_more_cores_than_the_host_has_fails_to_start_instead_of_being_capped(user, base_image):
@@ -59,6 +62,23 @@ def test_work_asking_more_cores_than_the_host_has_fails_to_start_instead_of_bein
         assert w.status == WorkloadStatus.FAILED
         assert f"asks for {cores} CPU cores" in w.status_reason
         assert launcher.containers_on_node(node.name) == {}
+    finally:
+        remove_node_containers(node.name)
+
+
+def test_on_a_demo_host_that_oversubscribes_the_machine_more_cores_run_capped_at_it(user, base_image, settings):
+    settings.NODE_OVERCOMMIT_SIMULATED = True  # make run's simulated node
+    node = make_node("sim:1xRTX3090", cpu_cores=1024)
+    card = node.gpus.get()
+    host = os.cpu_count() or 1
+    w = workload(user, cpu=host + 2, image_ref=base_image)
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+    try:
+        agent_launch(w.pk)
+        w.refresh_from_db()
+        assert w.status == WorkloadStatus.RUNNING, w.status_reason
+        container = launcher.docker_client().containers.get(w.container_name)
+        assert container.attrs["HostConfig"]["NanoCpus"] == host * 10**9
     finally:
         remove_node_containers(node.name)
 

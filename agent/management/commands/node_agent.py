@@ -100,7 +100,11 @@ class Command(BaseCommand):
             raise CommandError(f"the tenant network fence could not be installed: {exc}") from exc
         kind = "SIMULATED" if node.simulated else "NVML"
         cards = ", ".join(f"{g.index}:{g.model}" for g in node.gpus.all())
-        self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {node.cpu_cores} CPUs, queue {node.queue}")
+        host_cpus = os.cpu_count() or 1
+        cpus = f"{node.cpu_cores} CPUs" + (
+            f" (oversubscribing this machine's {host_cpus}: simulated cards)" if node.cpu_cores > host_cpus else ""
+        )
+        self.stdout.write(f"node {node.name}: {kind} GPUs [{cards}], {cpus}, queue {node.queue}")
         self.stdout.write(f"relay at {node.relay_url}")
         where = settings.SHARED_FS_PATH
         if shared:
