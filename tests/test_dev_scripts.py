@@ -114,3 +114,41 @@ def test_a_command_typed_in_a_make_run_checkout_runs_as_make_run_does(tmp_path):
     }
     # Tests and production set SECRET_KEY: the file is not theirs to read.
     assert _settings_seen(typed | {"SECRET_KEY": "k" * 40})["DEBUG"] is False
+
+
+def _pg_paths(cluster_dir: Path, prefix: str) -> tuple[str, str]:
+    function = _shell_function(SCRIPTS / "cluster.sh", "pg_paths")
+    script = f'set -euo pipefail\nDIR="$1" LOG="$1/log" PREFIX="$2"\n{function}\npg_paths\n'
+    script += 'echo "$PG_DATA"; echo "$PG_LOG"'
+    done = subprocess.run(
+        ["bash", "-c", script, "pg_paths", str(cluster_dir), prefix], capture_output=True, text=True, check=True
+    )
+    data, log = done.stdout.split()
+    return data, log
+
+
+def test_make_cluster_keeps_postgresql_where_the_postgres_user_can_reach_it(tmp_path):
+    """A checkout under /root (mode 700) or in a `mktemp -d` folder: initdb ran as postgres and could not enter
+    var/cluster (issue 32 §6). cluster.sh's pg_paths puts the data elsewhere then, and initdb succeeds there."""
+    import shutil
+    import tempfile
+
+    private = tmp_path / "home"  # as /root: only its owner enters
+    private.mkdir(mode=0o700)
+    prefix = f"t{uuid.uuid4().hex[:6]}"
+    data, log = _pg_paths(private / "checkout" / "var" / "cluster", prefix)
+    assert data.startswith(f"/var/lib/gpucloud-cluster/{prefix}-") and log == f"{Path(data).parent}/postgres.log"
+    try:
+        subprocess.run(["install", "-d", "-o", "postgres", "-g", "postgres", "-m", "700", data], check=True)
+        initdb = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))[-1]
+        subprocess.run(["runuser", "-u", "postgres", "--", str(initdb), "-D", data], capture_output=True, check=True)
+        assert (Path(data) / "PG_VERSION").exists()
+    finally:
+        shutil.rmtree(Path(data).parent)
+    # A checkout postgres can enter keeps it in the cluster's own folder, as before.
+    shared = Path(tempfile.mkdtemp())
+    try:
+        shared.chmod(0o755)
+        assert _pg_paths(shared / "cluster", prefix) == (f"{shared}/cluster/pg", f"{shared}/cluster/log/postgres.log")
+    finally:
+        shutil.rmtree(shared)

@@ -190,20 +190,35 @@ bridge_up() {
 
 PG_BIN=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -1)
 
+# PostgreSQL runs as the postgres user, which cannot enter a checkout under /root (mode 700) or a `mktemp -d`
+# folder: there its data and log live under /var/lib/gpucloud-cluster instead, in a folder named after this
+# cluster's own. Sets PG_DATA and PG_LOG.
+pg_paths() {
+  local home=$DIR
+  if ! { id postgres >/dev/null 2>&1 && mkdir -p "$DIR" && runuser -u postgres -- test -x "$DIR"; }; then
+    home=/var/lib/gpucloud-cluster/$PREFIX-$(printf %s "$DIR" | sha1sum | cut -c1-12)
+    mkdir -p "$home" && chmod 755 /var/lib/gpucloud-cluster "$home"
+  fi
+  PG_DATA=$home/pg
+  if [ "$home" = "$DIR" ]; then PG_LOG=$LOG/postgres.log; else PG_LOG=$home/postgres.log; fi
+}
+
 postgres_up() {
   [ -n "$PG_BIN" ] || { need psql postgresql; PG_BIN=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -1); }
   install -d -o postgres -g postgres -m 700 "$RUN/pg"
-  touch "$LOG/postgres.log" && chown postgres "$LOG/postgres.log"
-  if [ ! -s "$DIR/pg/PG_VERSION" ]; then
-    install -d -o postgres -g postgres -m 700 "$DIR/pg"
+  pg_paths
+  [ "$PG_DATA" = "$DIR/pg" ] || say "PostgreSQL keeps its data in $PG_DATA (the postgres user cannot enter $DIR)"
+  touch "$PG_LOG" && chown postgres "$PG_LOG"
+  if [ ! -s "$PG_DATA/PG_VERSION" ]; then
+    install -d -o postgres -g postgres -m 700 "$PG_DATA"
     printf '%s\n' "$PG_PASSWORD" >"$RUN/pg/pw" && chown postgres "$RUN/pg/pw"
-    runuser -u postgres -- "$PG_BIN/initdb" -D "$DIR/pg" -U postgres --pwfile="$RUN/pg/pw" \
-      --auth-local=peer --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >>"$LOG/postgres.log"
+    runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --pwfile="$RUN/pg/pw" \
+      --auth-local=peer --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >>"$PG_LOG"
     rm -f "$RUN/pg/pw"
-    echo "host all all $LAN scram-sha-256" >>"$DIR/pg/pg_hba.conf"
+    echo "host all all $LAN scram-sha-256" >>"$PG_DATA/pg_hba.conf"
   fi
   # Only on the bridge (the machine's own PostgreSQL keeps 127.0.0.1:5432), its socket in $RUN.
-  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$DIR/pg" -l "$LOG/postgres.log" -w -t 60 start -o \
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start -o \
     "-c listen_addresses=$CP -c port=5432 -c unix_socket_directories=$RUN/pg -c max_connections=300" >/dev/null
   if [ -z "$(psql_admin "SELECT 1 FROM pg_roles WHERE rolname = '$DB_OWNER'")" ]; then
     psql_admin "CREATE ROLE $DB_OWNER LOGIN CREATEROLE PASSWORD '$PG_PASSWORD'"
@@ -448,8 +463,9 @@ down() {
   stop_process registry 10
   rm -rf "/etc/docker/certs.d/$REGISTRY"
   stop_process redis 10
-  if [ -n "$PG_BIN" ] && [ -s "$DIR/pg/postmaster.pid" ]; then
-    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$DIR/pg" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+  pg_paths
+  if [ -n "$PG_BIN" ] && [ -s "$PG_DATA/postmaster.pid" ]; then
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 60 stop >/dev/null 2>&1 || true
   fi
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$RUN"
@@ -462,7 +478,8 @@ status() {
     if pid=$(pid_of "$name"); then state="running (pid $pid)"; else state="stopped"; fi
     printf '  %-10s %s\n' "$name" "$state"
   done
-  if [ -n "$PG_BIN" ] && runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$DIR/pg" status >/dev/null 2>&1; then
+  pg_paths
+  if [ -n "$PG_BIN" ] && runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
     printf '  %-10s %s\n' postgres "running"
   else
     printf '  %-10s %s\n' postgres "stopped"
@@ -546,6 +563,7 @@ case $command in
     down
     if [ "${1:-}" = --purge ]; then
       [ ! -d "$DIR" ] || find "$DIR" -mindepth 1 -maxdepth 1 ! -name log -exec rm -rf {} +
+      pg_paths && [ "$PG_DATA" = "$DIR/pg" ] || rm -rf "${PG_DATA:?}"
       say "stopped; state deleted (logs kept in $LOG/)"
     else
       say "stopped (state kept in $DIR; down --purge deletes it)"
