@@ -21,23 +21,21 @@ def limits(seconds: int) -> dict:
 
 @shared_task(name=ToNode.LAUNCH, **NODE_TASK)
 def agent_launch(workload_id: int, node_name: str | None = None):
-    """``node_name``: this agent's node (a gang's member there); older messages have none."""
+    """``node_name``: the node of the gang's member to launch; a single-node launch has none (this agent's)."""
     actions.agent_launch(workload_id, node_name)
 
 
 @shared_task(name=ToNode.LAUNCH_MANY, ignore_result=True, bind=True)
-def agent_launch_many(self, launches: dict[str, list[int]] | list[int], node_name: str | None = None):
+def agent_launch_many(self, launches: dict[str, list[int]]):
     """The tick's launches: ``launches`` names them for several nodes (one signed body, a copy on each
     node's queue, ``config.messages.send_to_nodes``) and this node launches its part, known by the queue
-    the message came on. Older messages: (this node's ids, its name).
+    the message came on.
 
     The first is launched here and now, each of the others becomes its own launch task (so they run
     side by side on the agent's threads). A launch lost with this task is sent again by the control
     plane's reconciliation (LAUNCH_RESEND_S)."""
-    if node_name is None:
-        node_name = queue_node(self.request.delivery_info["routing_key"])
-        launches = launches.get(node_name, [])
-    first, *others = launches or [None]
+    node_name = queue_node(self.request.delivery_info["routing_key"])
+    first, *others = launches.get(node_name) or [None]
     for workload_id in others:
         send(ToNode.LAUNCH, workload_id, node_name, node=node_name)
     if first is not None:
@@ -75,7 +73,7 @@ def agent_image_commit(workload_id: int, ref: str, reply_to: str, reply_id: int)
 # Within the launch's own deadline (TRANSITION_DEADLINE_S): the default limit.
 @shared_task(name=ToNode.IMAGE_PULL, **NODE_TASK)
 def agent_image_pull(workload_id: int, node_name: str | None = None):
-    """``node_name``: this host (a gang's member there); older messages have none."""
+    """``node_name``: the node of the gang's member to pull for; a single-node pull has none (this host's)."""
     actions.agent_image_pull(workload_id, node_name)
 
 

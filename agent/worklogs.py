@@ -53,14 +53,6 @@ def cursor(run: int, seq: int) -> str:
     return f"{run:06d}.{seq:012d}"
 
 
-def cursor_parse(text: str) -> tuple[int, int] | None:
-    """(run, seq) of a cursor, None if ``text`` is not one."""
-    run, dot, seq = text.partition(".")
-    if not (dot and run.isdigit() and seq.isdigit() and len(run) <= 6 and len(seq) <= 12):
-        return None
-    return int(run), int(seq)
-
-
 def seq_of(line: bytes) -> int:
     """The sequence number of a stored line."""
     return int(line[_N_AT][7:])
@@ -562,11 +554,3 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime
     except FileNotFoundError:
         return float("inf")  # gone already: nothing to purge
-
-
-def read_all(workload_id: int, run: int) -> Iterator[dict]:
-    """Every stored line of a run, decoded (tests and benchmarks)."""
-    reader = RunReader(workload_id, run)
-    while not reader.caught_up:
-        for line in reader.more():
-            yield json.loads(line)

@@ -28,6 +28,7 @@ Ends with one JSON line.
 
 import argparse
 import io
+import json
 import os
 import secrets
 import statistics
@@ -50,6 +51,16 @@ NEIGHBOUR = (
     'head -c 1048576 /dev/zero | sha256sum > /dev/null; i=$((i+1)); echo "hash $i"; done; echo $i > /tmp/count'
 )
 MB = 1024 * 1024
+
+
+def stored_lines(workload_id: int, run: int):
+    """Every stored line of a run, decoded, as the relay reads them (worklogs.RunReader)."""
+    from agent import worklogs
+
+    reader = worklogs.RunReader(workload_id, run)
+    while not reader.caught_up:
+        for line in reader.more():
+            yield json.loads(line)
 
 
 def setup(workdir: Path) -> None:
@@ -160,7 +171,7 @@ def phase(client, ids, seconds: int, *, flood: bool, busy: bool = False) -> dict
         result["collector_cpu_s"] = time.process_time() - cpu
         printed = count_in(flooder)
         folder = worklogs.workload_dir(flood_id)
-        markers = sum(1 for line in worklogs.read_all(flood_id, 1) if line["stream"] == "system")
+        markers = sum(1 for line in stored_lines(flood_id, 1) if line["stream"] == "system")
         result |= {
             "printed": printed,
             "kept": state.kept_bytes,

@@ -77,7 +77,3 @@ def profile_save(profile: Profile, *, make_default: bool = False) -> Path:
         out.write("\n".join(lines))
     os.chmod(path, 0o600)  # an older file may have had wider bits
     return path
-
-
-def profile_names() -> list[str]:
-    return sorted((_read(config_path()).get("profiles") or {}).keys())

@@ -1,8 +1,9 @@
 """One place that shapes errors for the API.
 
-Service errors become 400 ``{"<field>": ["message"], "detail": "message"}``,
-404 ``{"detail": ...}`` or 409 ``{"detail": ...}``; DRF's own errors keep its shape, and a body
-that is not JSON names ``body`` as the field at fault.
+Service errors (``scheduler.errors``) answer with their own status: 400 ``{"<field>": ["message"],
+"detail": "message"}``, and 402, 403, 404, 409 or 429 ``{"detail": ...}`` (with the field too where
+one is at fault); DRF's own errors keep its shape, and a body that is not JSON names ``body`` as the
+field at fault.
 """
 
 from rest_framework.exceptions import ParseError
