@@ -86,6 +86,7 @@ class Ticket:
     tail: int = 0
     since: str = ""
     follow: bool = False
+    ended: bool = False  # list, download: a job that has ended (its container stopped, kept until it is released)
     nonce: str = field(default_factory=lambda: secrets.token_urlsafe(12))
 
 

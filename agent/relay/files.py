@@ -12,11 +12,18 @@ relay thread reading it, running. A download streams Docker's archive of the fil
 unpacked on the fly, with its length up front; an upload streams the request
 body into Docker's archive API inside a tar made on the fly. Transfers are
 limited to FILE_TRANSFER_MAX_MB (the server puts the time limits on every handler).
+
+A job that has ended has no container left, but its disk (``JOB_CHECKPOINT_PATH``)
+stays on its host until it is released: a listing or a download of it runs in a
+helper (``ended_helper``), a container of the job's image given that disk read-only,
+with no network, no capabilities, a few processes and little memory, removed when
+the call ends (and by Docker itself soon after, should the agent stop first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -29,9 +36,11 @@ import docker
 from aiohttp import web
 from django.conf import settings
 
-from agent.relay.guard import Call, start
+from agent.labels import LABEL
+from agent.relay.guard import Call, EndedJob, Refused, start
 from agent.relay.paths import resolve
 from agent.relay.streams import CHUNK, ThreadChunks, file_from_tar, loop_chunks, tar_of_one_file
+from config.relay import within
 from scheduler.errors import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -48,11 +57,16 @@ def _max_bytes() -> int:
 
 
 async def listing(request: web.Request, call: Call) -> web.StreamResponse:
+    async with _reading(call) as container:
+        return await _listing(request, call, container)
+
+
+async def _listing(request: web.Request, call: Call, container: str) -> web.StreamResponse:
     ticket = call.ticket
-    folder = await call.run(resolve, call.api, ticket.container, ticket.path, ticket.root)
+    folder = await call.run(resolve, call.api, container, ticket.path, ticket.root)
     if not folder.is_dir:
         raise InvalidInput(f"{ticket.path} is not a folder", field="path")
-    lines, find = ThreadChunks(), _Find(call.api, ticket.container, folder.path)
+    lines, find = ThreadChunks(), _Find(call.api, container, folder.path)
     call.run(lines.produce, find.lines())
     try:
         response = await start(request, web.StreamResponse(headers={"Content-Type": "application/x-ndjson"}))
@@ -77,6 +91,57 @@ async def listing(request: web.Request, call: Call) -> web.StreamResponse:
         lines.close()
         find.stop()
     return response
+
+
+@contextlib.asynccontextmanager
+async def _reading(call: Call):
+    """The container a file call reads: the ticket's, or for an ended job a helper with its disk, removed after."""
+    if call.ended is None:
+        yield call.ticket.container
+        return
+    if not within(call.ticket.path, settings.JOB_CHECKPOINT_PATH):
+        raise InvalidInput(
+            f"once a job has ended only its disk, {settings.JOB_CHECKPOINT_PATH}, is left on its host", field="path"
+        )
+    helper = await call.run(ended_helper, call.api, call.ended)
+    try:
+        yield helper
+    finally:
+        with contextlib.suppress(Refused):  # the user's relay threads are all busy: it ends by itself
+            call.run(helper_remove, call.api, helper)
+
+
+def ended_helper(api, ended: EndedJob) -> str:
+    """A running container of the ended job's image with its disk read-only where it was (its id)."""
+    host_config = api.create_host_config(
+        binds={ended.volume: {"bind": settings.JOB_CHECKPOINT_PATH, "mode": "ro"}},
+        network_mode="none",
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        pids_limit=32,
+        mem_limit="64m",
+        nano_cpus=250_000_000,
+        auto_remove=True,  # gone by itself once its sleep ends, should the agent stop before it removes it
+    )
+    try:
+        created = api.create_container(
+            ended.image,
+            entrypoint=["sleep", str(settings.RELAY_TRANSFER_TIMEOUT_S + 60)],  # past any call's limit
+            host_config=host_config,
+            labels={f"{LABEL}.files-helper": ended.volume},
+        )
+    except docker.errors.ImageNotFound:
+        raise Refused(409, f"the job's image {ended.image} is no longer on its host to read its disk with") from None
+    api.start(created["Id"])
+    return created["Id"]
+
+
+def helper_remove(api, helper: str) -> None:
+    try:
+        api.remove_container(helper, force=True)
+    except docker.errors.APIError as exc:  # removed already (auto_remove), or being removed
+        log.debug("files helper %s: %s", helper, exc)
 
 
 class _Find:
@@ -160,14 +225,19 @@ def exec_kill(api, exec_id: str) -> None:
 
 
 async def download(request: web.Request, call: Call) -> web.StreamResponse:
+    async with _reading(call) as container:
+        return await _download(request, call, container)
+
+
+async def _download(request: web.Request, call: Call, container: str) -> web.StreamResponse:
     ticket = call.ticket
-    found = await call.run(resolve, call.api, ticket.container, ticket.path, ticket.root)
+    found = await call.run(resolve, call.api, container, ticket.path, ticket.root)
     if not found.is_file:
         raise InvalidInput(f"{ticket.path} is not a file (pack folders first)", field="path")
     if found.size > _max_bytes():
         raise InvalidInput(f"download a file of at most {settings.FILE_TRANSFER_MAX_MB} MB", field="path")
     chunks = ThreadChunks()
-    call.run(chunks.produce, _file_chunks(call.api, ticket.container, found.path))
+    call.run(chunks.produce, _file_chunks(call.api, container, found.path))
     try:
         member = await anext(chunks)  # before the answer starts: a refusal is still a 400
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(member.size)}

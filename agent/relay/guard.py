@@ -83,6 +83,7 @@ class Call:
     ticket: Ticket
     api: docker.APIClient
     threads: Threads
+    ended: EndedJob | None = None  # a ticket for an ended job's files: what is left of it here
 
     def run(self, function: Callable, *args, **kwargs) -> asyncio.Future:
         """``function(*args, **kwargs)`` on the relay's threads, started now; await the result (Refused: 429)."""
@@ -103,6 +104,11 @@ class Guard:
                 raise Refused(404, f"no log of workload {ticket.workload} on this node")
             if meta.get("deployment") != self.deployment or meta.get("owner") != ticket.user:
                 raise Refused(403, f"the log of workload {ticket.workload} is not this ticket's")
+            return call
+        if ticket.ended:  # a job's files after it ended: its container is gone, its disk stays until released
+            if op not in (Op.LIST, Op.DOWNLOAD):
+                raise Refused(403, "an ended job's files can be listed and downloaded, nothing more")
+            call.ended = await call.run(ended_job, api, ticket, self.node, self.deployment)
             return call
         labels, running = await call.run(_container_state, api, ticket.container)
         if labels is None:
@@ -156,6 +162,41 @@ async def start(request, response):
     await response.prepare(request)
     request[STARTED] = response
     return response
+
+
+@dataclass(frozen=True)
+class EndedJob:
+    volume: str  # its disk, mounted at JOB_CHECKPOINT_PATH while it ran
+    image: str  # the image it ran (on this host since)
+
+
+def ended_job(api: docker.APIClient, ticket: Ticket, node: str, deployment: str) -> EndedJob:
+    """The ticket's job if it has ended on this node and is its owner's, with its disk here; Refused if not."""
+    from django.db import connection
+
+    from scheduler.models import Workload, WorkloadKind, WorkloadStatus
+
+    try:
+        workload = (
+            Workload.objects.filter(pk=ticket.workload, kind=WorkloadKind.JOB, node__name=node)
+            .only("uid", "owner_id", "status", "image_ref")
+            .first()
+        )
+    finally:
+        connection.close()  # the relay's threads hold no connection between calls
+    ended = (WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.STOPPED)
+    if workload is None or workload.owner_id != ticket.user:
+        raise Refused(404, f"no job {ticket.workload} of this ticket's owner on this node")
+    if workload.status not in ended:
+        raise Refused(409, f"the job is {workload.status}: ask for its files again")
+    try:
+        labels = api.inspect_volume(workload.volume_name).get("Labels") or {}
+    except docker.errors.NotFound:
+        raise Refused(404, "the job's disk is not on this node") from None
+    expected = {f"{LABEL}.node": node, f"{LABEL}.deployment": deployment, f"{LABEL}.uid": workload.uid}
+    if any(labels.get(key) != value for key, value in expected.items()):
+        raise Refused(403, f"{workload.volume_name} is not this node's disk of job {ticket.workload}")
+    return EndedJob(volume=workload.volume_name, image=workload.image_ref)
 
 
 def _container_state(api: docker.APIClient, name: str) -> tuple[dict | None, bool]:

@@ -3,7 +3,8 @@
 The same operations as the console's files pages (``portal/services/files.py``: the relay,
 the roots under /root, the size cap, the session slots), for scripts and the CLI's
 ``cp``. Only the owner may (staff too get 404: it is a look inside someone's
-container); a job only while it runs (409 otherwise, as for a stopped instance).
+container); a job while it runs, and once it has ended, until it is released, its disk (JOB_CHECKPOINT_PATH)
+to list and download (the agent's relay reads it through a helper; 409 for an upload then).
 
     GET  …/files/?path=DIR                    {"path", "entries": [{name, path, dir, link, size}], "truncated"}
     GET  …/files/download/?path=FILE          the bytes (Content-Length, Content-Disposition)

@@ -25,7 +25,7 @@ from django.db import transaction
 
 from config import messages
 from config.clients import redis_client
-from config.relay import Op, Ticket, relay_base, ticket_sign
+from config.relay import Op, Ticket, relay_base, ticket_sign, within
 from scheduler.errors import Conflict, InvalidInput, ServiceError, TooMany
 from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
 
@@ -36,15 +36,28 @@ LEASE_S = 60  # a session slot not renewed for this long is free again
 RENEW_S = LEASE_S / 3
 
 
+# A job that has ended keeps its stopped container and its disk until it is released: its files can be read.
+ENDED_JOB = (WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.STOPPED)
+
+
 def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, dict]:
     """(URL, headers) of one relay call for ``workload``'s container; Conflict if it cannot be made now."""
+    ended = False
     if workload.status != WorkloadStatus.RUNNING:
-        raise Conflict(not_running(workload))
+        if not (op in (Op.LIST, Op.DOWNLOAD) and workload.kind == WorkloadKind.JOB and workload.status in ENDED_JOB):
+            raise Conflict(not_running(workload))
+        ended = True
+        if not within(params.get("path", ""), settings.JOB_CHECKPOINT_PATH):
+            raise InvalidInput(
+                f"once a job has ended only its disk, {settings.JOB_CHECKPOINT_PATH}, is left on its host (until "
+                "it is released); keep what you need afterwards in /root/autodl-fs",
+                field="path",
+            )
     node = workload.node
     if node is None or not node.relay_url:
         raise Conflict("the instance's host has no relay registered: its node agent must be restarted")
     base = relay_base_of(node)
-    ticket = Ticket(op=op, container=workload.container_name, workload=workload.pk, user=user.pk, **params)
+    ticket = Ticket(op=op, container=workload.container_name, workload=workload.pk, user=user.pk, ended=ended, **params)
     token = ticket_sign(ticket, secret=settings.RELAY_SECRET)
     return f"{base}/v1/{op}", {"Authorization": f"Bearer {token}"}
 
@@ -76,10 +89,15 @@ def not_running(workload: Workload) -> str:
     if workload.kind == WorkloadKind.JOB:
         if status in (WorkloadStatus.QUEUED, WorkloadStatus.STARTING):
             return f"a job's terminal and files can be reached while it runs; this one is {status}"
+        if status not in ENDED_JOB:
+            return (
+                f"this job is {status}: its container and disks are gone with it. Keep what you need in "
+                "/root/autodl-fs, your file storage, which every job and instance you run mounts"
+            )
         return (
-            f"a job's terminal and files can be reached while it runs; this one has ended ({status}). "
-            "Keep what you need afterwards in /root/autodl-fs, your file storage, which every job and "
-            "instance you run mounts"
+            f"a job's terminal and uploads work while it runs; this one has ended ({status}). Its files can "
+            "still be listed and downloaded until it is released; keep what you need afterwards in "
+            "/root/autodl-fs, your file storage, which every job and instance you run mounts"
         )
     hint = ": start it (with or without a GPU)" if status == WorkloadStatus.STOPPED else ""
     return f"an instance's terminal and files can be reached while it runs; this one is {status}{hint}"

@@ -126,6 +126,16 @@ def test_a_missing_container_is_404_and_a_stopped_one_409(workload, node_relay, 
     assert call(node_relay.url, Op.LIST, signed(listing(workload), settings)).status_code == 409
 
 
+def test_an_ended_jobs_ticket_reads_an_ended_job_of_its_owner_only(workload, node_relay, settings):
+    """A ticket for an ended job's disk (``ended``) names a job of its owner that has ended on this node: not an
+    instance, not another owner's, and only to list or download (tests/portal/test_ended_job_files.py reads one)."""
+    ticket = listing(workload, ended=True, root="/root", path="/root/checkpoints")
+    not_a_job = call(node_relay.url, Op.LIST, signed(ticket, settings))
+    assert not_a_job.status_code == 404 and "no job" in not_a_job.json()["detail"]
+    upload = dataclasses.replace(ticket, op=Op.UPLOAD, name="x", size=1, nonce="another")
+    assert call(node_relay.url, Op.UPLOAD, signed(upload, settings), method="PUT").status_code == 403
+
+
 @pytest.mark.parametrize("form", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
 def test_a_file_is_unpacked_from_a_tar_stream_cut_anywhere(form):
     body = bytes(range(256)) * 4099

@@ -101,12 +101,13 @@ def test_the_files_of_a_job_are_its_owners_and_only_while_it_runs(api, outsider_
     assert upload.status_code == 400 and "name" in upload.data
 
 
-def test_the_files_of_an_ended_job_are_refused_saying_where_results_belong(api, catalog, sim_node):
+def test_an_upload_into_an_ended_job_is_refused_saying_where_results_belong(api, catalog, sim_node):
     from scheduler.models import Workload, WorkloadStatus
 
     job_id = submit(api, catalog, archive({"run.sh": b"echo hi\n"})).data["id"]
     Workload.objects.filter(job__pk=job_id).update(status=WorkloadStatus.SUCCEEDED)
-    refused = api.get(f"/api/v1/jobs/{job_id}/files/download/?path=/root/checkpoints/model.pt")
+    path = f"/api/v1/jobs/{job_id}/files/upload/?path=/root/checkpoints&name=x"
+    refused = api.put(path, b"x", content_type="application/octet-stream")
     assert refused.status_code == 409, refused
     assert "has ended (succeeded)" in refused.data["detail"] and "/root/autodl-fs" in refused.data["detail"]
 
