@@ -133,7 +133,13 @@ def ended_helper(api, ended: EndedJob) -> str:
         )
     except docker.errors.ImageNotFound:
         raise Refused(409, f"the job's image {ended.image} is no longer on its host to read its disk with") from None
-    api.start(created["Id"])
+    try:
+        api.start(created["Id"])
+    except docker.errors.APIError as exc:  # an image without sleep, say
+        helper_remove(api, created["Id"])
+        raise Refused(
+            409, f"the job's image {ended.image} cannot run a helper to read its disk: {exc.explanation}"
+        ) from None
     return created["Id"]
 
 
