@@ -44,29 +44,26 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from scheduler.policy.cluster import NO_CLASS, WHOLE_CARD, ClusterState, joinable
+from scheduler.policy.cluster import WHOLE_CARD, ClusterState
 from scheduler.policy.mlfq import MlfqConfig, Work, level_of
 from scheduler.policy.placement import (
     Choice,
+    NodeRow,
+    Part,
     Request,
     TaskType,
     _eligible,
     _relevant_cards,
     choose_gang,
     choose_parts,
+    fits_after,
     gang_plan,
+    give_parts,
     is_gang,
+    largest_fit,
+    take_parts,
 )
 from scheduler.policy.shortage import host_shortage
-
-
-@dataclass
-class Part:
-    """One member of a placement: its node row, card columns and the GPU memory taken on each card."""
-
-    node: int
-    cards: list[int]
-    memory_mb: list[int]
 
 
 @dataclass
@@ -319,7 +316,7 @@ def decide(
     elastic = [w for w in running if w.elastic_min is not None and not w.stopping]
     head_blocked = False
     no_victims: set[tuple] = set()  # (shape, level, preemptible) that found no one to evict this tick
-    fits_after: dict[tuple, bool] = {}  # shape -> fits once the work being evicted has left
+    fits_once_freed: dict[tuple, bool] = {}  # shape -> fits once the work being evicted has left
     reservations: list[_Reservation] = []
     placed_elastic: list[tuple[Place, Work]] = []
 
@@ -336,7 +333,7 @@ def decide(
         return ~np.logical_or.reduce([reservations[i].nodes for i in binding]), tuple(binding)
 
     def place(work: Work, request: Request, choices: list[Choice]) -> None:
-        parts = _take_parts(cluster, request, choices)
+        parts = take_parts(cluster, request, choices)
         placed = Place(work.id, parts[0].node, parts[0].cards, parts[0].memory_mb, parts[1:])
         out.place.append(placed)
         if work.elastic_min is not None:
@@ -376,16 +373,16 @@ def decide(
             reason = blocked[key]
             shape = _shape(r)
             search = (shape, level, work.preemptible)
-            if freeing and shape not in fits_after:
-                fits_after[shape] = _fits_after(cluster, r, freeing, strategy)
-            if freeing and fits_after[shape]:
+            if freeing and shape not in fits_once_freed:
+                fits_once_freed[shape] = fits_after(cluster, r, freeing, strategy)
+            if freeing and fits_once_freed[shape]:
                 reason = "waiting for preempted work to stop"
             else:
                 lent = [w for w in elastic if _may_shrink(work, w)]
                 shrunk = _shrink_for(cluster, work, r, lent, now, config, strategy, out, allowed)
                 if shrunk:
                     blocked.clear()
-                    fits_after.clear()
+                    fits_once_freed.clear()
                     choices = choose_parts(cluster, r, strategy, mix=mix, rng=rng, allowed=allowed)
                     if choices is not None:
                         place(work, r, choices)
@@ -399,7 +396,7 @@ def decide(
                     if not chosen:
                         no_victims.add(search)
                     if chosen:
-                        fits_after.clear()
+                        fits_once_freed.clear()
                         for victim in chosen:
                             victim.stopping = True
                             victims.remove(victim)
@@ -552,18 +549,6 @@ def _over_quota(work, held, team_held, quotas) -> str:
     return ""
 
 
-def _give_parts(cluster: ClusterState, request: Request, parts) -> None:
-    for node, cards in parts:
-        cluster.give(node, cards, request.gpu_milli, request.cpu, request.memory_mb)
-
-
-def _take_parts(cluster: ClusterState, request: Request, choices: list[Choice]) -> list[Part]:
-    return [
-        Part(c.node, c.cards, cluster.take(c.node, c.cards, request.gpu_milli, request.cpu, request.memory_mb))
-        for c in choices
-    ]
-
-
 def _trim(parts: list[tuple[int, list[int]]], count: int) -> tuple[list, list, int]:
     """Keep the first ``count`` cards (rank 0's first): (kept parts, dropped cards per node, members dropped)."""
     kept, dropped, members_dropped = [], [], 0
@@ -643,7 +628,7 @@ def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, c
         current = [(p.node, p.cards) for p in place.parts]
         if reserved is not None and any(reserved[node] for node, _ in current):
             continue
-        parts = _largest_fit(cluster, request, current, work.elastic_max, strategy, allowed)
+        parts = largest_fit(cluster, request, current, work.elastic_max, strategy, allowed)
         if parts is not None:
             place.node, place.cards, place.memory_mb = parts[0].node, parts[0].cards, parts[0].memory_mb
             place.rest = parts[1:]
@@ -653,91 +638,10 @@ def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, c
         if reserved is not None and any(reserved[node] for node, _ in work.parts):
             continue
         old = work.request.gpu_count
-        parts = _largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
+        parts = largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
         if parts is not None:
             count = sum(len(p.cards) for p in parts)
             _apply_resize(work, parts, now, f"grown from {old} to {count} cards into idle capacity", out)
-
-
-def _largest_fit(cluster, request: Request, parts, most: int, strategy: str, allowed=None) -> list[Part] | None:
-    """Re-place work holding ``parts`` at the largest size up to ``most`` that fits; None if it cannot grow."""
-    scratch = cluster.copy()
-    _give_parts(scratch, request, parts)
-
-    def fits(count):
-        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy, allowed=allowed)
-
-    low, high, best = request.gpu_count, most, None
-    while low < high:  # the largest count that fits, above the current one (fitting is monotone in the count)
-        mid = (low + high + 1) // 2
-        choices = fits(mid)
-        if choices is not None:
-            low, best = mid, (mid, choices)
-        else:
-            high = mid - 1
-    if best is None:
-        return None
-    _give_parts(cluster, request, parts)
-    return _take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
-
-
-def _row_fits(cluster: ClusterState, node: int, free, card_mem, card_class, cpu: int, mem: int, request) -> bool:
-    """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, card_class, cpu, mem)?"""
-    if cpu < request.cpu or mem < request.memory_mb:
-        return False
-    cards = cluster.exists[node] & (free >= request.gpu_milli)
-    cards &= card_mem >= cluster.card_mem_total[node] * request.gpu_milli // WHOLE_CARD
-    cards &= joinable(card_class, request.gpu_milli, cluster.one_size_per_card)
-    if request.gpu_model is not None:
-        cards &= cluster.model[node] == cluster.model_code(request.gpu_model)
-    return int(cards.sum()) >= max(request.gpu_count, 1 if request.gpu_milli else 0)
-
-
-class _NodeRow:
-    """One node's free capacity, to try evictions on without copying the cluster."""
-
-    def __init__(self, cluster: ClusterState, node: int):
-        self.cluster, self.node = cluster, node
-        self.free = cluster.free[node].copy()
-        self.card_mem = cluster.card_mem_free[node].copy()
-        self.card_class = cluster.card_class[node].copy()
-        self.cpu = int(cluster.cpu_free[node])
-        self.mem = int(cluster.mem_free[node])
-
-    def give(self, work: Work) -> None:
-        """Give back the work's part on this node (a gang's other parts are on other rows); a card it
-        empties takes any share size again."""
-        r = work.request
-        for node, cards in work.parts:
-            if node != self.node:
-                continue
-            for card in cards:
-                self.free[card] += r.gpu_milli
-                self.card_mem[card] += self.cluster.memory_for(self.node, card, r.gpu_milli)
-                if self.free[card] >= WHOLE_CARD:
-                    self.card_class[card] = NO_CLASS
-            self.cpu += r.cpu
-            self.mem += r.memory_mb
-
-    def fits(self, request) -> bool:
-        return _row_fits(
-            self.cluster, self.node, self.free, self.card_mem, self.card_class, self.cpu, self.mem, request
-        )
-
-
-def _fits_after(cluster: ClusterState, request, leaving: list[Work], strategy: str = "bestfit") -> bool:
-    """Would the request fit once the given running work has left (every part of it)?"""
-    if is_gang(cluster, request):
-        scratch = cluster.copy()
-        for work in leaving:
-            _give_parts(scratch, work.request, work.parts)
-        return choose_gang(scratch, request) is not None
-    by_node: dict[int, _NodeRow] = {}
-    for work in leaving:
-        for node, _ in work.parts:
-            by_node.setdefault(node, _NodeRow(cluster, node)).give(work)
-    pinned = cluster.node_index.get(request.pinned_node) if request.pinned_node is not None else None
-    return any(row.fits(request) for node, row in by_node.items() if pinned is None or node == pinned)
 
 
 def _victim_order(victim: Work, run_levels: dict):
@@ -787,7 +691,7 @@ def _choose_victims(cluster, request: Request, allowed: dict, run_levels: dict) 
     for node, candidates in allowed.items():
         if pinned is not None and node != pinned_row:
             continue
-        row = _NodeRow(cluster, node)
+        row = NodeRow(cluster, node)
         chosen = []
         for victim in candidates:
             row.give(victim)
@@ -825,6 +729,6 @@ def _choose_gang_victims(cluster, request: Request, allowed: dict) -> list[Work]
             if int((relevant[node] & (scratch.free[node] == WHOLE_CARD)).sum()) >= count:
                 break
             if victim not in chosen:
-                _give_parts(scratch, victim.request, victim.parts)
+                give_parts(scratch, victim.request, victim.parts)
                 chosen.append(victim)
     return chosen if choose_gang(scratch, request) is not None else []

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from scheduler.policy.cluster import WHOLE_CARD, ClusterState
+from scheduler.policy.cluster import NO_CLASS, WHOLE_CARD, ClusterState, joinable
+
+if TYPE_CHECKING:
+    from scheduler.policy.mlfq import Work
 
 STRATEGIES = ("fgd", "bestfit", "firstfit", "random")
 DEDUPE_ABOVE = 64  # candidate sets larger than this are scored once per distinct state
@@ -503,3 +506,106 @@ def _fgd_delta_whole(cluster, request, nodes, relevant, mix: _MixArrays) -> np.n
     )
     growth = _growth((total, fragsum, whole, usable, cpu, mem), after, mix)
     return growth if distinct is None else growth[distinct[1]]
+
+
+# --- what fits where: capacity given and taken, fits after evictions, the largest size that fits ---
+
+
+@dataclass
+class Part:
+    """One member of a placement: its node row, card columns and the GPU memory taken on each card."""
+
+    node: int
+    cards: list[int]
+    memory_mb: list[int]
+
+
+def give_parts(cluster: ClusterState, request: Request, parts) -> None:
+    for node, cards in parts:
+        cluster.give(node, cards, request.gpu_milli, request.cpu, request.memory_mb)
+
+
+def take_parts(cluster: ClusterState, request: Request, choices: list[Choice]) -> list[Part]:
+    return [
+        Part(c.node, c.cards, cluster.take(c.node, c.cards, request.gpu_milli, request.cpu, request.memory_mb))
+        for c in choices
+    ]
+
+
+def largest_fit(cluster, request: Request, parts, most: int, strategy: str, allowed=None) -> list[Part] | None:
+    """Re-place work holding ``parts`` at the largest size up to ``most`` that fits; None if it cannot grow."""
+    scratch = cluster.copy()
+    give_parts(scratch, request, parts)
+
+    def fits(count):
+        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy, allowed=allowed)
+
+    low, high, best = request.gpu_count, most, None
+    while low < high:  # the largest count that fits, above the current one (fitting is monotone in the count)
+        mid = (low + high + 1) // 2
+        choices = fits(mid)
+        if choices is not None:
+            low, best = mid, (mid, choices)
+        else:
+            high = mid - 1
+    if best is None:
+        return None
+    give_parts(cluster, request, parts)
+    return take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
+
+
+def row_fits(cluster: ClusterState, node: int, free, card_mem, card_class, cpu: int, mem: int, request) -> bool:
+    """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, card_class, cpu, mem)?"""
+    if cpu < request.cpu or mem < request.memory_mb:
+        return False
+    cards = cluster.exists[node] & (free >= request.gpu_milli)
+    cards &= card_mem >= cluster.card_mem_total[node] * request.gpu_milli // WHOLE_CARD
+    cards &= joinable(card_class, request.gpu_milli, cluster.one_size_per_card)
+    if request.gpu_model is not None:
+        cards &= cluster.model[node] == cluster.model_code(request.gpu_model)
+    return int(cards.sum()) >= max(request.gpu_count, 1 if request.gpu_milli else 0)
+
+
+class NodeRow:
+    """One node's free capacity, to try evictions on without copying the cluster."""
+
+    def __init__(self, cluster: ClusterState, node: int):
+        self.cluster, self.node = cluster, node
+        self.free = cluster.free[node].copy()
+        self.card_mem = cluster.card_mem_free[node].copy()
+        self.card_class = cluster.card_class[node].copy()
+        self.cpu = int(cluster.cpu_free[node])
+        self.mem = int(cluster.mem_free[node])
+
+    def give(self, work: Work) -> None:
+        """Give back the work's part on this node (a gang's other parts are on other rows); a card it
+        empties takes any share size again."""
+        r = work.request
+        for node, cards in work.parts:
+            if node != self.node:
+                continue
+            for card in cards:
+                self.free[card] += r.gpu_milli
+                self.card_mem[card] += self.cluster.memory_for(self.node, card, r.gpu_milli)
+                if self.free[card] >= WHOLE_CARD:
+                    self.card_class[card] = NO_CLASS
+            self.cpu += r.cpu
+            self.mem += r.memory_mb
+
+    def fits(self, request) -> bool:
+        return row_fits(self.cluster, self.node, self.free, self.card_mem, self.card_class, self.cpu, self.mem, request)
+
+
+def fits_after(cluster: ClusterState, request, leaving: list[Work], strategy: str = "bestfit") -> bool:
+    """Would the request fit once the given running work has left (every part of it)?"""
+    if is_gang(cluster, request):
+        scratch = cluster.copy()
+        for work in leaving:
+            give_parts(scratch, work.request, work.parts)
+        return choose_gang(scratch, request) is not None
+    by_node: dict[int, NodeRow] = {}
+    for work in leaving:
+        for node, _ in work.parts:
+            by_node.setdefault(node, NodeRow(cluster, node)).give(work)
+    pinned = cluster.node_index.get(request.pinned_node) if request.pinned_node is not None else None
+    return any(row.fits(request) for node, row in by_node.items() if pinned is None or node == pinned)

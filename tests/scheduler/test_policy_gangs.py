@@ -16,7 +16,8 @@ from scheduler.policy import (
     decide,
     is_gang,
 )
-from scheduler.policy.decide import DISCIPLINES, _fits_after
+from scheduler.policy.decide import DISCIPLINES
+from scheduler.policy.placement import fits_after
 
 CONFIG = MlfqConfig(thresholds=(100.0, 1000.0), starvation_s=10**6, reserve_after_s=600.0, resize_interval_s=300.0)
 
@@ -140,8 +141,8 @@ def test_a_gang_that_does_not_fit_holds_nothing_and_says_why():
 def test_a_leaving_gang_gives_back_every_part():
     c = ClusterState([node("a", free=0), node("b", free=0)])
     gang = running(9, [(0, list(range(8))), (1, list(range(8)))])
-    assert _fits_after(c, Request(1, "A100", 8), [gang])
-    assert _fits_after(c, Request(2, "A100", 16), [gang])
+    assert fits_after(c, Request(1, "A100", 8), [gang])
+    assert fits_after(c, Request(2, "A100", 16), [gang])
 
 
 def test_a_gang_evicts_lower_queue_work_on_several_nodes_all_at_once():
