@@ -90,3 +90,53 @@ def test_the_rule_sees_an_import_of_the_agent(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("def f():\n    from agent.launcher import docker_client\n")
     assert _imports(planted) == ["agent.launcher"]
+
+
+WRITES = {"create", "update", "bulk_create", "bulk_update", "delete", "get_or_create", "update_or_create"}
+
+
+def _scheduler_table_writes(path: Path) -> list[str]:
+    """``<scheduler model>.objects....<write>(...)`` calls, and writes through ``type(x).objects``."""
+    tree = ast.parse(path.read_text())
+    models = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "scheduler.models"
+        for alias in node.names
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITES):
+            continue
+        chain = node.func.value
+        while isinstance(chain, (ast.Call, ast.Attribute)):
+            if isinstance(chain, ast.Attribute) and chain.attr == "objects":
+                owner = chain.value
+                if (isinstance(owner, ast.Name) and owner.id in models) or (
+                    isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "type"
+                ):
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)[:80]}")
+                break
+            chain = chain.func if isinstance(chain, ast.Call) else chain.value
+    return found
+
+
+def test_the_portal_writes_the_schedulers_tables_through_its_services_only():
+    """Groups, disks and events of work are the scheduler's: the portal asks scheduler.services (issue 32 §5)."""
+    root = Path(settings.BASE_DIR) / "portal"
+    offenders = [
+        w
+        for path in sorted(root.rglob("*.py"))
+        if "migrations" not in path.parts
+        for w in _scheduler_table_writes(path)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_write_rule_sees_a_write(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from scheduler.models import WorkloadEvent as E\n"
+        "def f(i):\n    E.objects.create(reason='x')\n    type(i.workload).objects.filter(pk=1).update(disk_gb=2)\n"
+    )
+    assert len(_scheduler_table_writes(planted)) == 2

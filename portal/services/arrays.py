@@ -26,7 +26,7 @@ from portal.models import ArrayStatus, Fallback, Job, JobArray
 from portal.services import work
 from portal.services.array_spec import task_env, tasks_of
 from scheduler.errors import Conflict, InvalidInput, TooMany
-from scheduler.models import Workload, WorkloadGroup, WorkloadStatus
+from scheduler.models import Workload, WorkloadStatus
 from scheduler.services import workloads as scheduler
 from scheduler.services.code import array_code_attach
 
@@ -114,11 +114,11 @@ def array_create(
     card = rate_card_now(job.gpu_type.name)
     falls_back = fallback == Fallback.ON_DEMAND
     with transaction.atomic():
-        group = WorkloadGroup.objects.create(
+        group = scheduler.group_create(
             name=name,
             max_running=limit or max_running,
-            spot_fallback_after=max_preemptions if falls_back else None,
-            spot_fallback_at=deadline if falls_back else None,
+            fallback_after=max_preemptions if falls_back else None,
+            fallback_at=deadline if falls_back else None,
         )
         created = JobArray.objects.create(
             owner=owner,
@@ -135,7 +135,7 @@ def array_create(
             currency=card.currency if card else job.gpu_type.currency,
             group=group,
         )
-        WorkloadGroup.objects.filter(pk=group.pk).update(name=f"array {created.pk}: {name}"[:128])
+        scheduler.group_rename(group, f"array {created.pk}: {name}")
         submitted = []
         for task in tasks:
             suffix = f"[{task.index}]"

@@ -22,11 +22,12 @@ from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import envnames
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput
-from scheduler.models import WHOLE_CARD, Priority, WorkloadEvent, WorkloadKind, WorkloadStatus
+from scheduler.models import WHOLE_CARD, Priority, WorkloadKind, WorkloadStatus
 from scheduler.policy import SHARE_FRACTIONS
 from scheduler.services import moves
 from scheduler.services import workloads as scheduler
 from scheduler.services.code import workload_code_attach
+from scheduler.services.lifecycle import workload_note
 
 # The scheduler names resources its own way; users see these field names.
 FIELD_NAMES = {
@@ -447,7 +448,7 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
 
 def _disk_recorded(instance: Instance, disk_gb: int) -> None:
     Instance.objects.filter(pk=instance.pk).update(disk_gb=disk_gb, disk_growing_to=None, disk_growing_since=None)
-    type(instance.workload).objects.filter(pk=instance.workload_id).update(disk_gb=disk_gb)
+    scheduler.workload_disk_set(instance.workload_id, disk_gb)
     instance.refresh_from_db()
 
 
@@ -463,10 +464,7 @@ def disk_grown(instance_id: int, disk_gb: int, error: str) -> None:
         else:
             _disk_recorded(instance, disk_gb)
             reason = f"data disk grown to {disk_gb} GB"
-        status = instance.workload.status
-        WorkloadEvent.objects.create(
-            workload_id=instance.workload_id, from_status=status, to_status=status, reason=reason[:255]
-        )
+        workload_note(instance.workload_id, reason)
 
 
 def disks_overdue() -> list[int]:

@@ -117,3 +117,10 @@ def allocations_free(workload_id: int, *, node_id: int | None = None) -> None:
         allocated_memory_mb=F("allocated_memory_mb") - workload.held_memory_mb,
     )
     Allocation.objects.filter(workload_id=workload_id).delete()
+
+
+def workload_note(workload_id: int, reason: str) -> None:
+    """Record something that happened to the work without changing its status (an event from and to it)."""
+    status = Workload.objects.filter(pk=workload_id).values_list("status", flat=True).first()
+    if status is not None:
+        WorkloadEvent.objects.create(workload_id=workload_id, from_status=status, to_status=status, reason=reason[:255])

@@ -320,3 +320,20 @@ def workload_preempt(workload: Workload, *, reason: str) -> bool:
         return False
     send_after_commit(ToNode.STOP, workload.pk, node=workload.node.name)
     return True
+
+
+def group_create(*, name: str, max_running: int | None, fallback_after: int | None, fallback_at) -> WorkloadGroup:
+    """A group the scheduler runs its members under (an array or a sweep): at most ``max_running`` at once; spot
+    members fall back to on-demand after ``fallback_after`` preemptions or at ``fallback_at``."""
+    return WorkloadGroup.objects.create(
+        name=name[:128], max_running=max_running, spot_fallback_after=fallback_after, spot_fallback_at=fallback_at
+    )
+
+
+def group_rename(group: WorkloadGroup, name: str) -> None:
+    WorkloadGroup.objects.filter(pk=group.pk).update(name=name[:128])
+
+
+def workload_disk_set(workload_id: int, disk_gb: int) -> None:
+    """The size its data disk has now (its node grew it, or it has never run): storage is charged on it."""
+    Workload.objects.filter(pk=workload_id).update(disk_gb=disk_gb)
