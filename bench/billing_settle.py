@@ -193,7 +193,8 @@ def main():
     setup()
     populate(args.segments, args.max_hours, args.history)
     from billing.ledger import ledger_check
-    from billing.settlement import pending_segments, settle
+    from billing.selectors import pending_segments
+    from billing.settlement import settle
 
     started = time.perf_counter()
     done = settle(now=START + timedelta(days=8))

@@ -23,8 +23,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import RateCard, SpotPrice
-from billing.rating import CENT, Shape, hourly_price
-from billing.settlement import pending_segments, rate_of
+from billing.rating import CENT, Shape, hourly_price, rate_of
+from billing.selectors import pending_segments
 from scheduler.models import WHOLE_CARD, Gpu, NodeStatus
 
 SPOT_PRICE_RETENTION_DAYS = 62  # a month's statements and right-sizing's window look back over them

@@ -286,3 +286,35 @@ def _line(pricer: Pricer, period: int, lo: int, hi: int, extra_s: float) -> Line
         rate_id=first_rate.id,
         pieces=pieces,
     )
+
+
+# --- the rating's inputs from the database's rows (a RateCard, a MeterSegment with its workload) ---
+
+
+def rate_of(card) -> Rate:
+    """A RateCard row as the rating reads it."""
+    return Rate(
+        card.pk,
+        card.effective_from,
+        card.card_hour,
+        card.cpus_per_card,
+        card.memory_gb_per_card,
+        card.cpu_core_hour,
+        card.memory_gb_hour,
+        card.no_gpu_hour,
+        card.spot_ceiling,
+    )
+
+
+def shape_of(segment) -> Shape:
+    """What a segment's work holds (``segment.workload`` loaded); no_gpu and spot are the segment's own."""
+    workload = segment.workload
+    return Shape(
+        gpu_model=workload.gpu_model,
+        cards=segment.cards or workload.gpu_count,  # older segments recorded no size of their own
+        milli=workload.gpu_milli,
+        cpu_cores=workload.cpu_cores,
+        memory_mb=workload.memory_mb,
+        spot=segment.spot,
+        no_gpu=segment.no_gpu,
+    )

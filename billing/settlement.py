@@ -27,13 +27,14 @@ from functools import partial
 from itertools import islice
 
 from django.db import DatabaseError, IntegrityError, connection, connections, transaction
-from django.db.models import BigIntegerField, F, Func, Max, Min, Q
+from django.db.models import BigIntegerField, F, Func, Min
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.ledger import payer_for, platform_account
-from billing.models import Account, AccountKind, MeterSegment, Posting, PostingKind, RateCard, SpotPrice
-from billing.rating import Line, Pricer, Rate, Shape, Timeline, lines_between, micros, moment
+from billing.models import Account, AccountKind, MeterSegment, Posting, PostingKind
+from billing.rating import Line, Pricer, Shape, Timeline, lines_between, micros, moment
+from billing.selectors import pending_segments, timeline_for, timelines
 from config.memory import collector_paused
 from scheduler.models import WorkloadStatus, card_share
 
@@ -47,59 +48,6 @@ class Settled:
     segments: int = 0
     postings: int = 0
     amount: Decimal = Decimal("0.00")
-
-
-def rate_of(card: RateCard) -> Rate:
-    return Rate(
-        card.pk,
-        card.effective_from,
-        card.card_hour,
-        card.cpus_per_card,
-        card.memory_gb_per_card,
-        card.cpu_core_hour,
-        card.memory_gb_hour,
-        card.no_gpu_hour,
-        card.spot_ceiling,
-    )
-
-
-def timelines(since=None) -> dict[str, Timeline]:
-    """Per GPU type (and "" for the default card): its rate cards and spot prices.
-
-    With ``since``, only the spot prices that can be in force from then on (from the earliest of
-    those in force at ``since``): a price recomputed every few minutes makes a long history.
-    """
-    rates: dict[str, list[Rate]] = defaultdict(list)
-    for card in RateCard.objects.all():
-        rates[card.gpu_model].append(rate_of(card))
-    prices = SpotPrice.objects.all()
-    if since is not None:
-        in_force = SpotPrice.objects.filter(effective_from__lte=since).values("gpu_model")
-        in_force = in_force.annotate(t=Max("effective_from")).values_list("t", flat=True)
-        prices = prices.filter(effective_from__gte=min(in_force, default=since))
-    spots: dict[str, list] = defaultdict(list)
-    for model, t, price in prices.values_list("gpu_model", "effective_from", "card_hour"):
-        spots[model].append((t, price))
-    return {model: Timeline(list(r), spots.get(model, [])) for model, r in rates.items()}
-
-
-def timeline_for(lines: dict[str, Timeline], gpu_model: str) -> Timeline | None:
-    """The GPU type's own rates, else the default card's (None when neither exists)."""
-    return lines.get(gpu_model) or lines.get("")
-
-
-def shape_of(segment) -> Shape:
-    """What a segment's work holds (``segment.workload`` loaded); no_gpu and spot are the segment's own."""
-    workload = segment.workload
-    return Shape(
-        gpu_model=workload.gpu_model,
-        cards=segment.cards or workload.gpu_count,  # older segments recorded no size of their own
-        milli=workload.gpu_milli,
-        cpu_cores=workload.cpu_cores,
-        memory_mb=workload.memory_mb,
-        spot=segment.spot,
-        no_gpu=segment.no_gpu,
-    )
 
 
 def segment_assign(workload_id: int) -> int:
@@ -121,15 +69,6 @@ def segment_assign(workload_id: int) -> int:
     account = payer_for(owner_id=workload.owner_id, team_slug=workload.team)
     unassigned = MeterSegment.objects.filter(pk=segment.pk, account__isnull=True)
     return unassigned.update(account=account, rate_card_id=rate_id)
-
-
-def pending_segments():
-    """Segments with time not yet charged: closed ones short of their end, open ones of running work."""
-    return MeterSegment.objects.filter(
-        Q(ended_at__isnull=False, settled_until__isnull=True)
-        | Q(ended_at__isnull=False, settled_until__lt=F("ended_at"))
-        | Q(ended_at__isnull=True, workload__status=WorkloadStatus.RUNNING)
-    )
 
 
 def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH) -> Settled:

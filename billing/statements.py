@@ -195,7 +195,7 @@ def statement_csv(lines: list[StatementLine], currency: str) -> str:
 def cost_so_far(workload_ids: list[int], now=None) -> dict[int, Decimal]:
     """Per workload: what it has been charged, plus its usage not yet settled."""
     from billing.enforcement import unsettled_by_workload
-    from billing.settlement import pending_segments
+    from billing.selectors import pending_segments
 
     charged = dict(
         Posting.objects.filter(kind=PostingKind.USAGE, segment__workload__in=workload_ids)

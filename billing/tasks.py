@@ -6,7 +6,7 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from billing import enforcement, prices, settlement, storage
+from billing import enforcement, prices, selectors, settlement, storage
 from billing.ledger import ledger_check
 from billing.metering import meter_reconcile as reconcile
 from config.messages import ToScheduler
@@ -26,7 +26,7 @@ def settle_usage(workload_id: int | None = None):
     """Hourly for everything pending; at each stop for that workload's segments."""
     segments = None
     if workload_id is not None:
-        segments = list(settlement.pending_segments().filter(workload_id=workload_id).values_list("pk", flat=True))
+        segments = list(selectors.pending_segments().filter(workload_id=workload_id).values_list("pk", flat=True))
     done = settlement.settle(segment_ids=segments)
     if done.postings:
         log.info("settled %s segments: %s postings, %s", done.segments, done.postings, done.amount)

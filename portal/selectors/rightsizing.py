@@ -44,8 +44,7 @@ from django.utils import timezone
 
 from billing.enforcement import month_start
 from billing.models import MeterSegment, RateCard, SpotPrice
-from billing.rating import Shape, Timeline, charge_lines
-from billing.settlement import rate_of, shape_of
+from billing.rating import Shape, Timeline, charge_lines, rate_of, shape_of
 from scheduler.models import WorkloadGpuMinute
 from scheduler.policy.cluster import WHOLE_CARD, round_up_share
 
@@ -146,7 +145,7 @@ def saving_this_month(workload, gpus: Decimal, *, now: datetime) -> Decimal:
 
 
 def _timeline(gpu_model: str, start: datetime) -> Timeline | None:
-    """``billing.settlement.timeline_for`` for one GPU type, with only the spot prices in force since ``start``."""
+    """``billing.selectors.timeline_for`` for one GPU type, with only the spot prices in force since ``start``."""
     cards = list(RateCard.objects.filter(gpu_model=gpu_model)) or list(RateCard.objects.filter(gpu_model=""))
     if not cards:
         return None

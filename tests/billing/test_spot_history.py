@@ -12,7 +12,7 @@ from billing.enforcement import standing
 from billing.ledger import user_account
 from billing.models import MeterSegment, RateCard, SpotPrice
 from billing.prices import spot_prune, spot_recompute
-from billing.settlement import timelines
+from billing.selectors import timelines
 from scheduler.models import WorkloadStatus
 from tests.scheduler.factories import workload
 
