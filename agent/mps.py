@@ -58,7 +58,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WHOLE_CARD = 1000
+from scheduler.policy.cluster import WHOLE_CARD  # Django-free, as this module is (bench/gpu_check.py)
+
 CLIENT_PIPE_PATH = "/tmp/nvidia-mps"  # where a client looks with no variable: the container's view goes there
 EXCLUSIVE, DEFAULT = "EXCLUSIVE_PROCESS", "DEFAULT"
 START_S = 10.0  # how long a started daemon has to answer on its pipe

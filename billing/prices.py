@@ -25,7 +25,8 @@ from django.utils import timezone
 from billing.models import RateCard, SpotPrice
 from billing.rating import CENT, Shape, hourly_price, rate_of
 from billing.selectors import pending_segments
-from scheduler.models import WHOLE_CARD, Gpu, NodeStatus
+from scheduler.models import Gpu, NodeStatus
+from scheduler.policy.cluster import WHOLE_CARD
 
 SPOT_PRICE_RETENTION_DAYS = 62  # a month's statements and right-sizing's window look back over them
 

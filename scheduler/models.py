@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from config.messages import node_queue
-from scheduler.policy import WHOLE_CARD
+from scheduler.policy.cluster import WHOLE_CARD
 
 
 def new_uid() -> str:

@@ -5,8 +5,9 @@ from collections import Counter
 from django.conf import settings
 from django.db.models import Avg, Count, FloatField, Func, Prefetch, Q
 
-from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus, Workload, WorkloadGpuMinute, WorkloadStatus
+from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadGpuMinute, WorkloadStatus
 from scheduler.policy import CardSpec, NodeSpec
+from scheduler.policy.cluster import WHOLE_CARD
 
 
 def cluster_capacity() -> list[NodeSpec]:

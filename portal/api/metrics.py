@@ -33,7 +33,8 @@ from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from scheduler.models import WHOLE_CARD, Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.telemetry import streams
 from scheduler.telemetry.documents import NO_READING
 

@@ -22,8 +22,9 @@ from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import envnames
 from scheduler.clock import db_now
 from scheduler.errors import Conflict, InvalidInput
-from scheduler.models import WHOLE_CARD, Priority, WorkloadKind, WorkloadStatus
+from scheduler.models import Priority, WorkloadKind, WorkloadStatus
 from scheduler.policy import SHARE_FRACTIONS
+from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.services import moves
 from scheduler.services import workloads as scheduler
 from scheduler.services.code import workload_code_attach

@@ -25,7 +25,8 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from scheduler.models import WHOLE_CARD, Allocation, Gpu, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
+from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
+from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.services.bulk import rows_update
 from scheduler.services.lifecycle import transitions_recorded
 
