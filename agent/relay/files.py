@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -56,12 +57,19 @@ def _max_bytes() -> int:
     return settings.FILE_TRANSFER_MAX_MB * 1024 * 1024
 
 
-async def listing(request: web.Request, call: Call) -> web.StreamResponse:
-    async with _reading(call) as container:
-        return await _listing(request, call, container)
+def _in_the_container_read(handler):
+    """``handler(request, call, container)`` as a relay handler: the container the call reads (``_reading``)."""
+
+    @functools.wraps(handler)
+    async def serve(request: web.Request, call: Call) -> web.StreamResponse:
+        async with _reading(call) as container:
+            return await handler(request, call, container)
+
+    return serve
 
 
-async def _listing(request: web.Request, call: Call, container: str) -> web.StreamResponse:
+@_in_the_container_read
+async def listing(request: web.Request, call: Call, container: str) -> web.StreamResponse:
     ticket = call.ticket
     folder = await call.run(resolve, call.api, container, ticket.path, ticket.root)
     if not folder.is_dir:
@@ -230,12 +238,8 @@ def exec_kill(api, exec_id: str) -> None:
         os.close(pidfd)
 
 
-async def download(request: web.Request, call: Call) -> web.StreamResponse:
-    async with _reading(call) as container:
-        return await _download(request, call, container)
-
-
-async def _download(request: web.Request, call: Call, container: str) -> web.StreamResponse:
+@_in_the_container_read
+async def download(request: web.Request, call: Call, container: str) -> web.StreamResponse:
     ticket = call.ticket
     found = await call.run(resolve, call.api, container, ticket.path, ticket.root)
     if not found.is_file:
