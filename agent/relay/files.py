@@ -31,6 +31,7 @@ import os
 import posixpath
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import docker
@@ -50,6 +51,7 @@ LIST_LINE_MAX_BYTES = 8192  # an entry is "<kind>|<size>|./<name>", a name at mo
 LIST_MAX_BYTES = 8 * 1024 * 1024  # LIST_MAX_ENTRIES entries are at most about 1.5 MB
 IDLE_S = 60  # the longest wait for the next chunk of an upload
 LIST_SCRIPT = 'cd -- "$1" && exec find . -mindepth 1 -maxdepth 1 -exec stat -c "%F|%s|%n" -- {} +'
+EXEC_PID_WAIT_S = 5
 KINDS = {"directory": "dir", "symbolic link": "link", "regular file": "file", "regular empty file": "file"}
 
 
@@ -211,13 +213,22 @@ def exec_kill(api, exec_id: str) -> None:
     Docker reports the process's pid on the host, whose process table the agent shares. It is signalled
     through a pidfd, and only if it is in the exec's container's cgroup: a pid reused meanwhile is never hit.
     What the process started lives on in the container (the tenant's own, counted against his own limits).
+    Docker says an exec runs before it says its pid (measured: Running true, Pid 0, for an exec that had
+    already written 8 MB): the pid is asked for again, for up to EXEC_PID_WAIT_S.
     """
-    try:
-        state = api.exec_inspect(exec_id)
-    except docker.errors.APIError as exc:  # its container is gone, and the process with it
-        log.warning("exec %s: not inspected, not killed: %s", exec_id, exc)
-        return
+    deadline = time.monotonic() + EXEC_PID_WAIT_S
+    while True:
+        try:
+            state = api.exec_inspect(exec_id)
+        except docker.errors.APIError as exc:  # its container is gone, and the process with it
+            log.warning("exec %s: not inspected, not killed: %s", exec_id, exc)
+            return
+        if not (state.get("Running") and not state.get("Pid") and time.monotonic() < deadline):
+            break
+        time.sleep(0.02)
     pid, container = state.get("Pid"), state.get("ContainerID") or ""
+    if state.get("Running") and not pid:
+        log.warning("exec %s: Docker gave no pid within %s s, not killed", exec_id, EXEC_PID_WAIT_S)
     if not (state.get("Running") and pid and container):
         return
     try:
