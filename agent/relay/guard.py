@@ -17,13 +17,16 @@ calls hang (his container answers Docker slowly, or never) holds his own share a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import os
 import posixpath
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 from django.conf import settings
@@ -91,9 +94,9 @@ class Call:
 
 
 class Guard:
-    def __init__(self, *, node: str, deployment: str, secret: str):
+    def __init__(self, *, node: str, deployment: str, secret: str, state_dir: Path | None = None):
         self.node, self.deployment, self.secret = node, deployment, secret
-        self._spent: dict[str, float] = {}  # nonce -> when it may be forgotten (it has expired by then)
+        self._spent = SpentTickets(Path(state_dir or settings.AGENT_STATE_DIR) / node / "relay-spent-tickets")
 
     async def admit(self, request, op: Op, *, api: docker.APIClient, threads: Threads) -> Call:
         ticket = self._ticket(request.headers.get("Authorization", ""), op)
@@ -146,12 +149,49 @@ class Guard:
             and within(ticket.path, ticket.root)
         ):
             raise Refused(403, "the ticket's path is not under its root")
-        now = time.monotonic()
-        self._spent = {nonce: until for nonce, until in self._spent.items() if until > now}
-        if ticket.nonce in self._spent:
+        if not self._spent.spend(ticket.nonce):
             raise Refused(401, "the ticket was used already")
-        self._spent[ticket.nonce] = now + TICKET_S + 5
         return ticket
+
+
+class SpentTickets:
+    """The nonces of tickets used in the last TICKET_S seconds, also on disk: a ticket is good for one request,
+    even across a restart of the agent (its file is read back at start). Kept by the wall clock, which is what
+    a ticket's age is measured by."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._until: dict[str, float] = {}  # nonce -> when it may be forgotten (it has expired by then)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            for line in path.read_text().splitlines():
+                until, _, nonce = line.partition(" ")
+                with contextlib.suppress(ValueError):
+                    self._until[nonce] = float(until)
+        except FileNotFoundError:
+            pass
+        self._forget(time.time())
+
+    def spend(self, nonce: str) -> bool:
+        """True the first time ``nonce`` is seen (it is recorded, on disk too), False after."""
+        now = time.time()
+        if self._appended >= 256:  # the file holds mostly expired lines by now
+            self._forget(now)
+        if self._until.get(nonce, 0) > now:
+            return False
+        self._until[nonce] = until = now + TICKET_S + 5
+        with open(self.path, "a") as f:  # a restart of the agent finds it (a power loss may lose the last lines)
+            f.write(f"{until:.0f} {nonce}\n")
+        self._appended += 1
+        return True
+
+    def _forget(self, now: float) -> None:
+        """Drop expired nonces, and rewrite the file with the rest (atomically: a crash keeps one or the other)."""
+        self._until = {nonce: until for nonce, until in self._until.items() if until > now}
+        self._appended = 0
+        partial = self.path.with_suffix(".new")
+        partial.write_text("".join(f"{until:.0f} {nonce}\n" for nonce, until in self._until.items()))
+        os.replace(partial, self.path)
 
 
 STARTED = "relay.started"

@@ -95,6 +95,29 @@ def test_no_ticket_a_forged_or_an_expired_one_is_refused_with_401(workload, node
     assert answer.status_code == 401 and answer.json() == {"detail": "the ticket has expired"}
 
 
+def test_a_spent_ticket_stays_spent_when_the_agent_restarts(tmp_path, settings):
+    """A ticket is good for one request, also across a restart of the agent (issue 31 §1): the nonces spent in
+    the last minute are on disk, read back by the next Guard; expired ones are forgotten."""
+    ticket = Ticket(op=Op.LIST, container="c", workload=1, user=1, root="/root/autodl-tmp", path="/root/autodl-tmp")
+    header = f"Bearer {ticket_sign(ticket, secret=settings.RELAY_SECRET)}"
+
+    def guard():
+        return relay_guard.Guard(node="n1", deployment="d", secret=settings.RELAY_SECRET, state_dir=tmp_path)
+
+    first = guard()
+    assert first._ticket(header, Op.LIST).nonce == ticket.nonce
+    with pytest.raises(relay_guard.Refused, match="used already"):
+        first._ticket(header, Op.LIST)
+    restarted = guard()
+    with pytest.raises(relay_guard.Refused, match="used already"):
+        restarted._ticket(header, Op.LIST)
+    other = dataclasses.replace(ticket, nonce="another-one")
+    assert restarted._ticket(f"Bearer {ticket_sign(other, secret=settings.RELAY_SECRET)}", Op.LIST)
+    spent = tmp_path / "n1" / "relay-spent-tickets"
+    spent.write_text(f"{time.time() - 1:.0f} long-expired\n" + spent.read_text())
+    assert "long-expired" not in guard()._spent._until and "long-expired" not in spent.read_text()
+
+
 def test_a_ticket_for_another_operation_or_a_path_out_of_its_root_is_refused_with_403(workload, node_relay, settings):
     assert call(node_relay.url, Op.DOWNLOAD, signed(listing(workload), settings)).status_code == 403
     for root, path in [("/root/autodl-tmp", "/etc"), ("/etc", "/etc"), ("/root/autodl-tmp", "/root/autodl-tmp/../x")]:
