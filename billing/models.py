@@ -49,6 +49,21 @@ class Membership(models.Model):
         return f"{self.user} in {self.team}"
 
 
+class TeamInvitation(models.Model):
+    """A team admin asked ``user`` to join; they become a member when they accept (never without their consent)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_invitations")
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_invitation_per_team")]
+
+    def __str__(self):
+        return f"{self.user} invited to {self.team}"
+
+
 class AccountKind(models.TextChoices):
     USER = "user", _("User wallet")
     TEAM = "team", _("Team wallet")

@@ -1,7 +1,10 @@
 """Teams: a shared wallet its members' work is charged to (as AutoDL's organisations, RunPod's teams).
 
-Anyone may create a team and becomes its first admin; admins add members by
-username, remove them, make them admins and set each member's monthly limit.
+Anyone may create a team and becomes its first admin; admins invite members by
+username (the user joins when they accept: ``member_invite``, ``invitation_answer``;
+the answer is the same whether such a user exists or not, so that it tells no one
+which names have accounts), remove them, make them admins and set each member's
+monthly limit. ``member_add`` adds at once: for operators (the admin) and tests.
 Work is charged to a team when its owner picks the team at creation
 (``Workload.team`` = the team's slug, which is also the scheduler's team for
 quotas). Top-ups of a team's wallet are staff's, as for users.
@@ -15,7 +18,7 @@ from django.utils.text import slugify
 
 from billing.enforcement import member_spend, standing
 from billing.ledger import team_account
-from billing.models import Membership, Team
+from billing.models import Membership, Team, TeamInvitation
 from scheduler.errors import Conflict, InvalidInput, NotFound
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_stop
@@ -73,6 +76,37 @@ def member_add(*, team: Team, by, username: str, is_admin: bool = False) -> Memb
     if not created:
         raise Conflict(f"{user.username} is already a member")
     return membership
+
+
+def member_invite(*, team: Team, by, username: str) -> str:
+    """Invite ``username`` to the team; what to tell the admin, the same whether that account exists or not."""
+    _admin(team, by)
+    username = (username or "").strip()
+    if not username or len(username) > 150 or "\x00" in username:
+        raise InvalidInput("give the username of the person to invite", field="username")
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is not None:
+        if Membership.objects.filter(team=team, user=user).exists():
+            raise Conflict(f"{user.username} is already a member")  # the admin sees the members anyway
+        TeamInvitation.objects.get_or_create(team=team, user=user, defaults={"invited_by": by})
+    return f"{username} is invited: if there is an account of that name, it joins the team once it accepts"
+
+
+def invitations_of(user) -> list[TeamInvitation]:
+    """The invitations waiting for the user's answer, oldest first."""
+    return list(TeamInvitation.objects.filter(user=user).select_related("team", "invited_by").order_by("created_at"))
+
+
+def invitation_answer(*, user, invitation_id: int, accept: bool) -> Team:
+    """Accept (join the team) or decline one of the user's invitations; NotFound for anyone else's."""
+    with transaction.atomic():
+        invitation = TeamInvitation.objects.select_for_update().filter(pk=invitation_id, user=user).first()
+        if invitation is None:
+            raise NotFound("no such invitation")
+        if accept:
+            Membership.objects.get_or_create(team=invitation.team, user=user)
+        invitation.delete()
+    return invitation.team
 
 
 def member_update(*, team: Team, by, member_id: int, is_admin: bool, monthly_limit: Decimal | None) -> Membership:

@@ -32,7 +32,22 @@ def team_list(request):
     for team in mine:
         team.wallet = teams.team_wallet(team)
         team.member_count = team.memberships.count()
-    return render(request, "portal/teams.html", {"teams": mine})
+    return render(request, "portal/teams.html", {"teams": mine, "invitations": teams.invitations_of(request.user)})
+
+
+@login_required
+@require_POST
+def team_invitation(request, invitation_id: int, answer: str):
+    """The invited user's answer: ``accept`` (join the team) or ``decline``; anyone else's invitation is a 404."""
+    if answer not in ("accept", "decline"):
+        messages.error(request, _("Unknown action."))
+        return redirect("console-teams")
+    team = or_404(teams.invitation_answer, user=request.user, invitation_id=invitation_id, accept=answer == "accept")
+    if answer == "accept":
+        messages.success(request, _("You joined %(team)s.") % {"team": team.name})
+        return redirect("console-team", slug=team.slug)
+    messages.info(request, _("Invitation declined."))
+    return redirect("console-teams")
 
 
 @login_required
@@ -66,15 +81,18 @@ def _limit(text: str) -> Decimal | None:
 @login_required
 @require_POST
 def team_member(request, slug: str, action: str):
-    """``add`` (by username), ``update`` (admin flag, monthly limit) or ``remove`` a member: team admins only."""
+    """``add`` (invite, by username), ``update`` (admin flag, monthly limit) or ``remove`` a member: team admins
+    only."""
     team = or_404(teams.team_get, user=request.user, slug=slug)
     post = request.POST
     member = post.get("member", "")
     member_id = int(member) if member.isascii() and member.isdigit() and len(member) < 19 else 0  # 0: no one
     try:
         if action == "add":
-            membership = teams.member_add(team=team, by=request.user, username=post.get("username", ""))
-            messages.success(request, _("%(user)s added to the team.") % {"user": membership.user.username})
+            username = post.get("username", "").strip()
+            teams.member_invite(team=team, by=request.user, username=username)
+            text = _("%(user)s is invited: if there is an account of that name, it joins the team once it accepts.")
+            messages.success(request, text % {"user": username})
         elif action == "update":
             teams.member_update(
                 team=team,

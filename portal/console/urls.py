@@ -24,6 +24,7 @@ urlpatterns = [
     path("images/", images.image_page, name="console-images"),
     path("images/<int:image_id>/delete/", images.image_delete, name="console-image-delete"),
     path("teams/", teams.team_list, name="console-teams"),
+    path("teams/invitations/<int:invitation_id>/<str:answer>/", teams.team_invitation, name="console-team-invitation"),
     path("teams/<slug:slug>/", teams.team_detail, name="console-team"),
     path("teams/<slug:slug>/members/<str:action>/", teams.team_member, name="console-team-member"),
     path("account/", account.account_page, name="console-account"),

@@ -108,7 +108,7 @@ def test_the_chinese_catalog_has_no_untranslated_or_fuzzy_entry_and_is_compiled(
     untranslated = [e for e in entries if "#, fuzzy" in e or e.rstrip().endswith(('msgstr ""', 'msgstr[0] ""'))]
     assert not untranslated, untranslated[:3]
     with translation.override("zh-hans"):  # the compiled .mo holds the newest strings too
-        assert translation.gettext("Add a member by username") == "按用户名添加成员"
+        assert translation.gettext("Invite a member by username") == "按用户名邀请成员"
 
 
 @pytest.mark.django_db

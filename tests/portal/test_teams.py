@@ -1,4 +1,4 @@
-"""Teams: create one, add members, charge work to the team's wallet, limits per member, privacy."""
+"""Teams: create one, invite members (they accept), charge work to the team's wallet, limits per member, privacy."""
 
 from decimal import Decimal
 
@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from billing.ledger import team_account, wallet_credit
-from billing.models import Membership, PostingKind, Team
+from billing.models import Membership, PostingKind, Team, TeamInvitation
 from portal.models import Instance
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import create
@@ -24,6 +24,14 @@ def messages_of(response) -> str:
     return " ".join(str(m) for m in response.context["messages"])
 
 
+def join(admin: Client, member, slug: str) -> None:
+    """The team's admin invites ``member``, who accepts on their teams page."""
+    admin.post(f"/teams/{slug}/members/add/", {"username": member.username})
+    invitation = TeamInvitation.objects.get(team__slug=slug, user=member)
+    joined = console(member).post(f"/teams/invitations/{invitation.pk}/accept/", follow=True)
+    assert "You joined" in messages_of(joined), messages_of(joined)
+
+
 def test_a_team_is_created_members_are_added_and_work_is_charged_to_its_wallet(
     api, user, outsider, outsider_api, catalog, node_worker
 ):
@@ -31,8 +39,10 @@ def test_a_team_is_created_members_are_added_and_work_is_charged_to_its_wallet(
     created = admin.post("/teams/", {"name": "Vision Lab"}, follow=True)
     assert "Team Vision Lab created" in messages_of(created)
     team = Team.objects.get(slug="vision-lab")
-    added = admin.post("/teams/vision-lab/members/add/", {"username": outsider.username}, follow=True)
-    assert f"{outsider.username} added" in messages_of(added)
+    invited = admin.post("/teams/vision-lab/members/add/", {"username": outsider.username}, follow=True)
+    assert f"{outsider.username} is invited" in messages_of(invited)
+    assert not Membership.objects.filter(team=team, user=outsider).exists(), "not a member before accepting"
+    join(admin, outsider, "vision-lab")
     wallet_credit(account=team_account(team), amount=Decimal("100"), kind=PostingKind.TOPUP, memo="t", by=None)
 
     # The member picks the team when creating: the team's wallet pays.
@@ -70,7 +80,7 @@ def test_only_admins_change_members_outsiders_see_nothing_and_a_team_keeps_an_ad
     third = django_user_model.objects.create_user("third", password="third-pass-123")
     assert console(outsider).get("/teams/nlp/").status_code == 404
     assert console(outsider).post("/teams/nlp/members/add/", {"username": "third"}).status_code == 404
-    admin.post("/teams/nlp/members/add/", {"username": outsider.username})
+    join(admin, outsider, "nlp")
     refused = console(outsider).post("/teams/nlp/members/add/", {"username": "third"}, follow=True)
     assert "only the team's admins" in messages_of(refused)
     assert not Membership.objects.filter(user=third).exists()
@@ -84,7 +94,7 @@ def test_only_admins_change_members_outsiders_see_nothing_and_a_team_keeps_an_ad
 def test_a_removed_member_s_team_work_stops_and_their_own_goes_on(api, user, outsider, outsider_api, catalog, sim_node):
     admin = console(user)
     admin.post("/teams/", {"name": "NLP"})
-    admin.post("/teams/nlp/members/add/", {"username": outsider.username})
+    join(admin, outsider, "nlp")
     team = Team.objects.get(slug="nlp")
     wallet_credit(account=team_account(team), amount=Decimal("100"), kind=PostingKind.TOPUP, memo="t", by=None)
     team_run = create(outsider_api, catalog, name="team-run", team="nlp")
@@ -104,7 +114,7 @@ def test_a_team_admin_stops_work_charged_to_the_team_and_nothing_else_of_a_membe
 ):
     admin = console(user)
     admin.post("/teams/", {"name": "CV"})
-    admin.post("/teams/cv/members/add/", {"username": outsider.username})
+    join(admin, outsider, "cv")
     wallet_credit(
         account=team_account(Team.objects.get(slug="cv")), amount=Decimal(100), kind="topup", memo="t", by=None
     )
@@ -120,7 +130,31 @@ def test_a_team_admin_stops_work_charged_to_the_team_and_nothing_else_of_a_membe
 
     second = create(outsider_api, catalog, name="second", team="cv").data["id"]
     member = django_user_model.objects.create_user("pat", password="pat-pass-123")
-    admin.post("/teams/cv/members/add/", {"username": member.username})
+    join(admin, member, "cv")
     assert console(member).post(f"/instances/{second}/stop/").status_code == 404, "members who are not admins: no"
     admin.post(f"/instances/{second}/stop/", {"next": "/teams/cv/"})
     assert Instance.objects.get(pk=second).workload.status == "stopped"
+
+
+def test_an_invitation_tells_no_one_which_usernames_exist_and_joins_only_with_consent(
+    user, outsider, django_user_model
+):
+    """Issue 31 §4: admins added any username without its owner's consent, and the error confirmed which names
+    had accounts. Now the answer is the same for any name, and only the invited user can accept."""
+    admin = console(user)
+    admin.post("/teams/", {"name": "NLP"}, follow=True)
+    real = messages_of(admin.post("/teams/nlp/members/add/", {"username": outsider.username}, follow=True))
+    made_up = messages_of(admin.post("/teams/nlp/members/add/", {"username": "no-such-person"}, follow=True))
+    assert real.replace(outsider.username, "X") == made_up.replace("no-such-person", "X")
+    assert not Membership.objects.filter(user=outsider).exists()
+    invitation = TeamInvitation.objects.get(user=outsider)
+    assert list(TeamInvitation.objects.values_list("user__username", flat=True)) == [outsider.username]
+
+    third = django_user_model.objects.create_user("third", password="third-pass-123")
+    assert console(third).post(f"/teams/invitations/{invitation.pk}/accept/").status_code == 404, "not theirs"
+    page = console(outsider).get("/teams/").content.decode()
+    assert 'data-invitation="nlp"' in page
+    declined = console(outsider).post(f"/teams/invitations/{invitation.pk}/decline/", follow=True)
+    assert "declined" in messages_of(declined)
+    assert not TeamInvitation.objects.exists() and not Membership.objects.filter(user=outsider).exists()
+    assert console(outsider).get("/teams/nlp/").status_code == 404

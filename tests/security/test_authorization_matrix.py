@@ -16,6 +16,7 @@ from django.test import Client
 from django.urls import URLResolver, get_resolver, reverse
 
 from billing import teams
+from billing.models import TeamInvitation
 from config.asgi import application
 from portal.models import Image
 from portal.services import arrays, work
@@ -101,6 +102,8 @@ MATRIX = {
     # The owner's team: members see it; others get 404; staff see every team.
     "console-team": ("get", {}, "", OWNED),
     "console-team-member": ("post", {"action": "add"}, "", OWNED),  # refused with a message: no username
+    # An invitation to join a team: its invited user answers it; anyone else, staff too, gets 404.
+    "console-team-invitation": ("post", {"answer": "decline"}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-account": ("get", {}, "", MINE),
     "console-account-token": ("post", {"action": "create"}, "", MINE),
     "console-password": ("get", {}, "", MINE),
@@ -268,7 +271,11 @@ def owned_objects(owner, catalog) -> dict:
     teammate = type(owner).objects.filter(username="tess").first()
     if teammate is not None:
         teams.member_add(team=teams.team_get(user=owner, slug=team.slug), by=owner, username=teammate.username)
+    inviter = type(owner).objects.filter(username="ivy").first() or type(owner).objects.create_user("ivy")
+    elsewhere = teams.team_create(user=inviter, name=f"invites {image.pk}")
+    teams.member_invite(team=teams.team_get(user=inviter, slug=elsewhere.slug), by=inviter, username=owner.username)
     return {
+        "invitation_id": TeamInvitation.objects.get(team=elsewhere, user=owner).pk,
         "slug": team.slug,
         "billing_team": team.pk,
         "image_id": image.pk,
