@@ -65,6 +65,7 @@ def forms(catalog, objects: dict) -> dict:
         "console-image-delete": ({}, {}),
         "console-teams": ({}, {"name": "fuzzers"}),
         "console-team-member-add": ({"action": "add"}, {"username": "mallory"}),
+        "console-team-invitation": ({"answer": "decline"}, {}),
         "console-team-member-update": (
             {"action": "update"},
             {"member": member, "is_admin": "on", "monthly_limit": "100"},
@@ -108,7 +109,7 @@ FORM_ROUTES = [
     "console-instance-save-image", "console-instance-disk", "console-instance-file-upload", "console-image-delete",
     "console-teams", "console-team-member-add", "console-team-member-update", "console-team-member-remove",
     "console-account-token-create", "console-account-token-revoke", "console-password", "console-billing",
-    "console-job-action", "console-array-action", "set_language", "login",
+    "console-job-action", "console-array-action", "set_language", "login", "console-team-invitation",
 ]  # fmt: skip
 
 
