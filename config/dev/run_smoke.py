@@ -35,6 +35,8 @@ from pathlib import Path
 
 import redis
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMUM_S = 60  # billing.rating.MINIMUM_S: a run shorter than a minute is charged a minute
@@ -304,6 +306,10 @@ class Smoke:
         self.stack = stack
         self.image_timeout = image_timeout
         self.http = requests.Session()
+        # gunicorn closes a connection idle for its keep-alive (5 s), and a request sent on it at that moment gets
+        # no answer ("Remote end closed connection without response"): a read is sent again, as the SDK does.
+        again = Retry(total=2, connect=2, read=2, status=0, allowed_methods=frozenset({"GET"}), raise_on_status=False)
+        self.http.mount("http://", HTTPAdapter(max_retries=again))
         self.http.trust_env = False  # a proxy in the environment must not stand between it and 127.0.0.1
         self.started = time.monotonic()
         self.step_name = "start"
