@@ -105,7 +105,7 @@ class InstanceCreateForm(WorkForm):
 
 
 class JobCreateForm(WorkForm):
-    field_order = ["name", "gpu_type", "image", "gpus", "nodes", "command"]
+    field_order = ["name", "gpu_type", "image", "gpus", "nodes", "elastic_min", "elastic_max", "command"]
 
     gpus = _gpus_field(
         6, help_text=_("More cards than one node has: the job runs over several nodes, one container on each.")
@@ -116,6 +116,20 @@ class JobCreateForm(WorkForm):
         max_value=limits.MAX_NODES,
         required=False,
         help_text=_("Exactly this many nodes, GPUs ÷ nodes cards on each; CPU and memory are per node."),
+    )
+
+    elastic_min = forms.IntegerField(
+        label=_("Elastic: fewest cards (optional)"),
+        min_value=1,
+        max_value=limits.MAX_JOB_CARDS,
+        required=False,
+        help_text=_(
+            "With the most cards: an elastic job of whole cards. It starts at GPUs if that fits, else at this; grows "
+            "into idle cards and shrinks back when queued work needs them, each resize a restart from its checkpoint."
+        ),
+    )
+    elastic_max = forms.IntegerField(
+        label=_("Elastic: most cards (optional)"), min_value=1, max_value=limits.MAX_JOB_CARDS, required=False
     )
 
     name = forms.CharField(label=_("Name"), max_length=limits.NAME_CHARS, initial="train")

@@ -181,13 +181,16 @@ def job_list(request):
 def job_create(request):
     def create(data):
         spec, nodes = data.pop("array"), data.pop("nodes")
+        elastic = {"elastic_min": data.pop("elastic_min"), "elastic_max": data.pop("elastic_max")}
         if spec and nodes and nodes > 1:
             raise InvalidInput(_("the tasks of an array run on one node each"), field="nodes")
+        if spec and any(v is not None for v in elastic.values()):
+            raise InvalidInput(_("the tasks of an array have one size each: leave elastic out"), field="elastic_min")
         if spec:  # one task per index: a job array, on the page of its own
             array = arrays.array_create(owner=request.user, array=spec, **data)
             messages.success(request, _("Array %(name)s queued.") % {"name": array.name})
             return redirect("console-array", array_id=array.pk)
-        job = work.job_create(owner=request.user, nodes=nodes, **data)
+        job = work.job_create(owner=request.user, nodes=nodes, **elastic, **data)
         messages.success(request, _("Job %(name)s queued.") % {"name": job.name})
         return redirect("console-job", job_id=job.pk)
 

@@ -196,6 +196,10 @@ def test_teams_account_and_a_phone_sized_screen(page, user, outsider, catalog, s
     page.screenshot(path=f"{SCREENSHOTS}/account.png", full_page=True)
     page.goto(f"{base}/jobs/")
     expect(page.get_by_role("heading", name="Batch jobs", exact=True)).to_be_visible()
+    page.goto(f"{base}/jobs/new/")
+    expect(page.locator("input[name=elastic_min]")).to_be_visible()
+    expect(page.locator("input[name=elastic_max]")).to_be_visible()
+    page.screenshot(path=f"{SCREENSHOTS}/job-create.png", full_page=True)
 
     # A phone: the navigation and tables fit the width (no page-wide horizontal scroll).
     page.set_viewport_size({"width": 390, "height": 844})

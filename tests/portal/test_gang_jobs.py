@@ -134,3 +134,21 @@ def test_an_elastic_range_that_cannot_be_is_refused_naming_its_field(api, catalo
     assert response.status_code == 400 and field in response.data, response.data
     assert words in str(response.data[field])
     assert not Workload.objects.exists()
+
+
+def test_the_console_form_asks_for_an_elastic_job_and_refuses_a_bad_range_at_its_field(
+    client, user, catalog, two_nodes
+):
+    client.force_login(user)
+    form = {
+        "name": "stretchy", "gpu_type": catalog["rtx3090"].pk, "image": catalog["image"].pk, "gpus": "2",
+        "cpu_cores": 1, "memory_gb": 1, "command": "true", "priority": 1,
+    }  # fmt: skip
+    page = client.get("/jobs/new/").content.decode()
+    assert 'name="elastic_min"' in page and 'name="elastic_max"' in page
+    bad = client.post("/jobs/new/", form | {"elastic_min": "1", "elastic_max": "1"}).content.decode()
+    assert 'data-field="elastic_max"' in bad and "at least gpu_count" in bad and not Workload.objects.exists()
+    array = client.post("/jobs/new/", form | {"elastic_min": "1", "elastic_max": "4", "array": "0-1"}).content.decode()
+    assert 'data-field="elastic_min"' in array and not Workload.objects.exists()
+    assert client.post("/jobs/new/", form | {"elastic_min": "1", "elastic_max": "4"}).status_code == 302
+    assert (Job.objects.get().workload.elastic_min, Job.objects.get().workload.elastic_max) == (1, 4)
