@@ -232,9 +232,26 @@ def _settle_overdue(node_name: str, containers: dict, now) -> list[int]:
     return changed
 
 
+def unknown_kept(unknown: int, total: int) -> bool:
+    """Whether this host's containers and disks of work the database does not know at all are kept this pass:
+    more than ORPHAN_MAX_UNKNOWN of them and more than ORPHAN_MAX_UNKNOWN_PERCENT of all of them is not a few
+    leftovers but a database that is not this host's (restored from a backup, another deployment's)."""
+    return unknown > settings.ORPHAN_MAX_UNKNOWN and unknown * 100 > total * settings.ORPHAN_MAX_UNKNOWN_PERCENT
+
+
 def _fence(node_name: str, containers: dict, volumes: dict) -> None:
     """Stop what may not run here; remove what belongs to no live work, and gang members left behind."""
     owners = {w.uid: w for w in Workload.objects.filter(uid__in={*containers, *volumes}).select_related("node")}
+    unknown = {*containers, *volumes} - owners.keys()
+    keep_unknown = unknown_kept(len(unknown), len({*containers, *volumes}))
+    if keep_unknown:
+        log.error(
+            "%d of the %d workloads with a container or disk on this node are unknown to the database: none of "
+            "theirs is removed (was the database restored from a backup, or is this DEPLOYMENT_ID another's?); "
+            "ORPHAN_MAX_UNKNOWN / ORPHAN_MAX_UNKNOWN_PERCENT say when leftovers are removed",
+            len(unknown),
+            len({*containers, *volumes}),
+        )
     holding = set(S.holding_resources())
     members = {
         m.workload_id: m for m in WorkloadMember.objects.filter(node_name=node_name, workload__uid__in=containers)
@@ -245,6 +262,8 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
         member = members.get(workload.pk) if workload is not None else None
         if member is not None:
             member.workload = workload
+        if workload is None and keep_unknown:
+            continue
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan container %s", state.name)
             launcher.container_delete(state.name)
@@ -271,6 +290,8 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
             launcher.container_stop(state.name, grace_s=settings.INSTANCE_STOP_GRACE_S)
     for uid, name in volumes.items():
         workload = owners.get(uid)
+        if workload is None and keep_unknown:
+            continue
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan volume %s", name)
             launcher.volume_delete(name)

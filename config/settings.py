@@ -393,6 +393,11 @@ NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memor
 # Development only: several simulated hosts share one machine (config/dev/cluster.sh), so a host
 # with simulated cards may advertise NODE_CPUS / NODE_MEMORY_MB above what the machine has.
 NODE_OVERCOMMIT_SIMULATED = env.bool("NODE_OVERCOMMIT_SIMULATED", default=False)
+# A node agent removes the containers and disks of work the database does not know (leftovers), unless there are
+# more than ORPHAN_MAX_UNKNOWN of them and more than ORPHAN_MAX_UNKNOWN_PERCENT of its work: then it removes none
+# and says why (a database restored from a backup would otherwise cost every newer tenant's disk).
+ORPHAN_MAX_UNKNOWN = env.int("ORPHAN_MAX_UNKNOWN", default=3)
+ORPHAN_MAX_UNKNOWN_PERCENT = env.int("ORPHAN_MAX_UNKNOWN_PERCENT", default=5)
 # Such a host without NODE_CPUS offers its simulated cards' usual cores (a rate card's default cpus_per_card each),
 # so that a demo on a 2-core machine fills its cards (make run); a container's quota is then capped at the host.
 SIM_CPUS_PER_CARD = env.int("SIM_CPUS_PER_CARD", default=8)

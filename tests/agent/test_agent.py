@@ -1,5 +1,6 @@
 """The node agent against the real Docker engine: what it promises and what it refuses."""
 
+import contextlib
 import os
 from datetime import timedelta
 
@@ -99,6 +100,32 @@ def test_reconciliation_is_per_deployment(user, base_image, settings):
     finally:
         other.remove(force=True)
         remove_node_containers(node.name)
+
+
+def test_many_disks_the_database_does_not_know_are_kept_a_few_are_removed(settings):
+    """Issue 31 §3: an agent pointed at a database restored from a backup (or another deployment's with the same
+    DEPLOYMENT_ID) would delete every newer tenant's disk as an orphan. More than ORPHAN_MAX_UNKNOWN unknown ones,
+    and more than ORPHAN_MAX_UNKNOWN_PERCENT of the host's: none is removed. A few leftovers still are."""
+    node = make_node("sim:1xRTX3090")
+    client = launcher.docker_client()
+
+    def disk(uid: str):
+        labels = {f"{launcher.LABEL}.node": node.name, f"{launcher.LABEL}.deployment": settings.DEPLOYMENT_ID}
+        return client.volumes.create(
+            name=f"gpucloud-test-{node.name}-{uid}", labels=labels | {f"{launcher.LABEL}.uid": uid}
+        )
+
+    made = [disk(f"{i:012d}") for i in range(5)]
+    try:
+        agent_reconcile(node.name)
+        assert len(launcher.volumes_on_node(node.name)) == 5, "a database that does not know them: kept"
+        settings.ORPHAN_MAX_UNKNOWN = 5  # five is few enough here
+        agent_reconcile(node.name)
+        assert launcher.volumes_on_node(node.name) == {}, "a few leftovers: removed"
+    finally:
+        for volume in made:
+            with contextlib.suppress(Exception):
+                volume.remove(force=True)
 
 
 def running_instance(user, node, image, **fields):
