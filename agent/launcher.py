@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import tarfile
+import time
 from dataclasses import dataclass
 
 import docker
@@ -28,6 +29,7 @@ from scheduler.models import WorkloadKind
 from scheduler.services.code import code_check
 
 log = logging.getLogger(__name__)
+VOLUME_IN_USE_WAIT_S = 10
 
 SNAPSHOT_REPOSITORY = "gpucloud-snapshot"
 # What root in a rented container keeps: enough to install packages and run
@@ -542,10 +544,27 @@ def container_gone(container) -> None:
 
 
 def volume_delete(name: str) -> None:
-    try:
-        docker_client().volumes.get(name).remove(force=True)
-    except docker.errors.NotFound:
-        pass
+    """Delete a data volume, and first the relay's helpers that may hold it (an ended job's disk read through one
+    just before its release: agent/relay/files.py). A helper Docker is still removing is not listed but holds the
+    volume a moment longer ("volume is in use", 409): asked again for up to VOLUME_IN_USE_WAIT_S."""
+    client = docker_client()
+    deadline = time.monotonic() + VOLUME_IN_USE_WAIT_S
+    while True:
+        helpers = client.containers.list(
+            all=True, filters={"label": f"{LABEL}.files-helper={name}"}, ignore_removed=True
+        )
+        for helper in helpers:
+            container_gone(helper)
+        try:
+            client.volumes.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+            continue
+        break
     disks.disk_delete(name)
 
 

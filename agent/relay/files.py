@@ -118,7 +118,7 @@ async def _reading(call: Call):
         yield helper
     finally:
         with contextlib.suppress(Refused):  # the user's relay threads are all busy: it ends by itself
-            call.run(helper_remove, call.api, helper)
+            await call.run(helper_remove, call.api, helper)  # gone before the call ends: a release may follow
 
 
 def ended_helper(api, ended: EndedJob) -> str:

@@ -3,8 +3,12 @@ job had finished): its container is removed when it ends, but its disk (/root/ch
 it is released, read through a helper container given the disk read-only. Uploads and terminals still need it to
 run; once released, nothing is there to read."""
 
+import contextlib
+import uuid
+
 import pytest
 
+from agent import launcher
 from agent.labels import LABEL
 from agent.launcher import docker_client
 from tests.conftest import wait_for, wait_status
@@ -50,3 +54,21 @@ def test_an_ended_jobs_files_are_listed_and_downloaded_until_it_is_released(api,
     wait_status(job.workload, "released", timeout=30, poke=reconcile(node_worker))
     gone = api.get(files, {"path": "/root/checkpoints"})
     assert gone.status_code == 409 and "released" in gone.data["detail"], gone.data
+
+
+def test_a_disk_held_by_a_files_helper_is_released_with_it(base_image):
+    """A release right after a read (CI met it: 'volume is in use' by the helper Docker was still removing): the
+    agent removes the disk's helpers first, and asks again while one is being removed."""
+    client = docker_client()
+    name = f"gpucloud-test-held-{uuid.uuid4().hex[:8]}"
+    client.volumes.create(name=name)
+    holder = client.containers.run(
+        base_image, ["sleep", "60"], detach=True, network_mode="none",
+        volumes={name: {"bind": "/root/checkpoints", "mode": "ro"}}, labels={f"{LABEL}.files-helper": name},
+    )  # fmt: skip
+    try:
+        launcher.volume_delete(name)
+        assert not [v for v in client.volumes.list() if v.name == name]
+    finally:
+        with contextlib.suppress(Exception):
+            holder.remove(force=True)
