@@ -6,5 +6,5 @@ The node agent (``management/commands/node_agent.py``) serves its queue ``node.<
 network (``network``, ``iptables``) and itself when cut off (``selffence``), follows logs (``collector``
 -> ``worklogs``), serves terminal and files (``relay/``), samples its cards (``telemetry/``) and mounts
 the shared storage (``sharedfs``). The control plane (``scheduler``, ``portal``, ``billing``) never
-imports this package: it talks to a host only through the messages in ``config.messages``.
+imports this package: it talks to a host only through the messages in ``core.messages``.
 """

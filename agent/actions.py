@@ -19,10 +19,10 @@ from agent import collector, disks, gangs, hostservices, launcher, mps, network,
 from agent.gpus import discover
 from agent.iptables import IptablesError
 from agent.sharedfs import checkpoint_dir_ensure, checkpoint_dir_remove, mount_ensure, user_dir_ready
-from config.messages import ToNode, ToScheduler, send
+from core.errors import ServiceError
+from core.messages import ToNode, ToScheduler, send
 from portal.models import Image, ImageStatus
 from scheduler import sharedfs
-from scheduler.errors import ServiceError
 from scheduler.models import (
     Allocation,
     MemberStatus,

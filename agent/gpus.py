@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 from scheduler.gpuspec import parse_sim_spec
 from scheduler.services.nodes import GpuInfo
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 
 LXCFS_FILES = [
     "proc/cpuinfo",

@@ -12,8 +12,8 @@ import subprocess
 import tarfile
 
 from agent.launcher import docker_client
+from core.errors import InvalidInput
 from portal.services.demo import STANDIN_IMAGE
-from scheduler.errors import InvalidInput
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 DIRECTORIES = {

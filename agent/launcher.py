@@ -23,8 +23,8 @@ from django.conf import settings
 from agent import collector, diskio, disks, hostview, mps
 from agent.labels import LABEL
 from agent.sharedfs import user_dir_on_host
+from core.errors import InvalidInput
 from scheduler import envnames, registry, sharedfs
-from scheduler.errors import InvalidInput
 from scheduler.models import WorkloadKind
 from scheduler.services.code import code_check
 

@@ -27,8 +27,8 @@ from django.conf import settings
 from django.db.models import Q
 
 from agent import disks, launcher
-from config.messages import ToScheduler, send
-from config.relay import Op, Ticket, relay_base, ticket_sign
+from core.messages import ToScheduler, send
+from core.relay import Op, Ticket, relay_base, ticket_sign
 from scheduler.models import Move, MoveStatus, Node, Workload
 from scheduler.services.moves import move_snapshot_ref
 

@@ -53,7 +53,7 @@ from agent.gangs import CHAIN as GANGS_CHAIN
 from agent.gangs import chain_lines as gang_chain_lines
 from agent.iptables import IPV4, IPV6, Family, IptablesError, Table, available, table_apply, table_read
 from agent.launcher import LABEL, docker_client
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from agent.actions import agent_release, agent_stop
 from agent.exits import exit_reason
 from agent.selffence import SelfFence, report_pending
 from agent.sharedfs import checkpoint_dir_remove
+from core.clock import AgentClock, db_now
 from scheduler import sharedfs
-from scheduler.clock import AgentClock, db_now
 from scheduler.models import MemberStatus, NodeStatus, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
 from scheduler.services import gangs as gang_service
 from scheduler.services.lifecycle import workload_transition

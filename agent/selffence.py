@@ -43,8 +43,8 @@ from django.conf import settings
 
 from agent import launcher
 from agent import sharedfs as host_fs
+from core.clock import AgentClock
 from scheduler import sharedfs
-from scheduler.clock import AgentClock
 from scheduler.models import MemberStatus, Node, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
 from scheduler.services.gangs import member_stopped
 from scheduler.services.lifecycle import workload_transition

@@ -1,7 +1,7 @@
 """The node's slow queue (``node.<name>.slow``): a Celery worker process of its own, started and watched
 by the node agent.
 
-What takes minutes or hours (``config.messages.SLOW``: image pulls, commits and pushes, removals, disk
+What takes minutes or hours (``core.messages.SLOW``: image pulls, commits and pushes, removals, disk
 growth, moves) runs here, never on the agent's threads, so one tenant's hour-long commit cannot hold
 back a stop, a launch or a restart. The worker uses Celery's prefork pool: each task runs in a child
 process that the pool kills at the task's hard time limit (threads cannot be killed, so a thread pool
@@ -25,7 +25,7 @@ import threading
 
 from django.conf import settings
 
-from config.messages import node_queue
+from core.messages import node_queue
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1

@@ -1,6 +1,6 @@
 """Node-queue Celery tasks (queue ``node.<name>``): take ids and call the node agent.
 
-Each is registered under its name in ``config.messages.ToNode``, which is how
+Each is registered under its name in ``core.messages.ToNode``, which is how
 the control plane sends them without importing node-side code.
 """
 
@@ -8,7 +8,7 @@ from celery import shared_task
 from django.conf import settings
 
 from agent import actions, gangs, moves, reconcile
-from config.messages import ToNode, queue_node, send
+from core.messages import ToNode, queue_node, send
 
 NODE_TASK = dict(ignore_result=True, acks_late=True, max_retries=0)
 
@@ -28,7 +28,7 @@ def agent_launch(workload_id: int, node_name: str | None = None):
 @shared_task(name=ToNode.LAUNCH_MANY, ignore_result=True, bind=True)
 def agent_launch_many(self, launches: dict[str, list[int]]):
     """The tick's launches: ``launches`` names them for several nodes (one signed body, a copy on each
-    node's queue, ``config.messages.send_to_nodes``) and this node launches its part, known by the queue
+    node's queue, ``core.messages.send_to_nodes``) and this node launches its part, known by the queue
     the message came on.
 
     The first is launched here and now, each of the others becomes its own launch task (so they run
@@ -62,7 +62,7 @@ def agent_checkpoints_remove(owner_id: int, uid: str):
     actions.agent_checkpoints_remove(owner_id, uid)
 
 
-# The slow queue's tasks (config.messages.SLOW): run by processes that are killed at the hard limit.
+# The slow queue's tasks (core.messages.SLOW): run by processes that are killed at the hard limit.
 # Committing a large disk takes longer than the default task limit (the control plane's deadline for
 # the answer, IMAGE_SAVE_DEADLINE_S, is longer still).
 @shared_task(name=ToNode.IMAGE_COMMIT, **NODE_TASK, **limits(settings.IMAGE_SAVE_TIME_LIMIT_S))

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 
 MINIMUM = "1.17.8"
 ADVISORY = "CVE-2025-23266, CVE-2025-23267"

@@ -7,7 +7,7 @@ Everything lives under ``settings.WORKLOG_DIR``, one folder per workload::
     <workload id>/run-<run>-<first seq>.ndjson      the run's lines, in segments of about a cap's eighth
 
 A run is one start of the workload's container (``scheduler.WorkloadRun``, numbered by the control
-plane). Each stored line is the wire shape of ``config.relay`` already: ``{"n": "<run>.<seq>", "t":
+plane). Each stored line is the wire shape of ``core.relay`` already: ``{"n": "<run>.<seq>", "t":
 ..., "stream": ..., "line": ...}`` with fixed-width numbers, so cursors and times sort as text and a
 reader passes lines on without decoding them. The state records how far the run's files are good
 (segment and size) and the last Docker timestamp taken, so a collector that restarts truncates what

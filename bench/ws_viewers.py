@@ -114,7 +114,7 @@ def setup(viewers: int) -> list[str]:
         gpus=simulated_inventory(CARDS, NODE), simulated=True, nvidia_runtime=False,
     )  # fmt: skip
     cards = list(node.gpus.order_by("index"))
-    from config.clients import redis_client
+    from core.clients import redis_client
     from scheduler.telemetry import streams
 
     stale = streams.node_stream(NODE)  # an earlier run's history: this run's viewers start from this run's samples

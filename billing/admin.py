@@ -20,7 +20,7 @@ from billing.models import (
     TopUpRequest,
 )
 from billing.services import TOP_UP_APPROVAL_ABOVE, TOP_UP_PERMISSION, posting_key, top_up_approve, wallet_top_up
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 
 
 @admin.register(MeterSegment)

@@ -25,7 +25,7 @@ from django.utils import timezone
 from billing.models import ZERO, Account, AccountKind, Membership, Posting, PostingKind
 from billing.rating import cents, charge_lines, shape_of
 from billing.selectors import pending_segments, timeline_for, timelines
-from scheduler.errors import Conflict, PaymentRequired
+from core.errors import Conflict, PaymentRequired
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_stop
 

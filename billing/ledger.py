@@ -16,7 +16,7 @@ from django.db.models import F, Sum
 
 from billing.models import ZERO, Account, AccountKind, Posting, PostingKind, Team
 from billing.rating import cents
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 
 
 def platform_account(kind: str) -> Account:

@@ -9,7 +9,7 @@ from django.dispatch import receiver
 from billing.ledger import user_account, wallet_credit
 from billing.metering import meter_close, meter_open
 from billing.models import PostingKind
-from config.messages import ToScheduler, send_after_commit
+from core.messages import ToScheduler, send_after_commit
 from scheduler.models import WorkloadStatus
 from scheduler.signals import workload_changed
 

@@ -10,7 +10,7 @@ from django.db.models import F, Max, Q
 from billing.ledger import team_account, user_account
 from billing.models import Account, MeterSegment, RateCard, SpotPrice, Team
 from billing.rating import Rate, Timeline, rate_of
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 from scheduler.models import WorkloadStatus
 
 

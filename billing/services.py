@@ -16,7 +16,7 @@ from django.db import transaction
 
 from billing.ledger import wallet_credit
 from billing.models import MONEY, Account, Membership, Posting, TopUpRequest
-from scheduler.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 TOP_UP_PERMISSION = "billing.top_up"  # Posting.Meta.permissions: being staff is not enough to make money
 MAX_KEY = 255  # an Idempotency-Key's longest

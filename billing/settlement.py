@@ -35,7 +35,7 @@ from billing.ledger import payer_for, platform_account
 from billing.models import Account, AccountKind, MeterSegment, Posting, PostingKind
 from billing.rating import Line, Pricer, Shape, Timeline, lines_between, micros, moment
 from billing.selectors import pending_segments, timeline_for, timelines
-from config.memory import collector_paused
+from core.memory import collector_paused
 from scheduler.models import WorkloadStatus, card_share
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from django.utils import timezone
 from billing import enforcement, prices, selectors, settlement, storage
 from billing.ledger import ledger_check
 from billing.metering import meter_reconcile as reconcile
-from config.messages import ToScheduler
+from core.messages import ToScheduler
 
 log = logging.getLogger(__name__)
 # Work whose events are older than this is settled: the live receivers and earlier runs covered it.

@@ -19,7 +19,7 @@ from django.utils.text import slugify
 from billing.enforcement import member_spend, standing
 from billing.ledger import team_account
 from billing.models import Membership, Team, TeamInvitation
-from scheduler.errors import Conflict, InvalidInput, NotFound
+from core.errors import Conflict, InvalidInput, NotFound
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_stop
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import environ
 
-from config.messages import ToScheduler
+from core.messages import ToScheduler
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -345,7 +345,7 @@ NO_GPU_MEMORY_MB = env.int("NO_GPU_MEMORY_MB", default=2048)
 # Slow operations (saving or deleting an image, growing a disk, moving an instance) one user may have
 # under way at once; more is refused (429). They share each node's slow queue with every other tenant.
 MAX_SLOW_OPERATIONS_PER_USER = env.int("MAX_SLOW_OPERATIONS_PER_USER", default=2)
-# Worker processes of each node's slow queue (config.messages.SLOW), beside the agent's own threads.
+# Worker processes of each node's slow queue (core.messages.SLOW), beside the agent's own threads.
 NODE_SLOW_CONCURRENCY = env.int("NODE_SLOW_CONCURRENCY", default=2)
 # Saved images per user (each is a full image on its node's disk).
 MAX_SAVED_IMAGES = env.int("MAX_SAVED_IMAGES", default=10)

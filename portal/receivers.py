@@ -11,7 +11,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from billing.models import Membership, RateCard
-from config import messages
+from core import messages
 from portal.models import GpuType, Instance
 from portal.services.relay import terminals_revoke
 from portal.services.tokens import tokens_revoke_all

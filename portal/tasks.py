@@ -3,7 +3,7 @@ agents' replies about images."""
 
 from celery import shared_task
 
-from config.messages import ToScheduler
+from core.messages import ToScheduler
 from portal.services import arrays, housekeeping, images, work
 
 

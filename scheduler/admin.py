@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.contrib import admin, messages
 
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 from scheduler.models import Allocation, Gpu, GpuMinute, Node, Quota, Workload, WorkloadEvent, WorkloadGpuMinute
 from scheduler.services.nodes import node_activate, node_drain, node_remove
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 
 # Card memory for simulated models that do not carry it in their name.
 KNOWN_MEMORY_MB = {

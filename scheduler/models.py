@@ -13,7 +13,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from config.messages import node_queue
+from core.messages import node_queue
 from scheduler.policy.cluster import WHOLE_CARD
 
 
@@ -412,7 +412,7 @@ class WorkloadEvent(models.Model):
     from_status = models.CharField(max_length=16, choices=WorkloadStatus.choices, blank=True)
     to_status = models.CharField(max_length=16, choices=WorkloadStatus.choices)
     reason = models.CharField(max_length=255, blank=True)
-    # The database's clock, whichever machine records the change (scheduler.clock).
+    # The database's clock, whichever machine records the change (core.clock).
     created_at = models.DateTimeField(db_default=Now(), db_index=True)
 
     class Meta:

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from config.messages import ToScheduler, send_after_commit
+from core.messages import ToScheduler, send_after_commit
 from scheduler import sharedfs
 from scheduler.services.lifecycle import HOLDING
 from scheduler.signals import workload_changed

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import requests
 from django.conf import settings
 
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 
 # Whatever an engine pushed: Docker's schema 2, OCI, and their multi-platform lists. Without these
 # the registry would describe another representation than the one stored, with another digest.

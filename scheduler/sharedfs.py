@@ -27,7 +27,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 
 GIB = 1024**3
 USERS_DIR = "users"

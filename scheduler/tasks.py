@@ -1,6 +1,6 @@
 """Scheduler-queue Celery tasks: thin wrappers that call the control plane.
 
-Each is registered under its name in ``config.messages.ToScheduler``. The
+Each is registered under its name in ``core.messages.ToScheduler``. The
 tasks a node agent serves live in ``agent.tasks``; the control plane
 sends them by their ``ToNode`` name and never imports node-side code.
 """
@@ -11,7 +11,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from config.messages import ToScheduler
+from core.messages import ToScheduler
 from scheduler import sharedfs, tick
 from scheduler.models import GpuMinute, WorkloadGpuMinute
 from scheduler.services import cluster, gangs, moves

@@ -18,8 +18,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from config.clients import redis_client
-from config.memory import collector_paused
+from core.clients import redis_client
+from core.memory import collector_paused
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus, card_share
 from scheduler.selectors import cluster_capacity, holding_rows

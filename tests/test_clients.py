@@ -4,7 +4,7 @@ import threading
 
 import redis
 
-from config import clients
+from core import clients
 
 
 def test_threads_that_ask_for_the_client_at_once_share_the_one_made(monkeypatch):

@@ -1,7 +1,7 @@
 """The folder says which process runs a line: the control plane never imports the GPU host's code.
 
 ``portal``, ``billing`` and ``scheduler`` never import ``agent`` (nor Docker): they reach a host only
-through the messages of ``config.messages``. The web tier (gunicorn's WSGI app, daphne's ASGI app) and the
+through the messages of ``core.messages``. The web tier (gunicorn's WSGI app, daphne's ASGI app) and the
 control-plane worker (``celery -A config``, its tasks discovered) must not even load it: terminal and files
 go through the node's relay (tests/portal/test_terminal.py and test_files.py prove they work with no
 Docker reachable from the web tier). ``agent`` itself is an installed app for its commands, so Django
@@ -39,7 +39,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
 django.setup()
 from config.celery import app
 app.loader.import_default_modules()  # what `celery -A config worker` does at start: autodiscovery included
-from config.messages import ToScheduler
+from core.messages import ToScheduler
 assert set(ToScheduler) <= set(app.tasks), sorted(app.tasks)  # it did discover the control plane's tasks
 """
     + HOST_MODULES
@@ -90,6 +90,23 @@ def test_the_rule_sees_an_import_of_the_agent(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("def f():\n    from agent.launcher import docker_client\n")
     assert _imports(planted) == ["agent.launcher"]
+
+
+PROJECT_APPS = ("portal", "billing", "scheduler", "agent", "config")
+
+
+def test_the_core_imports_no_app_of_the_project():
+    """``core`` is the ground every app and host stands on (issue 32 §5): errors, clock, messages, relay contract,
+    clients. The one thing it takes from above is the Celery app, wiring, looked up when a message is sent."""
+    root = Path(settings.BASE_DIR) / "core"
+    offenders = [
+        f"{path.name}: {name}"
+        for path in sorted(root.rglob("*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] in PROJECT_APPS and name != "config.celery"
+    ]
+    assert not offenders, offenders
+    assert {path.name for path in root.glob("*.py")} >= {"errors.py", "clock.py", "messages.py", "relay.py"}
 
 
 WRITES = {"create", "update", "bulk_create", "bulk_update", "delete", "get_or_create", "update_or_create"}

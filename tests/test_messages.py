@@ -1,9 +1,9 @@
-"""The message map (config/messages.py) and the tasks the workers register are the same routes."""
+"""The message map (core/messages.py) and the tasks the workers register are the same routes."""
 
 import pytest
 
 from config.celery import app
-from config.messages import ToNode, ToScheduler, node_queue, send, send_after_commit
+from core.messages import ToNode, ToScheduler, node_queue, send, send_after_commit
 
 
 def registered_tasks() -> set[str]:
@@ -69,7 +69,7 @@ def test_nothing_is_sent_when_the_transaction_rolls_back(monkeypatch):
 
 
 def test_slow_node_tasks_go_to_the_nodes_slow_queue_and_the_rest_to_its_own(monkeypatch):
-    from config.messages import SLOW
+    from core.messages import SLOW
 
     sent = {}
     monkeypatch.setattr(app, "send_task", lambda name, **kw: sent.__setitem__(name, kw["queue"]))

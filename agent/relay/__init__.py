@@ -1,4 +1,4 @@
-"""The node agent's relay: terminal and files of this host's containers, for the web tier (config/relay.py).
+"""The node agent's relay: terminal and files of this host's containers, for the web tier (core/relay.py).
 
 server.py    the aiohttp application, its routes (one handler per operation) and its thread
 guard.py     what every request must pass: the signed ticket, the container's labels

@@ -42,8 +42,8 @@ from agent.labels import LABEL
 from agent.relay.guard import Call, EndedJob, Refused, start
 from agent.relay.paths import resolve
 from agent.relay.streams import CHUNK, ThreadChunks, file_from_tar, loop_chunks, tar_of_one_file
-from config.relay import within
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
+from core.relay import within
 
 log = logging.getLogger(__name__)
 LIST_MAX_ENTRIES = 5000

@@ -34,7 +34,7 @@ from django.core import signing
 
 from agent import worklogs
 from agent.launcher import LABEL
-from config.relay import FILE_ROOTS, TICKET_S, Op, Ticket, ticket_open, within
+from core.relay import FILE_ROOTS, TICKET_S, Op, Ticket, ticket_open, within
 
 
 class Refused(Exception):

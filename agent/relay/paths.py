@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import docker
 from docker.utils import decode_json_header
 
-from config.relay import within
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
+from core.relay import within
 
 # Go's os.FileMode bits, as Docker reports a path's mode.
 MODE_DIR = 1 << 31

@@ -1,6 +1,6 @@
 """The relay server: one aiohttp application, on its own thread and event loop inside the node agent.
 
-Each operation of ``config.relay.Op`` is one route ``/v1/<op>`` and one handler
+Each operation of ``core.relay.Op`` is one route ``/v1/<op>`` and one handler
 in HANDLERS, with its time limit; a new operation (the CLI's logs) is one more
 line there and one more handler (as the logs were). Every request passes ``Guard.admit`` first
 (the ticket, then the container's labels), then runs under its time limit.
@@ -23,8 +23,8 @@ from django.conf import settings
 
 from agent.relay import files, logs, terminal, volume
 from agent.relay.guard import STARTED, THREADS, Call, Guard, Refused, Threads
-from config.relay import Op
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
+from core.relay import Op
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request, Call], Awaitable[web.StreamResponse]]

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 
 CHUNK = 1024 * 1024
 BLOCK = tarfile.BLOCKSIZE

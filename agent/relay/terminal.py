@@ -22,8 +22,8 @@ from django.conf import settings
 
 from agent.launcher import LABEL
 from agent.relay.guard import Call, Refused, start
-from config.relay import HOME, SHELL_ENDED
-from scheduler.errors import Conflict
+from core.errors import Conflict
+from core.relay import HOME, SHELL_ENDED
 from scheduler.models import WorkloadKind
 
 log = logging.getLogger(__name__)

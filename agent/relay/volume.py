@@ -16,7 +16,7 @@ from django.conf import settings
 
 from agent.relay.guard import Call, start
 from agent.relay.streams import CHUNK, ThreadChunks
-from config.messages import ToScheduler, send
+from core.messages import ToScheduler, send
 
 
 async def volume(request: web.Request, call: Call) -> web.StreamResponse:

@@ -2,7 +2,7 @@
 
 ``sampler`` (a thread of the node agent) reads the node's running work, its containers' CPU and memory
 (``cgroups``) and its cards through a backend (``nvml`` on a GPU server, ``simgpu`` elsewhere), builds the
-documents (``scheduler.telemetry.documents``), publishes them to the channel-layer groups ``config.messages``
+documents (``scheduler.telemetry.documents``), publishes them to the channel-layer groups ``core.messages``
 names, appends them to the Redis history (``scheduler.telemetry.streams``) and folds them into minute
 ``rollups``. The web tier reads only the control plane's half.
 """

@@ -24,7 +24,7 @@ from django.db.models import Prefetch
 
 from agent.telemetry.cgroups import UsageReader
 from agent.telemetry.rollups import MinuteRollups
-from config import messages
+from core import messages
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
 from scheduler.telemetry import streams
 from scheduler.telemetry.documents import Card, Tenant, TenantShare, charted, node_document, workload_document

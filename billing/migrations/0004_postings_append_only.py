@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from config.migration_ops import postgresql_sql
+from core.migration_ops import postgresql_sql
 
 CREATE = """
 CREATE OR REPLACE FUNCTION billing_posting_append_only() RETURNS trigger AS $$

@@ -12,7 +12,7 @@ PROTECT already refused deleting them while postings named them, and wallets are
 import django.db.models.deletion
 from django.db import migrations, models
 
-from config.migration_ops import postgresql_sql
+from core.migration_ops import postgresql_sql
 
 CREATE = """
 CREATE OR REPLACE FUNCTION billing_posting_references() RETURNS trigger AS $$

@@ -11,7 +11,7 @@ locks the table while it runs) gives it to the existing ones. The same as schedu
 
 from django.db import migrations
 
-from config.migration_ops import fillfactor
+from core.migration_ops import fillfactor
 
 
 class Migration(migrations.Migration):

@@ -13,7 +13,7 @@ from importlib import import_module
 
 from django.db import migrations
 
-from config.migration_ops import postgresql_sql
+from core.migration_ops import postgresql_sql
 
 # 0009's function (before its CREATE TRIGGER), its segment check made conditional.
 EARLIER = import_module("billing.migrations.0009_posting_references_per_statement").CREATE

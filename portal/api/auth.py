@@ -13,9 +13,9 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.errors import InvalidInput
 from portal.services import tokens
 from portal.throttles import LoginRateThrottle
-from scheduler.errors import InvalidInput
 
 
 class TokenLoginThrottle(LoginRateThrottle):

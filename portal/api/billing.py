@@ -12,11 +12,11 @@ from rest_framework.views import APIView
 from billing import enforcement, ledger, prices, selectors, statements
 from billing import services as billing_services
 from billing.models import PostingKind, TopUpRequest
+from core.errors import InvalidInput, NotFound
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.views import IDEMPOTENCY_KEY
 from portal.models import GpuType
 from portal.services import work
-from scheduler.errors import InvalidInput, NotFound
 
 MONEY = dict(max_digits=14, decimal_places=2)
 

@@ -1,6 +1,6 @@
 """One place that shapes errors for the API.
 
-Service errors (``scheduler.errors``) answer with their own status: 400 ``{"<field>": ["message"],
+Service errors (``core.errors``) answer with their own status: 400 ``{"<field>": ["message"],
 "detail": "message"}``, and 402, 403, 404, 409 or 429 ``{"detail": ...}`` (with the field too where
 one is at fault); DRF's own errors keep its shape, and a body that is not JSON names ``body`` as the
 field at fault.
@@ -10,7 +10,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 
 
 def exception_handler(exc, context):

@@ -26,9 +26,9 @@ from rest_framework.parsers import FileUploadParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.errors import InvalidInput
 from portal import selectors
 from portal.services import files
-from scheduler.errors import InvalidInput
 
 PATH = OpenApiParameter(
     "path", str, required=False, description="An absolute path under /root (default: the data disk)."

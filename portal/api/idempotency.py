@@ -7,8 +7,8 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from rest_framework.response import Response
 
+from core.errors import Conflict, InvalidInput
 from portal.models import IdempotencyKey
-from scheduler.errors import Conflict, InvalidInput
 
 HEADER = "Idempotency-Key"
 

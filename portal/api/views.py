@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import storage
+from core.errors import InvalidInput, NotFound
 from portal import limits, selectors
 from portal.api.idempotency import HEADER, idempotent
 from portal.api.pagination import page_of, paginated, paginated_rows
@@ -21,7 +22,6 @@ from portal.services import images, work
 from portal.services.recommend import BYTES, recommend
 from portal.throttles import CreateRateThrottle
 from scheduler import selectors as cluster
-from scheduler.errors import InvalidInput, NotFound
 from scheduler.models import Priority
 
 IDEMPOTENCY_KEY = OpenApiParameter(

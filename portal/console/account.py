@@ -10,10 +10,10 @@ from django.urls import reverse_lazy
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST, require_safe
 
+from core.errors import ServiceError
 from portal import selectors
 from portal.console.shortcuts import or_404
 from portal.services import tokens, work
-from scheduler.errors import ServiceError
 
 
 @login_required

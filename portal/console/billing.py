@@ -17,7 +17,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 from billing import enforcement, ledger, reports, statements, storage
 from billing import services as billing_services
 from billing.models import Posting, PostingKind, Team
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 from scheduler.models import Gpu
 
 

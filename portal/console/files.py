@@ -14,11 +14,11 @@ from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST, require_safe
 
+from core.errors import ServiceError
 from portal import selectors
 from portal.console.shortcuts import or_404
 from portal.models import Instance
 from portal.services import files
-from scheduler.errors import ServiceError
 
 
 def _owned(request, instance_id: int) -> Instance:

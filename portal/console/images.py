@@ -8,11 +8,11 @@ from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST, require_safe
 
+from core.errors import ServiceError
 from portal import selectors
 from portal.console.shortcuts import or_404
 from portal.models import Image, ImageStatus
 from portal.services import images
-from scheduler.errors import ServiceError
 
 
 @login_required

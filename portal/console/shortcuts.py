@@ -2,7 +2,7 @@
 
 from django.http import Http404
 
-from scheduler.errors import NotFound
+from core.errors import NotFound
 
 
 def or_404(get, **kwargs):

@@ -11,9 +11,9 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from billing import teams
 from billing.services import budget_amount
 from billing.statements import cost_so_far
+from core.errors import ServiceError
 from portal.console.shortcuts import or_404
 from portal.models import Instance, Job
-from scheduler.errors import ServiceError
 from scheduler.models import WorkloadStatus
 
 

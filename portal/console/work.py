@@ -17,6 +17,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from billing.prices import rate_card_now
 from billing.statements import cost_so_far
 from billing.teams import teams_of
+from core.errors import InvalidInput, ServiceError
 from portal import selectors
 from portal.console.forms import InstanceCreateForm, JobCreateForm
 from portal.console.shortcuts import or_404
@@ -26,7 +27,6 @@ from portal.services.logs import logs_panel, member_tail
 from portal.services.work import HIGH_PRIORITY_PERMISSION
 from portal.throttles import sign_in_wait
 from scheduler import sharedfs
-from scheduler.errors import InvalidInput, ServiceError
 from scheduler.models import Priority
 
 

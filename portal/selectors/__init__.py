@@ -5,8 +5,8 @@ from django.db.models import Q
 
 from billing.models import Membership
 from billing.prices import spot_now
+from core.errors import NotFound
 from portal.models import GpuType, Image, Instance, Job, JobArray
-from scheduler.errors import NotFound
 from scheduler.models import WorkloadStatus
 from scheduler.selectors import gpu_models_summary
 

@@ -14,9 +14,9 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from core.errors import InvalidInput
 from portal import limits
 from scheduler import envnames
-from scheduler.errors import InvalidInput
 
 RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?", re.ASCII)  # not full-width or other digits
 NAME = re.compile(limits.ENV_NAME_PATTERN)

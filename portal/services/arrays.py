@@ -22,10 +22,10 @@ from django.utils import timezone
 
 from billing.prices import estimate, rate_card_now
 from billing.statements import cost_so_far
+from core.errors import Conflict, InvalidInput, TooMany
 from portal.models import ArrayStatus, Fallback, Job, JobArray
 from portal.services import work
 from portal.services.array_spec import task_env, tasks_of
-from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services import workloads as scheduler
 from scheduler.services.code import array_code_attach

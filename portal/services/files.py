@@ -1,6 +1,6 @@
 """Files of a running instance through the portal: list, download, upload — through its host's relay.
 
-Three places, all under ``/root`` (``config.relay.FILE_ROOTS``): the data disk
+Three places, all under ``/root`` (``core.relay.FILE_ROOTS``): the data disk
 ``/root/autodl-tmp``, the user's shared storage, and ``/root`` itself (the
 system disk: what "save as image" keeps). A path that leaves ``/root`` (``..``,
 absolute elsewhere) is refused here naming the field; the relay refuses a
@@ -23,9 +23,9 @@ import time
 import requests
 from django.conf import settings
 
-from config.relay import FILE_ROOTS, HOME, Op, file_root
+from core.errors import Conflict, InvalidInput
+from core.relay import FILE_ROOTS, HOME, Op, file_root
 from portal.services.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_target, unreachable
-from scheduler.errors import Conflict, InvalidInput
 
 ROOTS = FILE_ROOTS
 CHUNK = 1024 * 1024

@@ -27,8 +27,8 @@ from django.conf import settings
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
+from core.errors import Conflict
 from portal.models import Instance, Job
-from scheduler.errors import Conflict
 from scheduler.models import WorkloadGpuMinute, WorkloadStatus
 from scheduler.services.workloads import workload_release, workload_stop
 

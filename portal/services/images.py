@@ -19,13 +19,13 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from config.messages import ToNode, ToScheduler, send, send_after_commit
+from core.clock import db_now
+from core.errors import Conflict, InvalidInput, TooMany
+from core.messages import ToNode, ToScheduler, send, send_after_commit
 from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
 from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import registry
-from scheduler.clock import db_now
-from scheduler.errors import Conflict, InvalidInput, TooMany
 from scheduler.models import Node, NodeStatus, WorkloadStatus
 
 REPOSITORY = "gpucloud-saved"

@@ -40,10 +40,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from config.relay import Op, Ticket, ticket_sign
+from core.errors import InvalidInput, NotFound, ServiceError
+from core.relay import Op, Ticket, ticket_sign
 from portal.models import Instance, Job
 from portal.services.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_base_of, unreachable
-from scheduler.errors import InvalidInput, NotFound, ServiceError
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
 
 log = logging.getLogger(__name__)

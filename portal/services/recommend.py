@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "int4": 0.5}
 ADAM_STATE_BYTES = 12  # fp32 master weights + two moments

@@ -1,4 +1,4 @@
-"""The web tier's side of the relay (config/relay.py): tickets, calls to a node's relay, and the session cap.
+"""The web tier's side of the relay (core/relay.py): tickets, calls to a node's relay, and the session cap.
 
 Callers have already authorized the user (the instance's owner). ``relay_target``
 signs a ticket for one operation on the instance's container and says where
@@ -23,10 +23,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 
-from config import messages
-from config.clients import redis_client
-from config.relay import Op, Ticket, relay_base, ticket_sign, within
-from scheduler.errors import Conflict, InvalidInput, ServiceError, TooMany
+from core import messages
+from core.clients import redis_client
+from core.errors import Conflict, InvalidInput, ServiceError, TooMany
+from core.relay import Op, Ticket, relay_base, ticket_sign, within
 from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
 
 log = logging.getLogger(__name__)

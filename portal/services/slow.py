@@ -9,8 +9,8 @@ of them under way at once; one more is refused (429) saying so.
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from core.errors import TooMany
 from portal.models import Image, ImageStatus, Instance
-from scheduler.errors import TooMany
 from scheduler.models import Move, MoveStatus, Workload, WorkloadStatus
 
 

@@ -17,8 +17,8 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from core.errors import InvalidInput
 from portal.models import ApiToken
-from scheduler.errors import InvalidInput
 
 KEY_PREFIX = "gpc_"  # tells a leaked key apart at a glance (secret scanners look for such prefixes)
 SHOWN = 12  # characters of the key kept to tell tokens apart: the prefix and 8 random ones

@@ -13,15 +13,15 @@ from django.db.models.functions import Now
 from billing.enforcement import may_start, member_may_start
 from billing.ledger import payer_for
 from billing.models import Membership
-from config.messages import ToNode, ToScheduler, send_after_commit
+from core.clock import db_now
+from core.errors import Conflict, InvalidInput
+from core.messages import ToNode, ToScheduler, send_after_commit
 from portal import limits
 from portal.models import BillingMode, GpuType, Image, ImageStatus, Instance, Job
 from portal.selectors import image_list
 from portal.services import images
 from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import envnames
-from scheduler.clock import db_now
-from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import Priority, WorkloadKind, WorkloadStatus
 from scheduler.policy import SHARE_FRACTIONS
 from scheduler.policy.cluster import WHOLE_CARD

@@ -1,6 +1,6 @@
 """Live samples fanned out inside one WebSocket server process: one channel-layer receive per document.
 
-The sampler publishes each document once to its group (``config.messages``). If every
+The sampler publishes each document once to its group (``core.messages``). If every
 monitor socket joined that group itself, each document would be received, decoded and
 dispatched once per viewer, and Channels' dispatch hops to the single database thread for
 every message (``close_old_connections``) — serial work that grows with the viewers: 1,000
@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from channels.layers import get_channel_layer
 
-from config import messages
+from core import messages
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import connection
 
+from core.errors import InvalidInput, NotFound, ServiceError, TooMany
 from portal.services import logs
 from portal.services.relay import RENEW_S, SessionSlot
 from portal.sockets.monitor import NOT_FOUND, NOT_SIGNED_IN, refuse
-from scheduler.errors import InvalidInput, NotFound, ServiceError, TooMany
 
 log = logging.getLogger(__name__)
 BAD_QUERY, UNREACHABLE, TOO_MANY, DONE = 4400, 4409, 4429, 1000

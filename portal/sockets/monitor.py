@@ -15,7 +15,7 @@ import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
-from config import messages
+from core import messages
 from portal.models import Instance
 from portal.sockets.fanout import Watcher, fanout
 from scheduler.models import Node

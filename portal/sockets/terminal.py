@@ -10,7 +10,7 @@ Frames from the browser are JSON text: ``{"type": "input", "data": "..."}`` or
 ``{"type": "resize", "cols": 80, "rows": 24}``; the shell's output comes back as
 binary frames. When the shell exits or the container stops, the socket closes
 with 4000 and a reason; a shell that exited sends the text frame
-``{"exit_code": N}`` just before (config/relay.py), for the CLI's ``exec``.
+``{"exit_code": N}`` just before (core/relay.py), for the CLI's ``exec``.
 Every close of ours is preceded by the text frame ``{"closed": code, "why": ..., "reason": "..."}``
 (``why``: ``stopped`` — the instance or job stopped —, ``exited``, ``ended``, ``revoked``, or ``refused``): daphne
 drops a close frame's reason, so the page reads why from that frame (``instance_terminal.js``).
@@ -30,12 +30,12 @@ import aiohttp
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from config import messages
-from config.relay import SHELL_ENDED, Op
+from core import messages
+from core.errors import NotFound, ServiceError, TooMany
+from core.relay import SHELL_ENDED, Op
 from portal import selectors
 from portal.services.relay import CONNECT_S, RENEW_S, SessionSlot, relay_target
 from portal.sockets.monitor import NOT_FOUND, NOT_SIGNED_IN, NOT_STAFF, refuse
-from scheduler.errors import NotFound, ServiceError, TooMany
 from scheduler.models import Workload, WorkloadStatus
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ steady-state bench). With room on the page they are HOT: the accrual write of th
 
 from django.db import migrations
 
-from config.migration_ops import fillfactor
+from core.migration_ops import fillfactor
 
 
 class Migration(migrations.Migration):

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from config.messages import ToNode, send
-from scheduler.clock import db_now
+from core.clock import db_now
+from core.messages import ToNode, send
 from scheduler.models import MemberStatus, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
 from scheduler.services.gangs import gangs_step_all
 from scheduler.services.moves import moves_stalled_fail

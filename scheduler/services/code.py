@@ -23,7 +23,7 @@ import tarfile
 
 from django.conf import settings
 
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 from scheduler.models import Workload, WorkloadCode
 
 FIELD = "code"

@@ -12,7 +12,7 @@ segment records the cards it holds (``billing.metering.meter_open``); between th
 relaunch nothing is metered, as for a preemption.
 """
 
-from config.messages import ToNode, send_after_commit
+from core.messages import ToNode, send_after_commit
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.gangs import gang_stop
 from scheduler.services.lifecycle import workload_transition

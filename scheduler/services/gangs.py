@@ -29,8 +29,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
-from config.messages import ToNode, ToScheduler, send, send_after_commit
-from scheduler.clock import db_now
+from core.clock import db_now
+from core.messages import ToNode, ToScheduler, send, send_after_commit
 from scheduler.models import MemberStatus, Workload, WorkloadMember, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
 

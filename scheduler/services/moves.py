@@ -33,10 +33,10 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from config.messages import ToNode, send_after_commit
+from core.clock import db_now
+from core.errors import Conflict, InvalidInput
+from core.messages import ToNode, send_after_commit
 from scheduler import registry
-from scheduler.clock import db_now
-from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import Move, MoveStatus, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
 

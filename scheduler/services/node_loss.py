@@ -1,6 +1,6 @@
 """Nodes that stop sending heartbeats: marked lost by the control plane, with what that means for their work.
 
-Only the database's clock is compared (``scheduler.clock``), and only over time
+Only the database's clock is compared (``core.clock``), and only over time
 the control plane was watching (``ClusterWatch``): a node is lost once it has
 been silent for ``NODE_LOST_AFTER_S`` while the control plane was up to see it.
 
@@ -27,9 +27,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from config.messages import ToNode, send_after_commit
+from core.clock import db_now
+from core.messages import ToNode, send_after_commit
 from scheduler import sharedfs
-from scheduler.clock import db_now
 from scheduler.models import ClusterWatch, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.services.gangs import gangs_of_lost_node
 from scheduler.services.lifecycle import workload_transition

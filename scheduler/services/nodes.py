@@ -2,7 +2,7 @@
 
 Control-plane code: it takes what a node agent reports (``GpuInfo``) and never
 imports the GPU-host side (``agent``). Silent nodes: ``node_loss``.
-Times are the database's (``scheduler.clock``).
+Times are the database's (``core.clock``).
 """
 
 from dataclasses import dataclass
@@ -12,9 +12,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from config.relay import relay_base
-from scheduler.clock import db_now
-from scheduler.errors import Conflict, InvalidInput
+from core.clock import db_now
+from core.errors import Conflict, InvalidInput
+from core.relay import relay_base
 from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
 
@@ -49,7 +49,7 @@ def node_register(
 
     Call after the agent has fenced the host (``agent_reconcile``): nothing may run
     there that the database does not assign to it. A ``relay_url`` not at ``address``
-    (``config.relay.relay_base``) is refused: InvalidInput, and nothing is stored.
+    (``core.relay.relay_base``) is refused: InvalidInput, and nothing is stored.
     """
     if relay_url:
         try:

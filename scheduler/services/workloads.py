@@ -13,8 +13,8 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from config.messages import ToNode, ToScheduler, send, send_after_commit, send_to_nodes
-from scheduler.errors import Conflict, InvalidInput, TooMany
+from core.errors import Conflict, InvalidInput, TooMany
+from core.messages import ToNode, ToScheduler, send, send_after_commit, send_to_nodes
 from scheduler.models import (
     WHOLE_CARD,
     NodeStatus,

@@ -1,7 +1,7 @@
 """The recent history of live GPU stats: a bounded Redis stream per node and per workload.
 
 A node agent publishes each sample document (``documents.py``) to the
-channel-layer group of its node and of each workload on it (``config.messages``
+channel-layer group of its node and of each workload on it (``core.messages``
 names them), and appends it here, to a stream per node and per workload holding the last
 ``TELEMETRY_HISTORY_S`` seconds, so that a page that opens or reconnects draws
 its chart at once. The streams expire when nothing is written to them (a
@@ -20,7 +20,7 @@ import json
 
 from django.conf import settings
 
-from config.clients import redis_client
+from core.clients import redis_client
 
 
 def node_stream(node_name: str) -> str:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from agent import gangs, launcher
 from agent.actions import agent_launch, agent_register, agent_stop
 from agent.reconcile import agent_reconcile
-from scheduler.clock import db_now
+from core.clock import db_now
 from scheduler.models import ClusterWatch, MemberStatus, Node, Workload, WorkloadStatus
 from scheduler.services import lifecycle
 from scheduler.services.allocation import Part, Placement, Share, allocation_create, allocations_create

@@ -3,7 +3,7 @@
 import pytest
 
 from agent.gpus import discover, model_key, simulated_inventory
-from scheduler.errors import InvalidInput
+from core.errors import InvalidInput
 from scheduler.gpuspec import parse_sim_spec
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from agent import actions
 from agent.launcher import docker_client
-from config.messages import ToScheduler
+from core.messages import ToScheduler
 from portal.models import Image, ImageStatus
 from tests.conftest import make_node
 

@@ -26,9 +26,9 @@ from agent.relay import guard as relay_guard
 from agent.relay import server as relay_server
 from agent.relay.server import RelayServer
 from agent.relay.streams import file_from_tar, tar_of_one_file
-from config.relay import SALT, Op, Ticket, ticket_sign
+from core.errors import InvalidInput
+from core.relay import SALT, Op, Ticket, ticket_sign
 from portal.models import Instance
-from scheduler.errors import InvalidInput
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import create
 

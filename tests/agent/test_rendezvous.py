@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from agent import actions, collector, gangs, launcher, mps, network
-from config.messages import ToNode
+from core.messages import ToNode
 from scheduler.models import MemberStatus, Node, WorkloadMember, WorkloadStatus
 from scheduler.services import gangs as gang_service
 from scheduler.services.allocation import Part, Placement, Share, allocations_create

@@ -13,7 +13,7 @@ from django.utils import timezone
 from agent import launcher
 from agent.actions import agent_restart
 from agent.reconcile import agent_reconcile
-from scheduler.errors import Conflict
+from core.errors import Conflict
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_restart, workload_stop
 from tests.agent.test_agent import is_running, running_instance

@@ -5,7 +5,7 @@ import pytest
 
 from agent.actions import agent_stop
 from agent.selffence import SelfFence
-from scheduler.clock import AgentClock
+from core.clock import AgentClock
 from scheduler.models import Workload, WorkloadStatus
 from tests.agent.test_agent import running_instance
 from tests.agent.test_selffence import cut_off

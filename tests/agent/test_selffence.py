@@ -8,7 +8,7 @@ from agent import launcher
 from agent.reconcile import agent_reconcile
 from agent.selffence import SelfFence
 from billing.models import MeterSegment
-from scheduler.clock import AgentClock
+from core.clock import AgentClock
 from scheduler.models import WorkloadStatus
 from tests.agent.test_agent import running_instance
 from tests.conftest import make_node, remove_node_containers

@@ -31,7 +31,7 @@ from agent import sharedfs as host_fs
 from agent.actions import agent_checkpoints_remove, agent_launch, agent_release
 from billing.models import Posting, PostingKind, RateCard
 from billing.storage import shared_usage_sample, storage_settle
-from config.messages import ToNode
+from core.messages import ToNode
 from scheduler import sharedfs
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
@@ -366,7 +366,7 @@ def test_a_job_released_while_its_host_is_lost_has_its_checkpoints_removed_by_an
     Workload.objects.filter(pk=job.pk).update(status=WorkloadStatus.FAILED, node=nodes["host1"])
     Node.objects.filter(pk=nodes["host1"].pk).update(status=NodeStatus.LOST)
     job.refresh_from_db()
-    with mock.patch("config.messages.send") as send, django_capture_on_commit_callbacks(execute=True):
+    with mock.patch("core.messages.send") as send, django_capture_on_commit_callbacks(execute=True):
         workload_release(job)
     job.refresh_from_db()
     assert job.status == WorkloadStatus.RELEASED

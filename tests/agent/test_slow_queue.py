@@ -15,7 +15,7 @@ from django.conf import settings
 from agent import actions, launcher
 from agent import tasks as node_tasks
 from agent.slowworker import SlowWorker, _die_with_parent
-from config.messages import ToNode
+from core.messages import ToNode
 from portal.models import Instance
 from portal.services import work
 from scheduler.models import MemberStatus, WorkloadEvent, WorkloadStatus

@@ -13,7 +13,7 @@ import requests
 from agent import worklogs
 from agent.launcher import docker_client
 from agent.relay.server import RelayServer
-from config.relay import Op, Ticket, ticket_sign
+from core.relay import Op, Ticket, ticket_sign
 from tests.conftest import wait_for
 
 

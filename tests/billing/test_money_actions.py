@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from billing import services
 from billing.ledger import user_account
 from billing.models import Account, Membership, Posting, PostingKind, Team, TopUpRequest
-from scheduler.errors import InvalidInput, ServiceError
+from core.errors import InvalidInput, ServiceError
 
 pytestmark = pytest.mark.django_db
 

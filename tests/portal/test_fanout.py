@@ -3,7 +3,7 @@
 import asyncio
 import uuid
 
-from config import messages
+from core import messages
 from portal.sockets.fanout import Fanout, Watcher
 
 

@@ -3,9 +3,9 @@ read frees its slot when it ends or its client goes."""
 
 import pytest
 
+from core.errors import TooMany
 from portal.services import logs
 from portal.services.logs import LogReadSlot
-from scheduler.errors import TooMany
 from tests.portal.test_jobs_and_preemption import submit_job
 
 

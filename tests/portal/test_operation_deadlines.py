@@ -42,7 +42,7 @@ def stopped(user, catalog):
 
 def aged(model, pk, field: str, seconds: int) -> None:
     """Move the start of an operation ``seconds`` into the past."""
-    from scheduler.clock import db_now
+    from core.clock import db_now
 
     model.objects.filter(pk=pk).update(**{field: db_now() - timedelta(seconds=seconds)})
 

@@ -2,9 +2,9 @@
 
 import pytest
 
+from core.errors import InvalidInput
 from portal.models import Instance
 from portal.services.recommend import memory_needed_gb
-from scheduler.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db
 

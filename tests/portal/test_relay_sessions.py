@@ -2,9 +2,9 @@
 
 import pytest
 
+from core.errors import TooMany
 from portal.services import relay
 from portal.services.relay import SessionSlot
-from scheduler.errors import TooMany
 from tests.conftest import wait_for
 
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 from django.db import connection
 
-from config.memory import collector_paused
+from core.memory import collector_paused
 from scheduler import tick
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
@@ -106,7 +106,7 @@ def test_each_node_gets_one_launch_message_naming_the_work_placed_on_it_all_sign
     import redis
     from django.conf import settings
 
-    from config.messages import ToNode, node_queue
+    from core.messages import ToNode, node_queue
 
     nodes = [make_node("sim:1xRTX3090", cpu_cores=8) for _ in range(3)]
     works = [workload(user, name=f"w{i}") for i in range(3)]
@@ -130,7 +130,7 @@ def test_each_node_gets_one_launch_message_naming_the_work_placed_on_it_all_sign
 
 
 def test_the_nodes_launches_in_one_body_are_split_so_a_message_stays_small(user, monkeypatch):
-    from config.messages import node_queue
+    from core.messages import node_queue
     from scheduler.services import workloads as workload_services
 
     monkeypatch.setattr(workload_services, "LAUNCH_NODES_PER_BODY", 2)

@@ -224,7 +224,7 @@ def test_an_elastic_job_is_submitted_with_both_sizes_around_its_own(user, node):
     ],
 )
 def test_elastic_sizes_that_make_no_sense_are_refused_naming_the_field(user, node, fields, field):
-    from scheduler.errors import InvalidInput
+    from core.errors import InvalidInput
 
     with pytest.raises(InvalidInput) as refused:
         submit(user, **fields)

@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.utils import timezone
 
-from config.clients import redis_client
-from config.messages import node_queue
+from core.clients import redis_client
+from core.messages import node_queue
 from scheduler.models import Workload, WorkloadStatus as S
 from agent.gpus import simulated_inventory
 from scheduler.services.nodes import node_register

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from config.celery import app
-from config.messages import ToNode
+from core.messages import ToNode
 from scheduler.models import WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
 from tests.conftest import wait_status

@@ -7,11 +7,11 @@ import socket
 import pytest
 
 from agent import moves
-from config.relay import Op, relay_base
+from core.errors import Conflict, InvalidInput
+from core.relay import Op, relay_base
 from portal.services import files
 from portal.services.logs import Query, log_lines
 from portal.services.relay import relay_target
-from scheduler.errors import Conflict, InvalidInput
 from scheduler.models import Move, Node, WorkloadKind, WorkloadRun, WorkloadStatus
 from scheduler.services.nodes import node_register
 from tests.conftest import make_node

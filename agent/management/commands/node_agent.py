@@ -25,9 +25,9 @@ from agent.selffence import SelfFence
 from agent.sharedfs import mount_ensure
 from agent.slowworker import SlowWorker, worker_args
 from agent.telemetry.sampler import sampler_for
+from core.clock import agent_clock
+from core.errors import ServiceError
 from scheduler import sharedfs
-from scheduler.clock import agent_clock
-from scheduler.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agent.launcher import docker_client
 from agent.sharedfs import legacy_migrate, legacy_volumes
+from core.errors import ServiceError
 from scheduler import sharedfs
-from scheduler.errors import ServiceError
 
 
 class Command(BaseCommand):

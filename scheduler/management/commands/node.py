@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 
-from scheduler.errors import ServiceError
+from core.errors import ServiceError
 from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
 from scheduler.services.moves import workload_move
 from scheduler.services.nodes import node_activate, node_drain, node_remove

@@ -9,8 +9,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from core.errors import ServiceError
 from scheduler import sharedfs
-from scheduler.errors import ServiceError
 
 
 class Command(BaseCommand):

@@ -4,9 +4,9 @@ from datetime import timedelta
 
 import pytest
 
-from config.messages import ToNode
-from scheduler.clock import db_now
-from scheduler.errors import Conflict
+from core.clock import db_now
+from core.errors import Conflict
+from core.messages import ToNode
 from scheduler.models import Move, MoveStatus, Node, NodeStatus, WorkloadStatus
 from scheduler.services.moves import move_report, move_snapshot_ref, moves_stalled_fail, workload_move
 from tests.conftest import make_node
@@ -25,7 +25,7 @@ def hosts(settings):
 def sent_to(callbacks, monkeypatch):
     """The node tasks sent after commit, as (task, args, node)."""
     sent = []
-    monkeypatch.setattr("config.messages.send", lambda task, *args, node=None, **kw: sent.append((task, args, node)))
+    monkeypatch.setattr("core.messages.send", lambda task, *args, node=None, **kw: sent.append((task, args, node)))
     for callback in callbacks:
         callback()
     return sent

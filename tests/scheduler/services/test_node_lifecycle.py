@@ -4,9 +4,9 @@ from datetime import timedelta
 
 import pytest
 
+from core.clock import db_now
+from core.errors import Conflict
 from scheduler import tick
-from scheduler.clock import db_now
-from scheduler.errors import Conflict
 from scheduler.models import Node, NodeStatus, WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.cluster import launches_resend

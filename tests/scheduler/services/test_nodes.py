@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from agent.gpus import simulated_inventory
 from billing.models import MeterSegment
-from scheduler.clock import db_now
+from core.clock import db_now
 from scheduler.models import ClusterWatch, Gpu, Node, NodeStatus, WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.lifecycle import workload_transition

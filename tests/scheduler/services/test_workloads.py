@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.errors import Conflict
+from core.errors import Conflict
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_restart
 from tests.conftest import make_node

@@ -32,7 +32,7 @@ name (``tests/test_messages.py`` holds the two sides together).
 
 One route does not go through Redis: the web tier reaches a container's terminal, files and logs
 over HTTP / WebSocket at its node agent's relay (``Node.relay_url``), with a signed ticket per
-call; its operations and ticket are in ``config/relay.py``.
+call; its operations and ticket are in ``core/relay.py``.
 
 Node agents never write to the scheduler's tables they do not own: what the
 control plane must record after a node did something (an image saved, a disk
