@@ -71,6 +71,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from portal.services.tokens import token_create
 from portal.services import work
+from portal.services.requests import InstanceRequest
 from portal.services.demo import catalog_load, stand_in_load
 from portal.models import GpuType
 from agent.gpus import simulated_inventory
@@ -80,8 +81,8 @@ node_register(name="bench-node", hostname="bench", cpu_cores=512, memory_mb=1 <<
               gpus=simulated_inventory("sim:8xRTX3090", "bench-node"), simulated=True, nvidia_runtime=False)
 user = get_user_model().objects.create_user("bench", password="bench-pass-123")
 image, gpu_type = stand_in_load(), GpuType.objects.get(name="RTX3090")  # the catalog's own are building
-ids = [work.instance_create(owner=user, name=f"i{n}", image_id=image.pk, gpu_type_id=gpu_type.pk,
-       gpus=Decimal("0.1"), cpu_cores=1, memory_gb=1, disk_gb=10).pk for n in range(20)]
+ids = [work.instance_create(InstanceRequest(owner=user, name=f"i{n}", image_id=image.pk, gpu_type_id=gpu_type.pk,
+       gpus=Decimal("0.1"), cpu_cores=1, memory_gb=1, disk_gb=10)).pk for n in range(20)]
 print(token_create(user=user, name='bench')[1], image.pk, gpu_type.pk, ",".join(map(str, ids)))
 """
     out = subprocess.run([*manage, "shell", "-c", script], env=env, check=True, capture_output=True, text=True)

@@ -97,14 +97,15 @@ def running_instance(user):
     from portal.models import GpuType, Image
     from portal.services import work
     from portal.services.demo import STANDIN_NAME
+    from portal.services.requests import InstanceRequest
     from scheduler.models import Node, Workload
 
     wait_for(lambda: Node.objects.filter(name=NODE, relay_url__startswith="http").exists(), 60, "the agent")
     image = Image.objects.get(name=STANDIN_NAME)  # the BusyBox stand-in: a shell and dd are all it needs
-    instance = work.instance_create(
+    instance = work.instance_create(InstanceRequest(
         owner=user, name="bench", image_id=image.pk, gpu_type_id=GpuType.objects.get(name="RTX3090").pk,
         gpus=Decimal("1"), cpu_cores=1, memory_gb=1, disk_gb=10,
-    )  # fmt: skip
+    ))  # fmt: skip
     return wait_for(
         lambda: Workload.objects.filter(pk=instance.workload_id, status="running").first(), 90, "the instance to run"
     )

@@ -13,8 +13,8 @@ from portal.api.pagination import Pages, page_of
 from portal.api.views import CodeUpload, JobListApi, create_schema, with_code
 from portal.models import Fallback, JobArray
 from portal.services import arrays
+from portal.services.requests import ArrayRequest
 from portal.throttles import CreateRateThrottle
-from scheduler.models import Priority
 
 
 class CountsOutput(serializers.Serializer):
@@ -88,6 +88,7 @@ class ArrayListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
     class ArrayCreateInput(JobListApi.JobCreateInput):
+        request_class = ArrayRequest
         nodes = None  # each task on the nodes the scheduler chooses
         elastic_min = elastic_max = None  # each task at the size asked
         array = serializers.CharField(
@@ -137,10 +138,8 @@ class ArrayListApi(APIView):
         data, code = with_code(request, self.ArrayCreateInput)
 
         def create():
-            fields = data.work_fields()
-            fields["priority"] = Priority[fields["priority"].upper()].value
             archive = code.read() if code is not None else None
-            array = arrays.array_create(owner=request.user, code=archive, **fields)
+            array = arrays.array_create(data.work_request(request.user), code=archive)
             return Response(array_document(array), status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="array-create", create=create)

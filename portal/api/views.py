@@ -20,9 +20,9 @@ from portal.api.serializers import GpuTypeOutput, ImageOutput, InstanceDetailOut
 from portal.models import BillingMode
 from portal.services import images, work
 from portal.services.recommend import BYTES, recommend
+from portal.services.requests import InstanceRequest, JobRequest, WorkRequest
 from portal.throttles import CreateRateThrottle
 from scheduler import selectors as cluster
-from scheduler.models import Priority
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     HEADER,
@@ -86,11 +86,11 @@ class WorkInput(serializers.Serializer):
         help_text="A team's slug: charge the team's wallet (you are a member).",
     )
 
-    def work_fields(self) -> dict:
-        """Validated data as service arguments, with a "recommend" GPU choice resolved."""
-        fields = _gpu_choice(self.validated_data)
-        fields["image_id"] = fields.pop("image")
-        return fields
+    request_class: type[WorkRequest] = WorkRequest  # what the subclass asks for
+
+    def work_request(self, owner) -> WorkRequest:
+        """Validated data as the services' request, with a "recommend" GPU choice resolved."""
+        return self.request_class.of(owner, _gpu_choice(self.validated_data))
 
 
 class GpuTypeRecommendApi(APIView):
@@ -219,6 +219,7 @@ class InstanceListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
     class InstanceCreateInput(WorkInput):
+        request_class = InstanceRequest
         name = serializers.CharField(max_length=limits.NAME_CHARS, default="instance")
         disk_gb = serializers.IntegerField(min_value=limits.DISK_GB.min, max_value=limits.DISK_GB.max, default=50)
         billing_mode = serializers.ChoiceField(choices=BillingMode.choices, default=BillingMode.ON_DEMAND)
@@ -252,7 +253,7 @@ class InstanceListApi(APIView):
         data.is_valid(raise_exception=True)
 
         def create():
-            instance = work.instance_create(owner=request.user, **data.work_fields())
+            instance = work.instance_create(data.work_request(request.user))
             return Response(InstanceOutput(instance).data, status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="instance-create", create=create)
@@ -366,6 +367,7 @@ class JobListApi(APIView):
     throttle_classes = [*APIView.throttle_classes, CreateRateThrottle]
 
     class JobCreateInput(WorkInput):
+        request_class = JobRequest
         gpus = serializers.DecimalField(
             max_digits=6,
             decimal_places=2,
@@ -435,10 +437,8 @@ class JobListApi(APIView):
         data, code = with_code(request, self.JobCreateInput)
 
         def create():
-            fields = data.work_fields()
-            fields["priority"] = Priority[fields["priority"].upper()].value
             archive = code.read() if code is not None else None
-            job = work.job_create(owner=request.user, code=archive, **fields)
+            job = work.job_create(data.work_request(request.user), code=archive)
             return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="job-create", create=create)

@@ -24,6 +24,7 @@ from portal.console.shortcuts import or_404
 from portal.services import arrays, work
 from portal.services.housekeeping import job_kept_until, release_due_at
 from portal.services.logs import logs_panel, member_tail
+from portal.services.requests import ArrayRequest, InstanceRequest, JobRequest
 from portal.services.work import HIGH_PRIORITY_PERMISSION
 from portal.throttles import sign_in_wait
 from scheduler import sharedfs
@@ -71,10 +72,8 @@ def _create(request, form_class, template: str, create):
         priority = form.fields["priority"]  # High is offered to those an administrator allows only
         priority.choices = [(value, label) for value, label in priority.choices if value != Priority.HIGH]
     if request.method == "POST" and form.is_valid():
-        data = dict(form.cleaned_data)
-        data["image_id"], data["gpu_type_id"] = data.pop("image"), data.pop("gpu_type")
         try:
-            return create(data)
+            return create(dict(form.cleaned_data))
         except ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
     # What each card includes (the rate card in force), capped at the most one node with the type offers:
@@ -142,7 +141,7 @@ def instance_list(request):
 @require_http_methods(["GET", "HEAD", "POST"])
 def instance_create(request):
     def create(data):
-        instance = work.instance_create(owner=request.user, **data)
+        instance = work.instance_create(InstanceRequest.of(request.user, data))
         messages.success(
             request, _("Instance %(name)s created; it starts as soon as a card is placed.") % {"name": instance.name}
         )
@@ -187,10 +186,10 @@ def job_create(request):
         if spec and any(v is not None for v in elastic.values()):
             raise InvalidInput(_("the tasks of an array have one size each: leave elastic out"), field="elastic_min")
         if spec:  # one task per index: a job array, on the page of its own
-            array = arrays.array_create(owner=request.user, array=spec, **data)
+            array = arrays.array_create(ArrayRequest.of(request.user, dict(data, array=spec)))
             messages.success(request, _("Array %(name)s queued.") % {"name": array.name})
             return redirect("console-array", array_id=array.pk)
-        job = work.job_create(owner=request.user, nodes=nodes, **elastic, **data)
+        job = work.job_create(JobRequest.of(request.user, dict(data, nodes=nodes, **elastic)))
         messages.success(request, _("Job %(name)s queued.") % {"name": job.name})
         return redirect("console-job", job_id=job.pk)
 

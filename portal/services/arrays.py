@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
@@ -26,6 +25,7 @@ from core.errors import Conflict, InvalidInput, TooMany
 from portal.models import ArrayStatus, Fallback, Job, JobArray
 from portal.services import work
 from portal.services.array_spec import task_env, tasks_of
+from portal.services.requests import ArrayRequest
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services import workloads as scheduler
 from scheduler.services.code import array_code_attach
@@ -56,53 +56,24 @@ def task_state(job: Job) -> str:
     return "cancelled" if w.exit_code is None else ("done" if w.exit_code == 0 else "failed")
 
 
-def array_create(
-    *,
-    owner,
-    name: str,
-    image_id: int,
-    gpu_type_id: int,
-    gpus: Decimal,
-    command: str,
-    cpu_cores: int,
-    memory_gb: int,
-    priority: int = 1,
-    max_runtime_s: int | None = None,
-    team: str = "",
-    env: dict | None = None,
-    array: str | None = None,
-    params: dict | None = None,
-    max_running: int | None = None,
-    spot: bool = True,
-    fallback: str = Fallback.NONE,
-    max_preemptions: int = 3,
-    deadline: datetime | None = None,
-    budget: Decimal | None = None,
-    code: bytes | None = None,
-) -> JobArray:
+def array_create(request: ArrayRequest, *, code: bytes | None = None) -> JobArray:
     """Queue every task of an array in one transaction (all or none), each with its index and parameters.
 
     ``code`` (a .tar.gz, as a job's) is stored once for the whole array; every task runs in it."""
-    tasks, limit = tasks_of(array=array, params=params)
-    if limit is not None and max_running is not None and limit != max_running:
+    r, owner, name = request, request.owner, request.name
+    tasks, limit = tasks_of(array=r.array, params=r.params)
+    if limit is not None and r.max_running is not None and limit != r.max_running:
         raise InvalidInput(f"the array says %{limit}: leave max_running out or make it {limit}", field="max_running")
-    if fallback not in Fallback.values:
+    if r.fallback not in Fallback.values:
         raise InvalidInput(f"one of {', '.join(Fallback.values)}", field="fallback")
-    if budget is not None and budget <= 0:
+    if r.budget is not None and r.budget <= 0:
         raise InvalidInput("a budget must be more than 0", field="budget")
-    work.check_priority(owner, priority)
-    job = work.job_prepare(
-        owner=owner,
-        name=name,
-        image_id=image_id,
-        gpu_type_id=gpu_type_id,
-        gpus=gpus,
-        command=command,
-        cpu_cores=cpu_cores,
-        memory_gb=memory_gb,
-        team=team,
-        env=env,
-    )
+    if r.nodes is not None and r.nodes > 1:
+        raise InvalidInput("the tasks of an array run on one node each", field="nodes")
+    if r.elastic_min is not None or r.elastic_max is not None:
+        raise InvalidInput("the tasks of an array have one size each: leave elastic out", field="elastic_min")
+    work.check_priority(owner, r.priority)
+    job = work.job_prepare(r)
     work.check_payable(owner, job.team)
     waiting = Workload.objects.filter(owner=owner, status=S.QUEUED).count()
     if waiting + len(tasks) > settings.MAX_QUEUED_PER_USER:
@@ -112,26 +83,26 @@ def array_create(
             f"most {settings.MAX_QUEUED_PER_USER} may wait at once; submit fewer tasks, or wait for some to start"
         )
     card = rate_card_now(job.gpu_type.name)
-    falls_back = fallback == Fallback.ON_DEMAND
+    falls_back = r.fallback == Fallback.ON_DEMAND
     with transaction.atomic():
         group = scheduler.group_create(
             name=name,
-            max_running=limit or max_running,
-            fallback_after=max_preemptions if falls_back else None,
-            fallback_at=deadline if falls_back else None,
+            max_running=limit or r.max_running,
+            fallback_after=r.max_preemptions if falls_back else None,
+            fallback_at=r.deadline if falls_back else None,
         )
         created = JobArray.objects.create(
             owner=owner,
             name=name,
-            spec=array or "",
-            grid=params or {},
+            spec=r.array or "",
+            grid=r.params or {},
             total=len(tasks),
-            max_running=limit or max_running,
-            spot=spot,
-            fallback=fallback,
-            max_preemptions=max_preemptions,
-            deadline=deadline,
-            budget=budget,
+            max_running=limit or r.max_running,
+            spot=r.spot,
+            fallback=r.fallback,
+            max_preemptions=r.max_preemptions,
+            deadline=r.deadline,
+            budget=r.budget,
             currency=card.currency if card else job.gpu_type.currency,
             group=group,
         )
@@ -142,9 +113,10 @@ def array_create(
             submitted.append(
                 work.job_submit(
                     job,
-                    priority=priority,
-                    max_runtime_s=max_runtime_s,
-                    spot=spot,
+                    priority=r.priority,
+                    max_runtime_s=r.max_runtime_s,
+                    checkpoint_gb=r.checkpoint_gb,
+                    spot=r.spot,
                     name=name[: 64 - len(suffix)] + suffix,
                     env=task_env(task, array_id=created.pk, tasks=tasks),
                     group=group,

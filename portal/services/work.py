@@ -20,6 +20,7 @@ from portal import limits
 from portal.models import BillingMode, GpuType, Image, ImageStatus, Instance, Job
 from portal.selectors import image_list
 from portal.services import images
+from portal.services.requests import InstanceRequest, JobRequest, WorkRequest
 from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import envnames
 from scheduler.models import Priority, WorkloadKind, WorkloadStatus
@@ -125,70 +126,46 @@ def _team(owner, team: str) -> str:
     return team
 
 
-def _work(
-    owner,
-    name: str,
-    image_id: int,
-    gpu_type_id: int,
-    gpus: Decimal,
-    cpu_cores: int,
-    memory_gb: int,
-    team: str,
-    *,
-    most: int = limits.MAX_CARDS,
-):
+def _work(request: WorkRequest, *, most: int = limits.MAX_CARDS):
     """(image, GPU type, the scheduler's view of the resources) of what a user asks for, checked."""
-    gpu_count, gpu_milli = check_gpus(gpus, most=most, what="instance" if most == limits.MAX_CARDS else "job")
-    image, gpu_type = _catalog(owner=owner, image_id=image_id, gpu_type_id=gpu_type_id)
+    owner = request.owner
+    gpu_count, gpu_milli = check_gpus(request.gpus, most=most, what="instance" if most == limits.MAX_CARDS else "job")
+    image, gpu_type = _catalog(owner=owner, image_id=request.image_id, gpu_type_id=request.gpu_type_id)
     work = dict(
-        team=_team(owner, team),
+        team=_team(owner, request.team),
         owner=owner,
-        name=name,
+        name=request.name,
         image_ref=image.docker_ref,
         gpu_model=gpu_type.name,
         gpu_count=gpu_count,
         gpu_milli=gpu_milli,
-        cpu_cores=cpu_cores,
-        memory_mb=memory_gb * 1024,
+        cpu_cores=request.cpu_cores,
+        memory_mb=request.memory_gb * 1024,
         # A saved image outside the registry exists only on the node it was committed on.
         pinned_node=image.node,
     )
     return image, gpu_type, work
 
 
-def instance_create(
-    *,
-    owner,
-    name: str,
-    image_id: int,
-    gpu_type_id: int,
-    gpus: Decimal,
-    cpu_cores: int,
-    memory_gb: int,
-    disk_gb: int,
-    billing_mode: str = BillingMode.ON_DEMAND,
-    idle_util_percent: int | None = None,
-    idle_minutes: int | None = limits.DEFAULT_IDLE_MINUTES,
-    stop_at=None,
-    team: str = "",
-) -> Instance:
-    image, gpu_type, work = _work(owner, name, image_id, gpu_type_id, gpus, cpu_cores, memory_gb, team)
+def instance_create(request: InstanceRequest) -> Instance:
+    image, gpu_type, work = _work(request)
+    spot = request.billing_mode == BillingMode.SPOT
     with transaction.atomic():
-        workload = _submit(**work, kind=WorkloadKind.INSTANCE, disk_gb=disk_gb, spot=billing_mode == BillingMode.SPOT)
+        workload = _submit(**work, kind=WorkloadKind.INSTANCE, disk_gb=request.disk_gb, spot=spot)
         return Instance.objects.create(
-            owner=owner,
-            name=name,
+            owner=request.owner,
+            name=request.name,
             image=image,
             gpu_type=gpu_type,
-            gpus=gpus,
-            cpu_cores=cpu_cores,
-            memory_gb=memory_gb,
-            disk_gb=disk_gb,
-            billing_mode=billing_mode,
+            gpus=request.gpus,
+            cpu_cores=request.cpu_cores,
+            memory_gb=request.memory_gb,
+            disk_gb=request.disk_gb,
+            billing_mode=request.billing_mode,
             workload=workload,
-            idle_util_percent=idle_util_percent,
-            idle_minutes=idle_minutes or limits.DEFAULT_IDLE_MINUTES,
-            stop_at=stop_at,
+            idle_util_percent=request.idle_util_percent,
+            idle_minutes=request.idle_minutes or limits.DEFAULT_IDLE_MINUTES,
+            stop_at=request.stop_at,
         )
 
 
@@ -198,18 +175,20 @@ def instance_clone(*, instance: Instance, owner) -> Instance:
     The disk's contents are not copied: save the instance as an image for that.
     """
     return instance_create(
-        owner=owner,
-        name=f"{instance.name}-copy"[: limits.NAME_CHARS],
-        image_id=instance.image_id,
-        gpu_type_id=instance.gpu_type_id,
-        gpus=instance.gpus,
-        cpu_cores=instance.cpu_cores,
-        memory_gb=instance.memory_gb,
-        disk_gb=instance.disk_gb,
-        billing_mode=instance.billing_mode,
-        idle_util_percent=instance.idle_util_percent,
-        idle_minutes=instance.idle_minutes,
-        team=instance.workload.team,
+        InstanceRequest(
+            owner=owner,
+            name=f"{instance.name}-copy"[: limits.NAME_CHARS],
+            image_id=instance.image_id,
+            gpu_type_id=instance.gpu_type_id,
+            gpus=instance.gpus,
+            cpu_cores=instance.cpu_cores,
+            memory_gb=instance.memory_gb,
+            disk_gb=instance.disk_gb,
+            billing_mode=instance.billing_mode,
+            idle_util_percent=instance.idle_util_percent,
+            idle_minutes=instance.idle_minutes,
+            team=instance.workload.team,
+        )
     )
 
 
@@ -276,27 +255,7 @@ class PreparedJob:
         return self.work["team"]
 
 
-def job_create(
-    *,
-    owner,
-    name: str,
-    image_id: int,
-    gpu_type_id: int,
-    gpus: Decimal,
-    command: str,
-    cpu_cores: int,
-    memory_gb: int,
-    priority: int = 1,
-    max_runtime_s: int | None = None,
-    checkpoint_gb: int = 50,
-    team: str = "",
-    env: dict | None = None,
-    spot: bool = False,
-    code: bytes | None = None,
-    nodes: int | None = None,
-    elastic_min: int | None = None,
-    elastic_max: int | None = None,
-) -> Job:
+def job_create(request: JobRequest, *, code: bytes | None = None) -> Job:
     """Queue a batch job. Jobs are preemptible: they checkpoint to GPUCLOUD_CHECKPOINT_DIR and resume.
 
     ``spot``: it runs on spot capacity, at the spot price; any on-demand work may evict it (it
@@ -307,26 +266,18 @@ def job_create(
     ``cpu_cores`` and ``memory_gb`` are per node. ``elastic_min``..``elastic_max``: an elastic job, which the
     scheduler may run on any size in that range around ``gpus`` (``scheduler.services.elastic``).
     """
-    job = job_prepare(
-        owner=owner,
-        name=name,
-        image_id=image_id,
-        gpu_type_id=gpu_type_id,
-        gpus=gpus,
-        command=command,
-        cpu_cores=cpu_cores,
-        memory_gb=memory_gb,
-        team=team,
-        env=env,
-        nodes=nodes,
-    )
-    if elastic_min is not None or elastic_max is not None:
-        job.work.update(elastic_min=elastic_min, elastic_max=elastic_max)
-    check_priority(owner, priority)
-    check_payable(owner, job.team)
+    job = job_prepare(request)
+    if request.elastic_min is not None or request.elastic_max is not None:
+        job.work.update(elastic_min=request.elastic_min, elastic_max=request.elastic_max)
+    check_priority(request.owner, request.priority)
+    check_payable(request.owner, job.team)
     with transaction.atomic():
         created = job_submit(
-            job, priority=priority, max_runtime_s=max_runtime_s, checkpoint_gb=checkpoint_gb, spot=spot
+            job,
+            priority=request.priority,
+            max_runtime_s=request.max_runtime_s,
+            checkpoint_gb=request.checkpoint_gb,
+            spot=request.spot,
         )
         if code is not None:
             workload_code_attach(workload=created.workload, archive=code)
@@ -347,21 +298,17 @@ def check_priority(owner, priority: int) -> None:
         )
 
 
-def job_prepare(
-    *, owner, name, image_id, gpu_type_id, gpus, command, cpu_cores, memory_gb, team="", env=None, nodes=None
-) -> PreparedJob:
+def job_prepare(request: JobRequest) -> PreparedJob:
     """Check what a user asks a job (or each task of an array) to be; nothing is written."""
-    check_gpus(gpus, most=limits.MAX_JOB_CARDS, what="job")
-    nodes = check_nodes(gpus, nodes)
-    if not command.strip():
+    check_gpus(request.gpus, most=limits.MAX_JOB_CARDS, what="job")
+    nodes = check_nodes(request.gpus, request.nodes)
+    if not request.command.strip():
         raise InvalidInput("a job needs a command", field="command")
-    env = check_env(env)
-    image, gpu_type, work = _work(
-        owner, name, image_id, gpu_type_id, gpus, cpu_cores, memory_gb, team, most=limits.MAX_JOB_CARDS
-    )
+    env = check_env(request.env)
+    image, gpu_type, work = _work(request, most=limits.MAX_JOB_CARDS)
     if nodes:
         work["nodes"] = nodes
-    return PreparedJob(work=work, image=image, gpu_type=gpu_type, gpus=gpus, command=command, env=env)
+    return PreparedJob(work=work, image=image, gpu_type=gpu_type, gpus=request.gpus, command=request.command, env=env)
 
 
 def job_submit(

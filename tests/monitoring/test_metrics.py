@@ -9,6 +9,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from portal.services import work
+from portal.services.requests import InstanceRequest
 from scheduler.telemetry import streams
 from scheduler.telemetry.documents import (
     SHARED_CARD,
@@ -27,14 +28,16 @@ TOKEN = "metrics-token-0123456789"
 
 def instance_of(user, catalog, name: str, gpus: str):
     return work.instance_create(
-        owner=user,
-        name=name,
-        image_id=catalog["image"].pk,
-        gpu_type_id=catalog["rtx3090"].pk,
-        gpus=Decimal(gpus),
-        cpu_cores=1,
-        memory_gb=1,
-        disk_gb=10,
+        InstanceRequest(
+            owner=user,
+            name=name,
+            image_id=catalog["image"].pk,
+            gpu_type_id=catalog["rtx3090"].pk,
+            gpus=Decimal(gpus),
+            cpu_cores=1,
+            memory_gb=1,
+            disk_gb=10,
+        )
     )
 
 

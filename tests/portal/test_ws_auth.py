@@ -56,11 +56,12 @@ def test_another_users_token_does_not_open_my_terminal(user, outsider, catalog, 
     from decimal import Decimal
 
     from portal.services import work
+    from portal.services.requests import JobRequest
 
-    job = work.job_create(
+    job = work.job_create(JobRequest(
         owner=user, name="x", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk,
         gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1, command="sleep 60",
-    )  # fmt: skip
+    ))  # fmt: skip
     _, theirs = token_create(user=outsider, name="theirs")
     _, mine = token_create(user=user, name="mine")
     path = f"/ws/terminal/jobs/{job.pk}/"

@@ -20,6 +20,7 @@ from billing.models import TeamInvitation
 from config.asgi import application
 from portal.models import Image
 from portal.services import arrays, work
+from portal.services.requests import ArrayRequest, InstanceRequest, JobRequest
 from portal.sockets.routing import websocket_urlpatterns
 from scheduler.models import Node
 
@@ -260,9 +261,9 @@ def client_for(person) -> Client:
 def owned_objects(owner, catalog) -> dict:
     common = dict(owner=owner, name="x", image_id=catalog["image"].pk, gpu_type_id=catalog["rtx3090"].pk)
     common |= dict(gpus=Decimal("0.5"), cpu_cores=1, memory_gb=1)
-    instance = work.instance_create(**common, disk_gb=10)
-    job = work.job_create(**common, command="true")
-    array = arrays.array_create(**common, command="true", array="0-1")
+    instance = work.instance_create(InstanceRequest(**common, disk_gb=10))
+    job = work.job_create(JobRequest(**common, command="true"))
+    array = arrays.array_create(ArrayRequest(**common, command="true", array="0-1"))
     image = Image.objects.create(
         name="saved", framework="x", framework_version="1", cuda_version="12", docker_ref="gpucloud-saved:x",
         visibility="private", owner=owner, node=Node.objects.first(),
