@@ -241,16 +241,17 @@ def unknown_kept(unknown: int, total: int) -> bool:
 
 def _fence(node_name: str, containers: dict, volumes: dict) -> None:
     """Stop what may not run here; remove what belongs to no live work, and gang members left behind."""
-    owners = {w.uid: w for w in Workload.objects.filter(uid__in={*containers, *volumes}).select_related("node")}
-    unknown = {*containers, *volumes} - owners.keys()
-    keep_unknown = unknown_kept(len(unknown), len({*containers, *volumes}))
+    here = {*containers, *volumes}
+    owners = {w.uid: w for w in Workload.objects.filter(uid__in=here).select_related("node")}
+    unknown = here - owners.keys()
+    keep_unknown = unknown_kept(len(unknown), len(here))
     if keep_unknown:
         log.error(
             "%d of the %d workloads with a container or disk on this node are unknown to the database: none of "
             "theirs is removed (was the database restored from a backup, or is this DEPLOYMENT_ID another's?); "
             "ORPHAN_MAX_UNKNOWN / ORPHAN_MAX_UNKNOWN_PERCENT say when leftovers are removed",
             len(unknown),
-            len({*containers, *volumes}),
+            len(here),
         )
     holding = set(S.holding_resources())
     members = {

@@ -66,10 +66,17 @@ def team_create(*, user, name: str) -> Team:
     return team
 
 
+def _active_user(username: str):
+    """The active account called ``username`` (spaces around it ignored), or None."""
+    username = (username or "").strip()
+    if not username or len(username) > 150 or "\x00" in username:
+        return None
+    return get_user_model().objects.filter(username=username, is_active=True).first()
+
+
 def member_add(*, team: Team, by, username: str, is_admin: bool = False) -> Membership:
     _admin(team, by)
-    username = (username or "").strip()
-    user = None if "\x00" in username else get_user_model().objects.filter(username=username).first()
+    user = _active_user(username)
     if user is None:
         raise InvalidInput(f"no user called {username!r}", field="username")
     membership, created = Membership.objects.get_or_create(team=team, user=user, defaults={"is_admin": is_admin})
@@ -84,7 +91,7 @@ def member_invite(*, team: Team, by, username: str) -> str:
     username = (username or "").strip()
     if not username or len(username) > 150 or "\x00" in username:
         raise InvalidInput("give the username of the person to invite", field="username")
-    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    user = _active_user(username)
     if user is not None:
         if Membership.objects.filter(team=team, user=user).exists():
             raise Conflict(f"{user.username} is already a member")  # the admin sees the members anyway

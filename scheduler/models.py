@@ -155,6 +155,11 @@ class WorkloadStatus(models.TextChoices):
     def terminal(cls):
         return [cls.RELEASED]
 
+    @classmethod
+    def ended_job(cls):
+        """States of a job that ended and is not released yet: its disk (its files) is still on its host."""
+        return [cls.SUCCEEDED, cls.FAILED, cls.STOPPED]
+
 
 class Priority(models.IntegerChoices):
     HIGH = 0, _("High")

@@ -224,10 +224,9 @@ def ended_job(api: docker.APIClient, ticket: Ticket, node: str, deployment: str)
         )
     finally:
         connection.close()  # the relay's threads hold no connection between calls
-    ended = (WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.STOPPED)
     if workload is None or workload.owner_id != ticket.user:
         raise Refused(404, f"no job {ticket.workload} of this ticket's owner on this node")
-    if workload.status not in ended:
+    if workload.status not in WorkloadStatus.ended_job():
         raise Refused(409, f"the job is {workload.status}: ask for its files again")
     try:
         labels = api.inspect_volume(workload.volume_name).get("Labels") or {}

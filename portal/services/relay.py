@@ -36,15 +36,13 @@ LEASE_S = 60  # a session slot not renewed for this long is free again
 RENEW_S = LEASE_S / 3
 
 
-# A job that has ended keeps its stopped container and its disk until it is released: its files can be read.
-ENDED_JOB = (WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.STOPPED)
-
-
 def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, dict]:
     """(URL, headers) of one relay call for ``workload``'s container; Conflict if it cannot be made now."""
     ended = False
     if workload.status != WorkloadStatus.RUNNING:
-        if not (op in (Op.LIST, Op.DOWNLOAD) and workload.kind == WorkloadKind.JOB and workload.status in ENDED_JOB):
+        # A job that has ended keeps its disk until it is released: its files can be listed and downloaded.
+        ended_job = workload.kind == WorkloadKind.JOB and workload.status in WorkloadStatus.ended_job()
+        if not (op in (Op.LIST, Op.DOWNLOAD) and ended_job):
             raise Conflict(not_running(workload))
         ended = True
         if not within(params.get("path", ""), settings.JOB_CHECKPOINT_PATH):
@@ -89,7 +87,7 @@ def not_running(workload: Workload) -> str:
     if workload.kind == WorkloadKind.JOB:
         if status in (WorkloadStatus.QUEUED, WorkloadStatus.STARTING):
             return f"a job's terminal and files can be reached while it runs; this one is {status}"
-        if status not in ENDED_JOB:
+        if status not in WorkloadStatus.ended_job():
             return (
                 f"this job is {status}: its container and disks are gone with it. Keep what you need in "
                 "/root/autodl-fs, your file storage, which every job and instance you run mounts"
