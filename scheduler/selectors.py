@@ -5,9 +5,10 @@ from collections import Counter
 from django.conf import settings
 from django.db.models import Avg, Count, FloatField, Func, Prefetch, Q
 
-from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadGpuMinute, WorkloadStatus
+from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadGpuMinute, WorkloadKind, WorkloadStatus
 from scheduler.policy import CardSpec, NodeSpec
 from scheduler.policy.cluster import WHOLE_CARD
+from scheduler.policy.predict import DurationHistory
 
 
 def cluster_capacity() -> list[NodeSpec]:
@@ -92,6 +93,28 @@ def holding_rows() -> list:
     times = {name: EpochSeconds(field) for name, field in HOLDING_TIMES.items()}
     rows = Workload.objects.filter(status__in=WorkloadStatus.holding_resources()).annotate(**times)
     return list(rows.values_list(*HOLDING_FIELDS, *times, named=True))
+
+
+HISTORY_PER_OWNER = 100  # a queued job's prediction reads at most this many of its owner's past jobs
+
+
+def job_history(owner_ids) -> DurationHistory:
+    """The past jobs of these owners that ended by themselves (an exit code: succeeded or failed, released or
+    not; a cancelled one says nothing of how long its kind runs), newest ``HISTORY_PER_OWNER`` per owner at most,
+    each as its service per card (weighted GPU-seconds over its cards: the MLFQ's own measure)."""
+    history = DurationHistory()
+    owner_ids = set(owner_ids)
+    rows = (
+        Workload.objects.filter(kind=WorkloadKind.JOB, owner_id__in=owner_ids, exit_code__isnull=False)
+        .exclude(finished_at=None)
+        .order_by("-finished_at")
+        .values_list("owner_id", "image_ref", "gpu_count", "gpu_milli", "attained_service")
+    )
+    for owner, image, count, milli, service in reversed(rows[: HISTORY_PER_OWNER * len(owner_ids)]):
+        cards = count * milli / WHOLE_CARD
+        if cards:
+            history.record(owner, image, cards, service / cards)
+    return history
 
 
 def node_list():

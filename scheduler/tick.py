@@ -21,8 +21,8 @@ from django.utils import timezone
 from core.clients import redis_client
 from core.memory import collector_paused
 from scheduler import policy
-from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadStatus, card_share
-from scheduler.selectors import cluster_capacity, holding_rows
+from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus, card_share
+from scheduler.selectors import cluster_capacity, holding_rows, job_history
 from scheduler.services.accrual import service_accrue, service_record
 from scheduler.services.allocation import Part, Placement, Share, allocations_create
 from scheduler.services.elastic import workload_resize
@@ -48,6 +48,7 @@ def mlfq_config() -> policy.MlfqConfig:
         reserve_after_s=settings.SCHEDULER_RESERVE_AFTER_S,
         reservations=settings.SCHEDULER_RESERVATIONS,
         resize_interval_s=settings.SCHEDULER_RESIZE_INTERVAL_S,
+        predict=settings.SCHEDULER_PREDICT,
     )
 
 
@@ -147,6 +148,15 @@ def _queued_work(w: Workload, epoch: float) -> policy.Work:
         elastic_min=w.elastic_min,
         elastic_max=w.elastic_max,
     )
+
+
+def _predict(waiting: list[policy.Work], by_id: dict) -> None:
+    """Each queued job's duration (service per card) as its owner's past jobs of its image and cards predict."""
+    jobs = [w for w in waiting if by_id[w.id].kind == WorkloadKind.JOB]
+    history = job_history({by_id[w.id].owner_id for w in jobs})
+    for work in jobs:
+        row = by_id[work.id]
+        work.predicted = history.predict(row.owner_id, row.image_ref, work.request.gpus)
 
 
 def _holding_work(w, epoch: float, attained: float, now: float) -> policy.Work:
@@ -252,8 +262,11 @@ def _tick() -> TickResult:
     epoch = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding])
     cluster = policy.ClusterState(_capacity())
     by_id = {w.pk: w for w in queued}
+    waiting = [_queued_work(w, epoch) for w in queued]
+    if config.predict:
+        _predict(waiting, by_id)
     decisions = policy.decide(
-        [_queued_work(w, epoch) for w in queued],
+        waiting,
         _running_works(
             holding, cluster, epoch, _cards_held(), {pk: a.attained for pk, a in accrued.items()}, now.timestamp()
         ),

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from scheduler.policy.cluster import WHOLE_CARD, ClusterState
-from scheduler.policy.mlfq import MlfqConfig, Work, level_of
+from scheduler.policy.mlfq import MlfqConfig, Work, expected_remaining, level_of
 from scheduler.policy.placement import (
     Choice,
     NodeRow,
@@ -151,6 +151,13 @@ class Discipline:
     def key(self, work: Work, level: int, over_share: bool, arrival: float):
         """``arrival``: the work's place in line once its owner's priorities reorder their own work."""
         return (level, over_share, arrival, str(work.id))
+
+    def place_in_line(self, work: Work):
+        """Where work stands in its queue before its owner's priorities reorder it: first come first served, or
+        with ``config.predict`` the least expected service left first (then first come)."""
+        if self.config.predict:
+            return (expected_remaining(work, self.config), work.submitted)
+        return work.submitted
 
     def may_preempt(self, waiter: Work, waiter_level: int, victim: Work, victim_level: int) -> bool:
         if not self.config.preemption or not victim.preemptible or victim.stopping:
@@ -296,7 +303,7 @@ def decide(
     # Projected holdings: a user's (and team's) earlier queued work counts against their later work.
     projected, team_projected = defaultdict(float, held), defaultdict(float, team_held)
     keyed = []
-    arrival = _arrivals_by_own_priority(waiting, wait_levels)
+    arrival = _arrivals_by_own_priority(waiting, wait_levels, discipline.place_in_line)
     for work in sorted(waiting, key=lambda w: (wait_levels[w.id], arrival[w.id], str(w.id))):
         over = fair_share and (
             projected[work.user] >= fair or bool(work.team) and team_projected[work.team] >= team_fair
@@ -523,16 +530,18 @@ def falls_back(work: Work, now: float) -> bool:
     return work.fallback_at is not None and now >= work.fallback_at
 
 
-def _arrivals_by_own_priority(waiting: list[Work], levels: dict) -> dict:
+def _arrivals_by_own_priority(waiting: list[Work], levels: dict, place_in_line) -> dict:
     """A user's priority orders only their own work: in each queue, a user's works take that
-    user's arrival times in priority order, so "high" never jumps another user's work."""
+    user's places in line (``place_in_line``: arrival times) in priority order, so "high" never jumps
+    another user's work."""
     groups: dict[tuple, list[Work]] = defaultdict(list)
     for work in waiting:
         groups[work.user, levels[work.id]].append(work)
     arrival = {}
     for group in groups.values():
-        times = sorted(w.submitted for w in group)
-        by_priority = sorted(group, key=lambda w: (w.priority, w.submitted, str(w.id)))
+        places = {w.id: place_in_line(w) for w in group}
+        times = sorted(places.values())
+        by_priority = sorted(group, key=lambda w: (w.priority, places[w.id], str(w.id)))
         arrival.update((w.id, t) for w, t in zip(by_priority, times, strict=True))
     return arrival
 

@@ -43,6 +43,9 @@ class MlfqConfig:
     # Elastic work: the least time between two grows of one work (each is a restart from checkpoint);
     # 600 s, compared with 300 and 1800 s on bench/elastic.py's tune windows.
     resize_interval_s: float = 600.0
+    # Inside a queue, work predicted to need the least service left goes first (``expected_remaining``);
+    # off: first come first served. Predictions come from the owner's past jobs (``predict.DurationHistory``).
+    predict: bool = False
 
     @property
     def queues(self) -> int:
@@ -80,6 +83,7 @@ class Work:
     stopping: bool = False
     started: float = 0.0
     remaining: float | None = None  # known only to the oracle (SRTF) baseline
+    predicted: float | None = None  # seconds of running its owner's past jobs of its kind predict (None: no guess)
     # Elastic work runs on elastic_min..elastic_max cards (None: rigid). request.gpu_count is its size now
     # (running) or the size it asks first (waiting: placed at that size if it fits, else at elastic_min).
     elastic_min: int | None = None
@@ -98,6 +102,17 @@ def level_of(work: Work, now: float, config: MlfqConfig, *, waiting: bool) -> in
     if waiting and now - work.waiting_since >= config.starvation_s:
         return 0
     return bisect.bisect_right(config.thresholds, work.attained)
+
+
+def expected_remaining(work: Work, config: MlfqConfig) -> float:
+    """GPU-seconds of service it is expected to need still: its prediction less what it attained, while it has not
+    outlived it. With no prediction, or past it, as much again as it attained and at least the first queue's span
+    (a heavy tail: the longer work has run, the longer it is likely to run), so it sorts by attained service."""
+    if work.predicted is not None:
+        left = work.predicted * work.request.gpus - work.attained
+        if left > 0:
+            return left
+    return max(work.attained, config.thresholds[0])
 
 
 def service_rate(utilization: float | None, *, idle_util: float, idle_weight: float) -> float:

@@ -46,6 +46,7 @@ from scheduler.policy.cluster import SHARE_SIZES, WHOLE_CARD, CardSpec, ClusterS
 from scheduler.policy.decide import DISCIPLINES, decide
 from scheduler.policy.mlfq import MlfqConfig, Work, accrue
 from scheduler.policy.placement import Request, task_mix
+from scheduler.policy.predict import DurationHistory
 from scheduler.sim.traces import TraceJob
 
 
@@ -149,6 +150,7 @@ def simulate(
     shapes = ((j.gpu_count, milli_of(j), j.cpu, j.memory_mb) for j in jobs)
     mix = task_mix(shapes) if strategy == "fgd" else None
     works: dict[int, Work] = {}
+    history = DurationHistory()  # finished jobs' running times, as the live tick learns them (config.predict)
     executed: dict[int, float] = {}
     executed_before_launch: dict[int, float] = {}
     first_start: dict[int, float] = {}
@@ -208,6 +210,7 @@ def simulate(
             work = running.pop(job_id)
             _give_back(cluster, work)
             done[job_id] = now
+            history.record(work.user, None, base[job_id], duration[job_id])  # a trace has no images
             runs.setdefault(job_id, []).append((*run_start.pop(job_id), now))
         while evictions and evictions[0][0] <= now:
             _, job_id = heapq.heappop(evictions)
@@ -244,6 +247,8 @@ def simulate(
                 elastic_min=job.elastic_min,
                 elastic_max=(job.elastic_max or job.gpu_count) if job.elastic_min is not None else None,
             )
+            if config.predict:
+                work.predicted = history.predict(job.user, None, job.gpu_count)
             works[job.id] = work
             executed[job.id] = 0.0
             waiting[job.id] = work
