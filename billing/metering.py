@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import MeterSegment
-from scheduler.models import Workload, WorkloadEvent, WorkloadStatus
+from scheduler.models import MeterChange, Workload, WorkloadEvent, WorkloadStatus
 
 RUNNING = WorkloadStatus.RUNNING
 # A segment opened by the live receiver before its start was taken from the event
@@ -45,11 +45,17 @@ def meter_close(*, workload_id: int, reason: str, at=None) -> None:
 
 
 def running_intervals(events) -> list[tuple[datetime, datetime | None, str]]:
-    """(start, end or None while still running, end reason) for each stretch the events say ran."""
+    """(start, end or None while still running, end reason) for each stretch the events say ran and charge:
+    a pause of the meter (its host lost) ends one, its resume (the host back, the work still running) starts one."""
     intervals = []
     start = None
     for event in events:
-        if event.to_status == RUNNING and event.from_status != RUNNING and start is None:
+        if event.meter == MeterChange.PAUSE and start is not None:
+            intervals.append((start, event.created_at, f"not charged: {event.reason}"))
+            start = None
+        elif event.meter == MeterChange.RESUME and event.to_status == RUNNING and start is None:
+            start = event.created_at
+        elif event.to_status == RUNNING and event.from_status != RUNNING and start is None:
             start = event.created_at
         elif event.from_status == RUNNING and event.to_status != RUNNING and start is not None:
             intervals.append((start, event.created_at, f"{event.to_status}: {event.reason}"))

@@ -10,8 +10,8 @@ from billing.ledger import user_account, wallet_credit
 from billing.metering import meter_close, meter_open
 from billing.models import PostingKind
 from core.messages import ToScheduler, send_after_commit
-from scheduler.models import WorkloadStatus
-from scheduler.signals import workload_changed
+from scheduler.models import MeterChange, WorkloadStatus
+from scheduler.signals import workload_changed, workload_metering
 
 
 @receiver(workload_changed)
@@ -27,6 +27,17 @@ def meter_on_lifecycle(sender, workload_id, from_status, to_status, reason, at, 
         # Settled at each stop, as AutoDL does: by the control plane (the node agent that may
         # have recorded the stop has no right to write the ledger).
         send_after_commit(ToScheduler.SETTLE_USAGE, workload_id, robust=True)
+
+
+@receiver(workload_metering)
+def meter_on_pause_or_resume(sender, workload_id, change, at, **kwargs):
+    """A running workload's host lost (pause: closed and settled at its last heartbeat) or back (resume)."""
+    if change == MeterChange.PAUSE:
+        meter_close(workload_id=workload_id, reason="not charged: its host is unreachable", at=at)
+        send_after_commit(ToScheduler.SETTLE_USAGE, workload_id, robust=True)
+    elif change == MeterChange.RESUME:
+        meter_open(workload_id=workload_id, at=at)
+        send_after_commit(ToScheduler.SEGMENT_ASSIGN, workload_id, robust=True)
 
 
 @receiver(post_save, sender=settings.AUTH_USER_MODEL)

@@ -410,13 +410,22 @@ class WorkloadMember(models.Model):
         return self.workload.container_name if self.rank == 0 else f"{self.workload.container_name}-r{self.rank}"
 
 
+class MeterChange(models.TextChoices):
+    """A running workload's meter stopped or started again without a change of status (its host lost, then back)."""
+
+    PAUSE = "pause", _("Not charged from here")
+    RESUME = "resume", _("Charged again from here")
+
+
 class WorkloadEvent(models.Model):
-    """One status change of a workload (append-only)."""
+    """One status change of a workload (append-only); or, from and to the same status, a note, which may pause or
+    resume its meter (``meter``: billing's segments follow the events, billing.metering.running_intervals)."""
 
     workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="events")
     from_status = models.CharField(max_length=16, choices=WorkloadStatus.choices, blank=True)
     to_status = models.CharField(max_length=16, choices=WorkloadStatus.choices)
     reason = models.CharField(max_length=255, blank=True)
+    meter = models.CharField(max_length=8, choices=MeterChange.choices, blank=True, default="", db_default="")
     # The database's clock, whichever machine records the change (core.clock).
     created_at = models.DateTimeField(db_default=Now(), db_index=True)
 

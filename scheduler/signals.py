@@ -10,3 +10,7 @@ the others do, so one must not rely on another.
 from django.dispatch import Signal
 
 workload_changed = Signal()
+
+# A running workload's meter paused or resumed (``MeterChange``) with no change of status, after commit: keyword
+# arguments ``workload_id``, ``change`` and ``at`` (the time of the event row that records it).
+workload_metering = Signal()

@@ -13,7 +13,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent, WorkloadStatus
-from scheduler.signals import workload_changed
+from scheduler.signals import workload_changed, workload_metering
 
 HOLDING = set(WorkloadStatus.holding_resources())
 log = logging.getLogger(__name__)
@@ -117,6 +117,25 @@ def allocations_free(workload_id: int, *, node_id: int | None = None) -> None:
         allocated_memory_mb=F("allocated_memory_mb") - workload.held_memory_mb,
     )
     Allocation.objects.filter(workload_id=workload_id).delete()
+
+
+def workload_meter_change(workload: Workload, change: str, reason: str, *, at=None) -> None:
+    """Pause or resume a running workload's meter (``MeterChange``) at ``at`` (default: now), as an event of its
+    own; billing follows it after commit (``signals.workload_metering``)."""
+    event = WorkloadEvent.objects.create(
+        workload_id=workload.pk,
+        from_status=WorkloadStatus.RUNNING,
+        to_status=WorkloadStatus.RUNNING,
+        reason=reason[:255],
+        meter=change,
+        **({"created_at": at} if at is not None else {}),
+    )
+    event.refresh_from_db(fields=["created_at"])
+    transaction.on_commit(
+        lambda: workload_metering.send_robust(
+            sender=WorkloadEvent, workload_id=workload.pk, change=change, at=event.created_at
+        )
+    )
 
 
 def workload_note(workload_id: int, reason: str) -> None:

@@ -10,12 +10,14 @@ What a lost node's work becomes:
 - jobs are requeued to run anywhere; the node's agent has stopped them itself by
   then (``agent.selffence``: it fences its jobs well before this
   deadline), so a requeued job never runs twice;
-- running instances stay running in the database and keep their meter open:
-  the host keeps running them, and when it is heard again they are re-adopted
-  as they are, metered for the whole time they ran. A user's stop meanwhile
-  takes effect at once (``workload_stop``) and the host stops the container
-  when it returns; an operator who removes the node ends them at its last
-  heartbeat (``node_remove``);
+- running instances stay running in the database, but their meter pauses at the
+  host's last heartbeat (a host that lost power must not bill its tenants until it
+  returns, nor empty their wallets meanwhile): the host may keep running them, and
+  when it is heard again (``nodes.node_rejoin``) they are re-adopted as they are and
+  charged again from then on; the time it was unreachable is not charged, whether
+  they ran or not. A user's stop meanwhile takes effect at once (``workload_stop``)
+  and the host stops the container when it returns; an operator who removes the
+  node ends them (``node_remove``);
 - instances still starting fail, stopping ones are stopped, releases complete:
   the host removes leftovers when it returns.
 """
@@ -30,9 +32,9 @@ from django.db.models.functions import Now
 from core.clock import db_now
 from core.messages import ToNode, send_after_commit
 from scheduler import sharedfs
-from scheduler.models import ClusterWatch, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
+from scheduler.models import ClusterWatch, MeterChange, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.services.gangs import gangs_of_lost_node
-from scheduler.services.lifecycle import workload_transition
+from scheduler.services.lifecycle import workload_meter_change, workload_transition
 
 S = WorkloadStatus
 
@@ -104,7 +106,14 @@ def work_of_lost_node_settle(node: Node, *, why: str) -> None:
                 reason=f"stopped ({why}; it stops the container when it returns)",
                 finished_at=Now(),
             )
-        # Running instances go on running there: re-adopted, metered throughout, when it is heard again.
+        elif workload.status == S.RUNNING:  # an instance: it may go on running there, uncharged until heard again
+            last_event = workload.events.order_by("-created_at", "-id").values_list("created_at", flat=True).first()
+            workload_meter_change(
+                workload,
+                MeterChange.PAUSE,
+                f"node {node.name} unreachable ({why}): not charged from its last heartbeat until it is heard again",
+                at=max(filter(None, [node.last_heartbeat, last_event])),
+            )
     for workload in Workload.objects.filter(Q(node=node) | Q(pinned_node=node), status=S.RELEASING):
         workload_release_on_lost_node(workload, node)
 

@@ -15,8 +15,8 @@ from django.db.models.functions import Now
 from core.clock import db_now
 from core.errors import Conflict, InvalidInput
 from core.relay import relay_base
-from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
-from scheduler.services.lifecycle import workload_transition
+from scheduler.models import Gpu, MeterChange, Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
+from scheduler.services.lifecycle import workload_meter_change, workload_transition
 
 S = WorkloadStatus
 
@@ -107,12 +107,20 @@ def node_heartbeat(*, name: str, epoch: int, disk: tuple[int, int] | None = None
 
 
 def node_rejoin(*, name: str, epoch: int) -> bool:
-    """A lost node whose agent has stopped every container not assigned to it is active again."""
-    return bool(
-        Node.objects.filter(name=name, epoch=epoch, status=NodeStatus.LOST).update(
+    """A lost node whose agent has stopped every container not assigned to it is active again: the instances it
+    still runs are charged again from now (their meter paused when it was lost: ``node_loss``)."""
+    with transaction.atomic():
+        if not Node.objects.filter(name=name, epoch=epoch, status=NodeStatus.LOST).update(
             status=NodeStatus.ACTIVE, last_heartbeat=Now()
-        )
-    )
+        ):
+            return False
+        for workload in Workload.objects.filter(node__name=name, status=S.RUNNING, members__isnull=True):
+            last = workload.events.exclude(meter="").order_by("-created_at", "-id").values_list("meter", flat=True)
+            if last.first() == MeterChange.PAUSE:
+                workload_meter_change(
+                    workload, MeterChange.RESUME, f"node {name} is heard again: charged again from now"
+                )
+    return True
 
 
 def node_drain(*, node: Node, notice_s: int, by: str = "an operator") -> Node:

@@ -156,8 +156,14 @@ def test_a_silent_node_agent_is_lost_and_when_it_speaks_again_keeps_its_instance
         )
         wait_for(lambda: job.refresh_from_db() or job.status == "queued", timeout=10, what="the job's requeue")
         instance.refresh_from_db()
-        assert instance.status == "running"  # the host still runs it, and its meter stays open
-        assert MeterSegment.objects.get(workload=instance).ended_at is None
+        assert instance.status == "running"  # the host still runs it, uncharged from its last heartbeat
+        # Paused at the host's last heartbeat (or at the instance's own last event, where that came later).
+        last_heard = max(
+            Node.objects.get(name=cluster.node_name).last_heartbeat,
+            instance.events.exclude(meter="pause").latest("created_at", "id").created_at,
+        )
+        pause = wait_for(lambda: instance.events.filter(meter="pause").first(), timeout=10, what="the meter to pause")
+        assert pause.created_at == last_heard == MeterSegment.objects.get(workload=instance).ended_at
         assert running_container(instance).attrs["State"]["Running"]
     finally:
         cluster.signal("agent", signal.SIGCONT)
@@ -166,8 +172,12 @@ def test_a_silent_node_agent_is_lost_and_when_it_speaks_again_keeps_its_instance
     wait_status(job, "running", timeout=30)
     instance.refresh_from_db()
     assert instance.status == "running" and running_container(instance).attrs["State"]["Running"]
-    segment = MeterSegment.objects.get(workload=instance)
-    assert segment.ended_at is None  # metered for the whole time it ran, outage included
+    wait_for(
+        lambda: MeterSegment.objects.filter(workload=instance).count() == 2, timeout=10, what="the meter to resume"
+    )
+    first, again = MeterSegment.objects.filter(workload=instance).order_by("started_at")
+    assert first.ended_at == last_heard and again.ended_at is None  # charged again since the host is back
+    assert again.started_at == instance.events.get(meter="resume").created_at > last_heard
     cluster.wait_converged()
 
 

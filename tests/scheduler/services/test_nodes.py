@@ -6,9 +6,10 @@ import pytest
 from django.utils import timezone
 
 from agent.gpus import simulated_inventory
+from billing.metering import meter_reconcile, running_intervals
 from billing.models import MeterSegment
 from core.clock import db_now
-from scheduler.models import ClusterWatch, Gpu, Node, NodeStatus, WorkloadStatus
+from scheduler.models import ClusterWatch, Gpu, MeterChange, Node, NodeStatus, WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.node_loss import nodes_mark_lost
@@ -62,18 +63,49 @@ def running(w, node, on_commit):
     return w
 
 
-def test_a_lost_nodes_running_instance_goes_on_running_there_metered_until_the_node_is_heard_again(
+def test_a_lost_nodes_running_instance_goes_on_running_there_uncharged_until_the_node_is_heard_again(
     user, django_capture_on_commit_callbacks
 ):
     node = make_node("sim:1xRTX3090")
     w = running(workload(user), node, django_capture_on_commit_callbacks)
+    began = db_now() - timedelta(minutes=20)  # it has run 20 minutes; the host's last heartbeat: 5 minutes ago
+    w.events.update(created_at=began)
+    MeterSegment.objects.filter(workload=w).update(started_at=began)
 
-    lose(node)
+    with django_capture_on_commit_callbacks(execute=True):
+        lose(node)
 
     w.refresh_from_db()
     assert w.status == WorkloadStatus.RUNNING  # the host runs it still; it is re-adopted when heard again
     assert node.gpus.get().allocated_milli == 1000
-    assert MeterSegment.objects.get(workload=w).ended_at is None
+    node.refresh_from_db()
+    [charged] = MeterSegment.objects.filter(workload=w)
+    assert (charged.started_at, charged.ended_at) == (began, node.last_heartbeat)  # not a second past it
+    pause = w.events.get(meter=MeterChange.PAUSE)
+    assert pause.created_at == node.last_heartbeat and "not charged" in pause.reason
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert node_rejoin(name=node.name, epoch=node.epoch)
+
+    first, again = MeterSegment.objects.filter(workload=w).order_by("started_at")
+    resume = w.events.get(meter=MeterChange.RESUME)
+    assert first == charged and (again.started_at, again.ended_at) == (resume.created_at, None)
+    assert resume.created_at - pause.created_at >= timedelta(minutes=5)  # the unreachable time is not charged
+    # The event history says the same: rebuilding the segments from it changes nothing.
+    assert meter_reconcile(since=began - timedelta(minutes=1)) == 0
+    segments = [(s.started_at, s.ended_at) for s in MeterSegment.objects.filter(workload=w).order_by("started_at")]
+    assert segments == [(start, end) for start, end, _ in running_intervals(w.events.all())]
+
+
+def test_a_rejoin_charges_nothing_its_owner_stopped_meanwhile(user, django_capture_on_commit_callbacks):
+    node = make_node("sim:1xRTX3090")
+    w = running(workload(user), node, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        lose(node)
+        workload_stop(w, reason="stop requested")
+        assert node_rejoin(name=node.name, epoch=node.epoch)
+    assert list(w.events.exclude(meter="").values_list("meter", flat=True)) == [MeterChange.PAUSE]
+    assert MeterSegment.objects.get(workload=w).ended_at is not None
 
 
 def test_a_stop_of_an_instance_on_an_unreachable_node_ends_its_meter_at_once(user, django_capture_on_commit_callbacks):
@@ -86,7 +118,7 @@ def test_a_stop_of_an_instance_on_an_unreachable_node_ends_its_meter_at_once(use
 
     w.refresh_from_db()
     assert w.status == WorkloadStatus.STOPPED and "unreachable" in w.status_reason
-    assert MeterSegment.objects.get(workload=w).ended_at is not None
+    assert MeterSegment.objects.get(workload=w).ended_at is not None  # at the loss, and it stays stopped
     assert node.gpus.get().allocated_milli == 0
 
 
