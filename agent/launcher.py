@@ -15,6 +15,7 @@ import os
 import tarfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import docker
 import requests
@@ -619,6 +620,21 @@ class ContainerState:
     kind: str = ""
     workload_id: int | None = None
     cores: tuple[int, ...] = ()  # the cores it is pinned to, while it holds them (hostview.LIVE)
+    finished_at: float | None = None  # when it last ended (Docker's State.FinishedAt), a Unix time on this host
+
+
+def finished_at_of(state: dict) -> float | None:
+    """Docker's ``State.FinishedAt`` (RFC 3339, nanoseconds, "0001-01-01T00:00:00Z" if it never ended) as a Unix
+    time, or None."""
+    when = state.get("FinishedAt") or ""
+    if not when or when.startswith("0001-"):
+        return None
+    main, _, fraction = when.rstrip("Z").partition(".")
+    try:
+        moment = datetime.fromisoformat(main).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return moment.timestamp() + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)
 
 
 def _state(c) -> ContainerState:
@@ -635,6 +651,7 @@ def _state(c) -> ContainerState:
         kind=c.labels.get(f"{LABEL}.kind", ""),
         workload_id=int(workload) if workload.isdigit() else None,
         cores=tuple(hostview.cpu_list(cpuset)),
+        finished_at=None if c.status == "running" else finished_at_of(state),
     )
 
 

@@ -31,9 +31,9 @@ from agent.actions import agent_release, agent_stop
 from agent.exits import exit_reason
 from agent.selffence import SelfFence, report_pending
 from agent.sharedfs import checkpoint_dir_remove
-from core.clock import AgentClock, db_now
+from core.clock import AgentClock, agent_clock, db_now
 from scheduler import sharedfs
-from scheduler.models import MemberStatus, NodeStatus, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
+from scheduler.models import MemberStatus, Node, NodeStatus, Workload, WorkloadKind, WorkloadMember, WorkloadStatus
 from scheduler.services import gangs as gang_service
 from scheduler.services.lifecycle import workload_transition
 from scheduler.services.nodes import node_heartbeat, node_rejoin
@@ -73,8 +73,20 @@ def agent_reconcile_periodic(node_name: str) -> None:
     _last_periodic["at"] = time.monotonic()
 
 
+def _ended_at(workload: Workload, state, last_heard, now):
+    """When its container ended: Docker's ``State.FinishedAt`` on the database's clock (its run's meter ends there,
+    not at this reconcile, which may come much later: the agent restarting), never before the host's last heartbeat
+    nor the run's start (a host cannot end its tenants' runs further in the past than it last proved alive), never
+    after now. None (now) where Docker does not say."""
+    if state is None or state.finished_at is None:
+        return None
+    floor = max(filter(None, [last_heard, workload.status_changed_at]))
+    return min(max(agent_clock.to_db(state.finished_at), floor), now)
+
+
 def _settle_running(node_name: str, containers: dict, now) -> list[int]:
     changed = []
+    last_heard = Node.objects.filter(name=node_name).values_list("last_heartbeat", flat=True).first()
     for workload in Workload.objects.filter(node__name=node_name, status=S.RUNNING, members__isnull=True):
         if workload.restarting:
             continue  # its container's exit is its restart's (an unfinished restart expires: _restarts_overdue)
@@ -88,12 +100,15 @@ def _settle_running(node_name: str, containers: dict, now) -> list[int]:
                 changed.append(workload.pk)
             continue
         to, reason, code = _outcome(workload, state)
-        fields = dict(exit_code=code, finished_at=now)
+        ended = _ended_at(workload, state, last_heard, now)
+        fields = dict(exit_code=code, finished_at=ended or now)
         if workload.kind == WorkloadKind.JOB and state is not None:
             fields["log_tail"] = launcher.container_logs_tail(state.name)
         # Only if no restart was asked for since the row was read: that restart's container is not this one.
         unclaimed = {"restarting": False, "restarts": workload.restarts}
-        if workload_transition(workload, to=to, allowed_from=[S.RUNNING], where=unclaimed, reason=reason, **fields):
+        if workload_transition(
+            workload, to=to, allowed_from=[S.RUNNING], where=unclaimed, reason=reason, at=ended, **fields
+        ):
             changed.append(workload.pk)
             if workload.kind == WorkloadKind.JOB and state is not None:
                 launcher.container_delete(state.name)  # logs are kept; the checkpoint volume stays

@@ -13,6 +13,8 @@ from django.utils import timezone
 from agent import gangs, launcher
 from agent.actions import agent_launch, agent_register, agent_stop
 from agent.reconcile import agent_reconcile
+from billing.metering import meter_reconcile
+from billing.models import MeterSegment
 from core.clock import db_now
 from scheduler.models import ClusterWatch, MemberStatus, Node, Workload, WorkloadStatus
 from scheduler.services import lifecycle
@@ -163,6 +165,41 @@ def test_a_returning_node_keeps_its_running_instance_and_stops_what_was_stopped_
         assert not is_running(stopped)
         assert stopped.container_name in {c.name for c in launcher.docker_client().containers.list(all=True)}
         assert stopped.volume_name in launcher.volumes_on_node(node.name).values()  # its disk stays
+    finally:
+        remove_node_containers(node.name)
+
+
+def test_a_container_that_died_while_nobody_looked_is_charged_until_it_died_not_until_it_was_seen(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        launcher.docker_client().containers.get(w.container_name).kill()  # it dies; the agent reads it later
+        died = launcher.finished_at_of(launcher.docker_client().api.inspect_container(w.container_name)["State"])
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=db_now() - timedelta(minutes=5))  # it proved alive
+
+        agent_reconcile(node.name)
+
+        w.refresh_from_db()
+        ended = w.events.get(from_status=WorkloadStatus.RUNNING)
+        assert w.status == WorkloadStatus.FAILED and "137" in w.status_reason
+        assert ended.created_at.timestamp() == pytest.approx(died, abs=2e-6)  # Docker's FinishedAt, not the read
+        meter_reconcile(since=db_now() - timedelta(hours=1))  # the meter, as the events say it ran
+        assert MeterSegment.objects.get(workload=w).ended_at == ended.created_at == w.finished_at
+    finally:
+        remove_node_containers(node.name)
+
+
+def test_a_host_cannot_end_a_run_before_it_last_proved_alive(user, base_image):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        launcher.docker_client().containers.get(w.container_name).kill()
+        heard = db_now()  # a heartbeat after the container died: the end is no earlier than that
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=heard)
+
+        agent_reconcile(node.name)
+
+        assert w.events.get(from_status=WorkloadStatus.RUNNING).created_at == heard
     finally:
         remove_node_containers(node.name)
 
