@@ -511,27 +511,55 @@ def purge(*, live_uids: set[str], now: float | None = None) -> list[int]:
     return purged
 
 
+# Ended work's logs, by folder: (its mtime in ns, when its last run ended, its bytes). They do not
+# change until a run opens there again (a new run's files change the folder's mtime), so ``host_make_room``, every
+# few seconds over thousands of ended jobs' folders, reads only the live ones and the ones that changed.
+_ended_logs: dict[str, tuple[int, float, int]] = {}
+
+
+def _logs_of(entry: os.DirEntry) -> tuple[float | None, int]:
+    """(When the workload's last run here ended, None while one is open; the bytes of its logs.)"""
+    workload_id = int(entry.name)
+    try:
+        mtime = entry.stat(follow_symlinks=False).st_mtime_ns
+    except FileNotFoundError:
+        return None, 0
+    cached = _ended_logs.get(entry.path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1], cached[2]
+    size = _tree_size(entry.path)
+    states = [state_read(workload_id, run) for run in runs_here(workload_id)]
+    if states and all(s is not None and s.finished for s in states):
+        ended = max(s.ended_at for s in states)
+        _ended_logs[entry.path] = (mtime, ended, size)
+        return ended, size
+    _ended_logs.pop(entry.path, None)
+    return None, size
+
+
 def host_make_room() -> str:
     """Keep this host's logs within HOST_MAX_MB and their disk over MIN_FREE_MB free by removing the logs
     of ended work, the longest ended first (never those of a run still open). Returns "" when there is
     room, else why there is none (then the collector stores no more output)."""
     root = Path(settings.WORKLOG_DIR)
     root.mkdir(parents=True, exist_ok=True)
-    ended, total = [], 0
+    ended, total, seen = [], 0, set()
     for entry in _entries(root):
         if not entry.name.isdigit():
             continue
-        size = _tree_size(entry.path)
+        seen.add(entry.path)
+        ended_at, size = _logs_of(entry)
         total += size
-        workload_id = int(entry.name)
-        states = [state_read(workload_id, run) for run in runs_here(workload_id)]
-        if states and all(s is not None and s.finished for s in states):
-            ended.append((max(s.ended_at for s in states), workload_id, entry.path, size))
+        if ended_at is not None:
+            ended.append((ended_at, int(entry.name), entry.path, size))
+    for gone in _ended_logs.keys() - seen:  # purged by retention, or another folder's (a test's)
+        del _ended_logs[gone]
     for _, workload_id, path, size in sorted(ended):
         why = _no_room(root, total)
         if not why:
             return ""
         shutil.rmtree(path, ignore_errors=True)
+        _ended_logs.pop(path, None)
         total -= size
         log.warning("removed the logs of ended workload %s: %s", workload_id, why)
     return _no_room(root, total)

@@ -225,6 +225,26 @@ def test_the_hosts_logs_past_their_cap_lose_the_longest_ended_work_first_and_nev
     assert len(lines_of(3)) == 1100
 
 
+def test_making_room_reads_an_ended_works_logs_once_until_a_run_opens_there_again(monkeypatch):
+    finished(1, ["x" * 1000] * 10, ended_at=time.time() - 60)
+    write(begin(2), ["y"])  # still running
+    reads = []
+    state_read = worklogs.state_read
+    monkeypatch.setattr(worklogs, "state_read", lambda w, run: reads.append(w) or state_read(w, run))
+
+    assert worklogs.host_make_room() == ""
+    assert sorted(reads) == [1, 2]
+    reads.clear()
+    assert worklogs.host_make_room() == ""
+    assert reads == [2]  # the ended one is known; the open run is read again
+
+    begin(1, run=2)  # the ended work runs here again (a restart): its folder changed
+    reads.clear()
+    monkeypatch.setattr(worklogs, "HOST_MAX_MB", 0)
+    assert worklogs.host_make_room() == "this host's logs reached their 0 MB"
+    assert sorted(reads) == [1, 1, 2] and worklogs.workload_dir(1).exists()  # open again: never removed
+
+
 def test_a_disk_under_its_free_floor_loses_every_ended_log_and_says_so(monkeypatch, logs_dir):
     finished(1, ["x"], ended_at=time.time())
     write(begin(2), ["y"])
