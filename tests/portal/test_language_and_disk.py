@@ -61,8 +61,11 @@ def grow_and_check(api, instance):
     wait_status(instance.workload, "running")
 
     def size_mb() -> int:
-        out = container(instance).exec_run(["df", "-m", "/root/autodl-tmp"]).output.decode().splitlines()[-1]
-        return int(out.split()[1])
+        df = container(instance).exec_run(["df", "-m", "/root/autodl-tmp"])
+        lines = df.output.decode().splitlines()
+        # Once under load the output came back empty (an IndexError said nothing more): say what came back.
+        assert df.exit_code == 0 and lines, (df.exit_code, df.output, container(instance).attrs["State"])
+        return int(lines[-1].split()[1])
 
     assert size_mb() < 1024
     assert container(instance).exec_run(["sh", "-c", "echo kept > /root/autodl-tmp/k"]).exit_code == 0
