@@ -29,6 +29,7 @@ from django.db.models.functions import Now
 from agent import disks, gangs, hostview, launcher
 from agent.actions import agent_release, agent_stop
 from agent.exits import exit_reason
+from agent.quarantine import Quarantine
 from agent.selffence import SelfFence, report_pending
 from agent.sharedfs import checkpoint_dir_remove
 from core.clock import AgentClock, agent_clock, db_now
@@ -268,6 +269,8 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
             len(unknown),
             len(here),
         )
+    # A few unknown ones: held in quarantine (stopped), removed once unknown for ORPHAN_QUARANTINE_S.
+    expired = set() if keep_unknown else Quarantine(node_name).hold(unknown)
     holding = set(S.holding_resources())
     members = {
         m.workload_id: m for m in WorkloadMember.objects.filter(node_name=node_name, workload__uid__in=containers)
@@ -279,6 +282,11 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
         if member is not None:
             member.workload = workload
         if workload is None and keep_unknown:
+            continue
+        if workload is None and uid not in expired:
+            if state.running:
+                log.warning("stopping container %s of work the database does not know (quarantined)", state.name)
+                launcher.container_stop(state.name, grace_s=settings.INSTANCE_STOP_GRACE_S)
             continue
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan container %s", state.name)
@@ -306,7 +314,7 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
             launcher.container_stop(state.name, grace_s=settings.INSTANCE_STOP_GRACE_S)
     for uid, name in volumes.items():
         workload = owners.get(uid)
-        if workload is None and keep_unknown:
+        if workload is None and (keep_unknown or uid not in expired):
             continue
         if workload is None or workload.status == S.RELEASED:
             log.warning("removing orphan volume %s", name)

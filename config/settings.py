@@ -398,6 +398,9 @@ NODE_OVERCOMMIT_SIMULATED = env.bool("NODE_OVERCOMMIT_SIMULATED", default=False)
 # and says why (a database restored from a backup would otherwise cost every newer tenant's disk).
 ORPHAN_MAX_UNKNOWN = env.int("ORPHAN_MAX_UNKNOWN", default=3)
 ORPHAN_MAX_UNKNOWN_PERCENT = env.int("ORPHAN_MAX_UNKNOWN_PERCENT", default=5)
+# A few unknown ones are quarantined, not removed at once: containers stopped, and both removed only once unknown
+# for this long (agent/quarantine.py).
+ORPHAN_QUARANTINE_S = env.int("ORPHAN_QUARANTINE_S", default=3 * 86400)
 # Such a host without NODE_CPUS offers its simulated cards' usual cores (a rate card's default cpus_per_card each),
 # so that a demo on a 2-core machine fills its cards (make run); a container's quota is then capped at the host.
 SIM_CPUS_PER_CARD = env.int("SIM_CPUS_PER_CARD", default=8)

@@ -107,7 +107,8 @@ def test_reconciliation_is_per_deployment(user, base_image, settings):
 def test_many_disks_the_database_does_not_know_are_kept_a_few_are_removed(settings):
     """Issue 31 §3: an agent pointed at a database restored from a backup (or another deployment's with the same
     DEPLOYMENT_ID) would delete every newer tenant's disk as an orphan. More than ORPHAN_MAX_UNKNOWN unknown ones,
-    and more than ORPHAN_MAX_UNKNOWN_PERCENT of the host's: none is removed. A few leftovers still are."""
+    and more than ORPHAN_MAX_UNKNOWN_PERCENT of the host's: none is removed. A few leftovers still are, once they have
+    been unknown for ORPHAN_QUARANTINE_S."""
     node = make_node("sim:1xRTX3090")
     client = launcher.docker_client()
 
@@ -123,11 +124,45 @@ def test_many_disks_the_database_does_not_know_are_kept_a_few_are_removed(settin
         assert len(launcher.volumes_on_node(node.name)) == 5, "a database that does not know them: kept"
         settings.ORPHAN_MAX_UNKNOWN = 5  # five is few enough here
         agent_reconcile(node.name)
+        assert len(launcher.volumes_on_node(node.name)) == 5, "a few leftovers: quarantined, not removed yet"
+        settings.ORPHAN_QUARANTINE_S = 0  # ... until they have been unknown that long
+        agent_reconcile(node.name)
         assert launcher.volumes_on_node(node.name) == {}, "a few leftovers: removed"
     finally:
         for volume in made:
             with contextlib.suppress(Exception):
                 volume.remove(force=True)
+
+
+def test_a_container_the_database_does_not_know_is_stopped_and_kept_until_its_quarantine_ends(
+    user, base_image, settings
+):
+    node = make_node("sim:1xRTX3090")
+    try:
+        w = running_instance(user, node, base_image)
+        Workload.objects.filter(pk=w.pk).delete()  # as a database restored from a backup older than it
+        agent_reconcile(node.name)
+        state = launcher.container_state(w.container_name)
+        assert state is not None and not state.running  # stopped, its disk and container kept
+        assert w.volume_name in launcher.volumes_on_node(node.name).values()
+
+        settings.ORPHAN_QUARANTINE_S = 0
+        agent_reconcile(node.name)
+        assert launcher.container_state(w.container_name) is None
+        assert w.volume_name not in launcher.volumes_on_node(node.name).values()
+    finally:
+        remove_node_containers(node.name)
+
+
+def test_the_quarantine_counts_from_when_a_uid_was_first_seen_unknown_across_restarts(settings, tmp_path):
+    from agent.quarantine import Quarantine
+
+    settings.ORPHAN_QUARANTINE_S = 100
+    assert Quarantine("n", tmp_path).hold({"a", "b"}, now=1000) == set()
+    restarted = Quarantine("n", tmp_path)  # a new agent: the same file
+    assert restarted.hold({"a", "b"}, now=1050) == set()
+    assert restarted.hold({"a"}, now=1100) == {"a"}  # b is known again: out of the quarantine
+    assert restarted.hold({"a", "b"}, now=1150) == {"a"}  # b's clock starts again
 
 
 def running_instance(user, node, image, **fields):
