@@ -90,7 +90,8 @@ def _second(text: str) -> int:
     return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
 
 
-def _ns_or_zero(ts: str) -> int:
+def docker_time_ns(ts: str) -> int:
+    """``_ns`` of a Docker time, 0 for what is not one (an empty field)."""
     try:
         return _ns(ts)
     except ValueError:
@@ -184,7 +185,7 @@ class Follower:
                 if frames:
                     skip = self._take(buffer, frames, skip)
                     last = buffer[frames[-1][1] : frames[-1][1] + TS].decode()
-                    if time.time_ns() - _ns_or_zero(last) > BEHIND_NS:
+                    if time.time_ns() - docker_time_ns(last) > BEHIND_NS:
                         self._behind = True  # Docker's own log, rotating under its follower, loses lines now
                     elif not self.writer.state.dropping:
                         self._behind = False
@@ -198,7 +199,7 @@ class Follower:
         state, writer = self.writer.state, self.writer
         # The bucket fills on the output's own time (its lines' timestamps), not on when they are read:
         # a backlog read late (an agent restart, a slow engine) is judged as it was printed.
-        printed = _ns_or_zero(buffer[frames[-1][1] : frames[-1][1] + TS].decode())
+        printed = docker_time_ns(buffer[frames[-1][1] : frames[-1][1] + TS].decode())
         if printed > self._clock:
             self._tokens = min(self._burst, self._tokens + (printed - self._clock) * self._rate / 10**9)
             self._clock = printed
@@ -393,7 +394,7 @@ class Collector:
                 return None, running  # started by no launch of this agent's (no run begun here)
             if state.container and state.container != attrs["Id"]:
                 return None, running  # the run's container is another (this one is an earlier run's)
-            if not state.container and _ns_or_zero(attrs["State"].get("StartedAt", "")) < state.since_ns:
+            if not state.container and docker_time_ns(attrs["State"].get("StartedAt", "")) < state.since_ns:
                 return None, running  # last started before this run began: not (yet) the run's container
             if state.finished and not running:
                 return None, running

@@ -15,7 +15,6 @@ import os
 import tarfile
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import docker
 import requests
@@ -624,17 +623,10 @@ class ContainerState:
 
 
 def finished_at_of(state: dict) -> float | None:
-    """Docker's ``State.FinishedAt`` (RFC 3339, nanoseconds, "0001-01-01T00:00:00Z" if it never ended) as a Unix
-    time, or None."""
-    when = state.get("FinishedAt") or ""
-    if not when or when.startswith("0001-"):
-        return None
-    main, _, fraction = when.rstrip("Z").partition(".")
-    try:
-        moment = datetime.fromisoformat(main).replace(tzinfo=UTC)
-    except ValueError:
-        return None
-    return moment.timestamp() + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)
+    """Docker's ``State.FinishedAt`` as a Unix time; None if it never ended ("0001-01-01T00:00:00Z", before 1970)
+    or is not a Docker time."""
+    ns = collector.docker_time_ns(state.get("FinishedAt") or "")
+    return ns / 10**9 if ns > 0 else None
 
 
 def _state(c) -> ContainerState:

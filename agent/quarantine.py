@@ -12,14 +12,11 @@ database knows again meanwhile leaves the quarantine. When it first saw each is 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
 
 from django.conf import settings
-
-log = logging.getLogger(__name__)
 
 
 class Quarantine:
@@ -36,10 +33,11 @@ class Quarantine:
         """Record ``unknown`` (this pass's unknown uids; the rest leave the quarantine); returns those of them
         unknown for ORPHAN_QUARANTINE_S or longer: to remove now."""
         now = time.time() if now is None else now
-        held = self._read()
-        held = {uid: held.get(uid, now) for uid in unknown}
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self._path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(held))
-        os.replace(temporary, self._path)
+        before = self._read()
+        held = {uid: before.get(uid, now) for uid in unknown}
+        if held != before:  # written only when it changes (most passes find nothing unknown)
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self._path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(held))
+            os.replace(temporary, self._path)
         return {uid for uid, since in held.items() if now - since >= settings.ORPHAN_QUARANTINE_S}

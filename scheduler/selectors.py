@@ -100,8 +100,9 @@ HISTORY_PER_OWNER = 100  # a queued job's prediction reads at most this many of 
 
 def job_history(owner_ids) -> DurationHistory:
     """The past jobs of these owners that ended by themselves (an exit code: succeeded or failed, released or
-    not; a cancelled one says nothing of how long its kind runs), newest ``HISTORY_PER_OWNER`` per owner at most,
-    each as its service per card (weighted GPU-seconds over its cards: the MLFQ's own measure)."""
+    not; a cancelled one says nothing of how long its kind runs), the newest ``HISTORY_PER_OWNER`` × owners of them
+    (one busy owner may take more than their share), each as its service per card (weighted GPU-seconds over its
+    cards: the MLFQ's own measure)."""
     history = DurationHistory()
     owner_ids = set(owner_ids)
     rows = (

@@ -23,14 +23,14 @@ class DurationHistory:
         self.keep, self.least = keep, least
         self._runs: dict[tuple, deque] = {}
 
-    def _kinds(self, owner, image, cards: int) -> tuple[tuple, ...]:
+    def _kinds(self, owner, image, cards: float) -> tuple[tuple, ...]:
         return (("o+i+c", owner, image, cards), ("o+c", owner, cards))
 
-    def record(self, owner, image, cards: int, seconds: float) -> None:
+    def record(self, owner, image, cards: float, seconds: float) -> None:
         for kind in self._kinds(owner, image, cards):
             self._runs.setdefault(kind, deque(maxlen=self.keep)).append(seconds)
 
-    def predict(self, owner, image, cards: int) -> float | None:
+    def predict(self, owner, image, cards: float) -> float | None:
         for kind in self._kinds(owner, image, cards):
             runs = self._runs.get(kind)
             if runs is not None and len(runs) >= self.least:

@@ -204,11 +204,17 @@ def test_a_returning_node_keeps_its_running_instance_and_stops_what_was_stopped_
         remove_node_containers(node.name)
 
 
+def killed_instance(user, node, image):
+    """A running instance whose container has just been killed; the agent has not read it yet."""
+    w = running_instance(user, node, image)
+    launcher.docker_client().containers.get(w.container_name).kill()
+    return w
+
+
 def test_a_container_that_died_while_nobody_looked_is_charged_until_it_died_not_until_it_was_seen(user, base_image):
     node = make_node("sim:1xRTX3090")
     try:
-        w = running_instance(user, node, base_image)
-        launcher.docker_client().containers.get(w.container_name).kill()  # it dies; the agent reads it later
+        w = killed_instance(user, node, base_image)
         died = launcher.finished_at_of(launcher.docker_client().api.inspect_container(w.container_name)["State"])
         Node.objects.filter(pk=node.pk).update(last_heartbeat=db_now() - timedelta(minutes=5))  # it proved alive
 
@@ -227,8 +233,7 @@ def test_a_container_that_died_while_nobody_looked_is_charged_until_it_died_not_
 def test_a_host_cannot_end_a_run_before_it_last_proved_alive(user, base_image):
     node = make_node("sim:1xRTX3090")
     try:
-        w = running_instance(user, node, base_image)
-        launcher.docker_client().containers.get(w.container_name).kill()
+        w = killed_instance(user, node, base_image)
         heard = db_now()  # a heartbeat after the container died: the end is no earlier than that
         Node.objects.filter(pk=node.pk).update(last_heartbeat=heard)
 
