@@ -28,7 +28,7 @@ from django.db.models import Q
 
 from agent import disks, launcher
 from core.messages import ToScheduler, send
-from core.relay import Op, Ticket, relay_base, ticket_sign
+from core.relay import Op, relay_base
 from scheduler.models import Move, MoveStatus, Node, Workload
 from scheduler.services.moves import move_snapshot_ref
 
@@ -71,7 +71,8 @@ def agent_move_export(move_id: int) -> None:
     )
 
 
-def agent_move_import(move_id: int) -> None:
+def agent_move_import(move_id: int, capability: str) -> None:
+    """``capability``: the control plane's VOLUME ticket for this move (the source's relay takes nothing else)."""
     move = _copying(move_id)
     if move is None:
         return
@@ -88,7 +89,7 @@ def agent_move_import(move_id: int) -> None:
             network_mode="none",
             labels={f"{launcher.LABEL}.deployment": settings.DEPLOYMENT_ID, f"{launcher.LABEL}.move": str(move.pk)},
         )
-        received, digest = _fetch_into(move, helper.id)
+        received, digest = _fetch_into(move, helper.id, capability)
     except Exception as exc:  # the source's relay, Docker, the network: this host's partial copy goes
         log.warning("move %s into %s failed: %s", move_id, move.target.name, exc)
         _report(move_id, error=f"{move.target.name} could not receive the disks: {_short(exc)}")
@@ -99,17 +100,13 @@ def agent_move_import(move_id: int) -> None:
     _report(move_id, phase="checking", received_sha256=digest, bytes_received=received)
 
 
-def _fetch_into(move: Move, helper_id: str) -> tuple[int, str]:
+def _fetch_into(move: Move, helper_id: str, capability: str) -> tuple[int, str]:
     """Stream the source's data disk into the helper's mount of the new one; (bytes, SHA-256) of the stream."""
-    workload = move.workload
     source = move.source
     if not source.relay_url:
         raise RuntimeError(f"{source.name} has no relay registered")
     base = relay_base(node=source.name, address=source.address, relay_url=source.relay_url)  # ValueError: not its own
-    ticket = Ticket(
-        op=Op.VOLUME, container=workload.container_name, workload=workload.pk, user=workload.owner_id, move=move.pk
-    )
-    headers = {"Authorization": f"Bearer {ticket_sign(ticket, secret=settings.RELAY_SECRET)}"}
+    headers = {"Authorization": f"Bearer {capability}"}
     url = f"{base}/v1/{Op.VOLUME}"
     digest, counted = hashlib.sha256(), 0
     with requests.get(url, headers=headers, stream=True, timeout=(5, 60)) as response:

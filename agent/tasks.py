@@ -105,8 +105,8 @@ def agent_move_export(move_id: int):
 
 
 @shared_task(name=ToNode.MOVE_IMPORT, **NODE_TASK, **limits(settings.MOVE_IMPORT_TIME_LIMIT_S))
-def agent_move_import(move_id: int):
-    moves.agent_move_import(move_id)
+def agent_move_import(move_id: int, capability: str = ""):
+    moves.agent_move_import(move_id, capability)
 
 
 @shared_task(name=ToNode.MOVE_CLEANUP, **NODE_TASK)

@@ -210,7 +210,7 @@ def main():
         DATABASE_URL, DEPLOYMENT_ID=deployment, SCHEDULER_QUEUE="bench-relay-scheduler", SIGNUP_CREDIT="1000"
     )
     env = {
-        # the database, Redis, a fresh SECRET_KEY (and so RELAY_SECRET) for every process
+        # the database, Redis, a fresh SECRET_KEY for every process (relay tickets: the keys in KEYS_DIR)
         **_setup.production_environ(),
         "DEBUG": "false",
         "SCHEDULER_TICK_S": "1",

@@ -415,10 +415,15 @@ NODE_START_PATIENCE_S = env.int("NODE_START_PATIENCE_S", default=120)
 # (0: any free port, e.g. for tests) and is registered as the node's relay URL.
 RELAY_PORT = env.int("RELAY_PORT", default=8470)
 RELAY_BIND = env.str("RELAY_BIND", default="") or NODE_ADDRESS
-# Signs the short-lived tickets the web tier gives the relay; the same on web servers and agents.
-RELAY_SECRET = env.str("RELAY_SECRET", default=SECRET_KEY)
-if not DEBUG and len(RELAY_SECRET) < 32:
-    raise environ.ImproperlyConfigured("RELAY_SECRET must be at least 32 characters (it defaults to SECRET_KEY)")
+# Relay tickets (core/relay.py) are signed with an Ed25519 key only the control plane holds (web servers and
+# the scheduler's worker); GPU hosts hold the public key(s) and check them. make_signing_keys makes both.
+RELAY_SIGNING_KEY = env.str("RELAY_SIGNING_KEY", default=str(KEYS_DIR / "relay.key"))
+RELAY_VERIFY_KEY = env.str("RELAY_VERIFY_KEY", default=str(KEYS_DIR / "relay.pub"))
+if "RELAY_SECRET" in os.environ:
+    raise environ.ImproperlyConfigured(
+        "RELAY_SECRET is no longer used: relay tickets are signed with RELAY_SIGNING_KEY (the control plane's "
+        "only) and checked with RELAY_VERIFY_KEY; remove it (see the README's deployment steps)"
+    )
 # Terminal and file sessions one user may hold open at once, across every web server and host.
 RELAY_MAX_SESSIONS_PER_USER = env.int("RELAY_MAX_SESSIONS_PER_USER", default=8)
 # Time limits: a file transfer (upload or download) and a terminal session.

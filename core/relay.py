@@ -25,29 +25,45 @@ they are collected until the run's output ends. The answer ends with
 ``{"piece": {"finished": bool, "exit_code": int|null, "seq": <last seq>, "kept_bytes", "dropped_bytes"}}``
 (an answer without it was cut short); while following, ``{}`` lines keep the connection alive.
 
-A ticket travels as ``Authorization: Bearer <ticket>``; it is signed with
-RELAY_SECRET (the same on web servers and agents; SECRET_KEY by default),
-valid for TICKET_S seconds by the relay's clock, and good for one request. It
-carries every parameter of the operation (the path, the upload's name and
-size), so the relay reads nothing the web tier did not sign. Errors come back
-as the API shapes them: ``{"detail": ..., "<field>": [...]}`` with 400, 404 or
-409; 401 / 403 for a ticket the relay refuses.
+A ticket travels as ``Authorization: Bearer <ticket>``. It is signed with an Ed25519 key only the
+control plane holds (``RELAY_SIGNING_KEY``: web servers and the scheduler's worker); a GPU host holds
+the public half (``RELAY_VERIFY_KEY``, one or more keys: a new one can be added before the old one
+goes), so a host checks tickets and cannot make one — not for its own containers, not for another
+host's. A ticket is valid for its ``ttl`` (at most TICKET_S seconds; a move's VOLUME capability, issued
+by the control plane to the target host for that one move, at most VOLUME_TICKET_S) by the relay's
+clock from when it was issued, and good for one request, also across a restart of the agent. It
+carries every parameter of the operation (the path, the upload's name and size), so the relay reads
+nothing the control plane did not sign. Errors come back as the API shapes them:
+``{"detail": ..., "<field>": [...]}`` with 400, 404 or 409; 401 / 403 for a ticket the relay refuses.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import functools
 import ipaddress
+import json
 import posixpath
 import secrets
+import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from urllib.parse import urlsplit
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from django.conf import settings
-from django.core import signing
+from django.core.exceptions import ImproperlyConfigured
 
-SALT = "gpucloud.relay.v1"
+CONTEXT = b"gpucloud.relay.v2."  # signed before the ticket: a signature made for anything else does not fit
 TICKET_S = 60
+# A move's VOLUME capability waits in the target's queue and may be used once the target gets to it: as long
+# as the control plane waits for the move's next report before failing it.
+VOLUME_TICKET_S = settings.MOVE_STALL_S
+CLOCK_SKEW_S = 30  # a ticket issued up to this far in the relay's future (the clocks differ a little)
 # Where the files pages may go, the default first: the data disk, the user's shared storage, the
 # system disk (the rest of /root), as the launcher mounts them. A path belongs to the most specific
 # one; a symbolic link that leads out of it is not followed.
@@ -126,17 +142,107 @@ def _same_host(one: str, other: str) -> bool:
         return one.rstrip(".").lower() == other.rstrip(".").lower()
 
 
-def ticket_sign(ticket: Ticket, *, secret: str) -> str:
-    return signing.dumps(asdict(ticket), key=secret, salt=SALT, compress=False)
+class TicketRefused(Exception):
+    """The relay does not take this ticket (the message says why: it is shown to the caller)."""
 
 
-def ticket_open(token: str, *, secret: str) -> Ticket:
-    """The ticket, if ``token`` was signed with ``secret`` less than TICKET_S ago; signing.BadSignature if not."""
-    fields = signing.loads(token, key=secret, salt=SALT, max_age=TICKET_S)
+class TicketExpired(TicketRefused):
+    pass
+
+
+def ticket_sign(ticket: Ticket, *, ttl: int = TICKET_S, key: Ed25519PrivateKey | None = None) -> str:
+    """``ticket`` as a bearer token: valid ``ttl`` seconds from now, signed with ``key`` (the control plane's)."""
+    payload = asdict(ticket) | {"iat": int(time.time()), "ttl": ttl}
+    body = _b64(json.dumps(payload, separators=(",", ":")).encode())
+    return f"{body}.{_b64((key or signing_key()).sign(CONTEXT + body.encode()))}"
+
+
+def ticket_open(token: str, *, keys: tuple[Ed25519PublicKey, ...] | None = None) -> tuple[Ticket, float]:
+    """The ticket ``token`` holds and when it expires (this clock's time), if one of ``keys`` (the configured
+    verify keys) signed it, its time to live is one its operation may have, and it is still valid;
+    TicketExpired or TicketRefused if not."""
+    invalid = TicketRefused("the ticket is not valid")
+    body, _, signature = token.partition(".")
     try:
-        return Ticket(**fields | {"op": Op(fields["op"])})
-    except (TypeError, ValueError, KeyError) as exc:
-        raise signing.BadSignature("not a relay ticket") from exc
+        signed, fields = CONTEXT + body.encode("ascii"), json.loads(_unb64(body))
+        signature = _unb64(signature)
+    except (UnicodeError, ValueError):
+        raise invalid from None
+    if not any(_verifies(key, signature, signed) for key in keys or verify_keys()):
+        raise invalid
+    try:
+        issued, ttl = int(fields.pop("iat")), int(fields.pop("ttl"))
+        ticket = Ticket(**fields | {"op": Op(fields["op"])})
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise invalid from None
+    if not 0 < ttl <= (VOLUME_TICKET_S if ticket.op == Op.VOLUME else TICKET_S):
+        raise invalid
+    now = time.time()
+    if issued > now + CLOCK_SKEW_S:
+        raise TicketRefused("the ticket was issued in the future (is this host's clock right?)")
+    if now > issued + ttl:
+        raise TicketExpired("the ticket has expired")
+    return ticket, issued + ttl
+
+
+def signing_key() -> Ed25519PrivateKey:
+    """The key relay tickets are signed with: on the control plane only (web servers, the scheduler's worker)."""
+    return _private_key(str(settings.RELAY_SIGNING_KEY))
+
+
+def verify_keys() -> tuple[Ed25519PublicKey, ...]:
+    """The keys a relay takes tickets from: every public key in RELAY_VERIFY_KEY (PEM blocks, one after another)."""
+    return _public_keys(str(settings.RELAY_VERIFY_KEY))
+
+
+@functools.cache
+def _private_key(path: str) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except FileNotFoundError:
+        raise ImproperlyConfigured(
+            f"this process signs relay tickets but RELAY_SIGNING_KEY ({path}) is missing: run "
+            "`python manage.py make_signing_keys` on the control plane (GPU hosts hold only relay.pub)"
+        ) from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ImproperlyConfigured(f"RELAY_SIGNING_KEY ({path}) is not an Ed25519 private key")
+    return key
+
+
+@functools.cache
+def _public_keys(path: str) -> tuple[Ed25519PublicKey, ...]:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ImproperlyConfigured(
+            f"the relay checks tickets against RELAY_VERIFY_KEY ({path}), which is missing: copy relay.pub from "
+            "the control plane's keys (`python manage.py make_signing_keys` makes it)"
+        ) from None
+    end = "-----END PUBLIC KEY-----"
+    blocks = [block + end for block in text.split(end) if block.strip()]
+    keys = tuple(serialization.load_pem_public_key(block.encode()) for block in blocks)
+    if not keys or not all(isinstance(key, Ed25519PublicKey) for key in keys):
+        raise ImproperlyConfigured(f"RELAY_VERIFY_KEY ({path}) must hold Ed25519 public keys (PEM)")
+    return keys
+
+
+def _verifies(key: Ed25519PublicKey, signature: bytes, signed: bytes) -> bool:
+    try:
+        key.verify(signature, signed)
+    except InvalidSignature:
+        return False
+    return True
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except binascii.Error as exc:
+        raise ValueError(str(exc)) from None
 
 
 def within(path: str, root: str) -> bool:

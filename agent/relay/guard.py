@@ -30,11 +30,10 @@ from pathlib import Path
 
 import docker
 from django.conf import settings
-from django.core import signing
 
 from agent import worklogs
 from agent.launcher import LABEL
-from core.relay import FILE_ROOTS, TICKET_S, Op, Ticket, ticket_open, within
+from core.relay import FILE_ROOTS, Op, Ticket, TicketRefused, ticket_open, verify_keys, within
 
 
 class Refused(Exception):
@@ -94,8 +93,9 @@ class Call:
 
 
 class Guard:
-    def __init__(self, *, node: str, deployment: str, secret: str, state_dir: Path | None = None):
-        self.node, self.deployment, self.secret = node, deployment, secret
+    def __init__(self, *, node: str, deployment: str, state_dir: Path | None = None):
+        self.node, self.deployment = node, deployment
+        self.keys = verify_keys()  # ImproperlyConfigured now, at the agent's start, if the host has none
         self._spent = SpentTickets(Path(state_dir or settings.AGENT_STATE_DIR) / node / "relay-spent-tickets")
 
     async def admit(self, request, op: Op, *, api: docker.APIClient, threads: Threads) -> Call:
@@ -136,11 +136,9 @@ class Guard:
         if scheme != "Bearer" or not token:
             raise Refused(401, "a relay ticket is required (Authorization: Bearer ...)")
         try:
-            ticket = ticket_open(token, secret=self.secret)
-        except signing.SignatureExpired:
-            raise Refused(401, "the ticket has expired") from None
-        except signing.BadSignature:
-            raise Refused(401, "the ticket is not valid") from None
+            ticket, until = ticket_open(token, keys=self.keys)
+        except TicketRefused as exc:
+            raise Refused(401, str(exc)) from None
         if ticket.op != op:
             raise Refused(403, f"the ticket is for {ticket.op}, not {op}")
         if op in (Op.LIST, Op.DOWNLOAD, Op.UPLOAD) and not (
@@ -149,15 +147,15 @@ class Guard:
             and within(ticket.path, ticket.root)
         ):
             raise Refused(403, "the ticket's path is not under its root")
-        if not self._spent.spend(ticket.nonce):
+        if not self._spent.spend(ticket.nonce, until):
             raise Refused(401, "the ticket was used already")
         return ticket
 
 
 class SpentTickets:
-    """The nonces of tickets used in the last TICKET_S seconds, also on disk: a ticket is good for one request,
-    even across a restart of the agent (its file is read back at start). Kept by the wall clock, which is what
-    a ticket's age is measured by."""
+    """The nonces of tickets used and not yet expired, also on disk: a ticket is good for one request, even
+    across a restart of the agent (its file is read back at start). Kept by the wall clock, which is what a
+    ticket's age is measured by."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -172,14 +170,15 @@ class SpentTickets:
             pass
         self._forget(time.time())
 
-    def spend(self, nonce: str) -> bool:
-        """True the first time ``nonce`` is seen (it is recorded, on disk too), False after."""
+    def spend(self, nonce: str, expires: float) -> bool:
+        """True the first time ``nonce`` is seen (it is recorded until its ticket ``expires``, on disk too), False
+        after."""
         now = time.time()
         if self._appended >= 256:  # the file holds mostly expired lines by now
             self._forget(now)
         if self._until.get(nonce, 0) > now:
             return False
-        self._until[nonce] = until = now + TICKET_S + 5
+        self._until[nonce] = until = expires + 5
         with open(self.path, "a") as f:  # a restart of the agent finds it (a power loss may lose the last lines)
             f.write(f"{until:.0f} {nonce}\n")
         self._appended += 1

@@ -42,7 +42,7 @@ HANDLERS: dict[Op, tuple[str, Handler, Callable[[], float | None]]] = {
 
 
 def relay_app(*, node: str, api: docker.APIClient, executor) -> web.Application:
-    guard = Guard(node=node, deployment=settings.DEPLOYMENT_ID, secret=settings.RELAY_SECRET)
+    guard = Guard(node=node, deployment=settings.DEPLOYMENT_ID)
     threads = Threads(executor)
     app = web.Application(middlewares=[_shaped_errors])
     for op, (method, handler, limit) in HANDLERS.items():

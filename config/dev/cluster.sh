@@ -118,7 +118,6 @@ secrets() { # random passwords and keys, made once per cluster directory (mode 6
 REGISTRY=$CP:5000
 shared_env() { # what every part gets for the registry and the file storage (printed as NAME=value lines)
   cat <<ENV
-RELAY_SECRET=$SECRET_KEY$SECRET_KEY
 REGISTRY=$REGISTRY
 REGISTRY_USERNAME=gpucloud
 REGISTRY_PASSWORD=$REGISTRY_PASSWORD
@@ -165,6 +164,7 @@ VOLUMES_DIR=$DIR/h$i/volumes
 AGENT_STATE_DIR=$DIR/h$i/agent
 MPS_DIR=$DIR/h$i/mps
 SECRET_KEY=$AGENT_SECRET_KEY
+KEYS_DIR=$DIR/h$i/keys
 DEPLOYMENT_ID=cluster-$PREFIX
 SCHEDULER_QUEUE=scheduler
 SHARED_FS_MOUNT=$DIR/h$i/sharedfs/mnt
@@ -351,10 +351,17 @@ host_images() { # the catalog pushed to the registry once, through the first hos
     { tail -5 "$DIR/images.log" >&2; return 1; }
 }
 
+host_keys() { # host i's keys: the Celery signing pair and the relay's public key, never relay.key (it cannot mint tickets)
+  local keys=${KEYS_DIR:-$ROOT/var/keys} mine=$DIR/h$1/keys
+  rm -rf "$mine" && mkdir -p "$mine" && chmod 700 "$mine"
+  cp -r "$keys/certs" "$keys/celery.key" "$keys/relay.pub" "$mine/"
+}
+
 host_agent_up() {
   local i=$1 cards=$2 ns
   ns=$(host_ns "$i")
   mkdir -p "$DIR/h$i/volumes"
+  host_keys "$i"
   # Its addresses and secrets are its host's own (the control plane's settings are replaced).
   local -a environment
   mapfile -t environment < <(host_env "$i" "$cards")

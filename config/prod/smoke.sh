@@ -78,6 +78,11 @@ grep -q '^LXCFS_DIR=' "$ENV_FILE" || echo "LXCFS_DIR=$CACHE/lxcfs" >>"$ENV_FILE"
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
+# The GPU server's own keys folder and SECRET_KEY, as the README's deployment steps make them: the Celery pair
+# and the relay's public key, never relay.key (a host checks relay tickets, it cannot make one). The smoke's
+# terminal and files then prove that a host runs on these alone.
+rm -rf "$CACHE/node-keys" && mkdir -m 700 "$CACHE/node-keys"
+cp -r "$CACHE/keys/certs" "$CACHE/keys/celery.key" "$CACHE/keys/relay.pub" "$CACHE/node-keys/"
 # The server's data-disk, shared-storage and LXCFS folders are shared mounts, as the agent's rshared and
 # rslave binds need (a systemd host's / already is; this machine's is private). No LXCFS runs here: "auto".
 for dir in "$CACHE/volumes" "$CACHE/sharedfs" "$CACHE/lxcfs"; do
@@ -91,7 +96,8 @@ CERTS_D=/etc/docker/certs.d/$SERVER
 install -D -m 644 "$CACHE/tls/cert.pem" "$CERTS_D/ca.crt"
 
 compose=(docker-compose --env-file "$ENV_FILE" -p gpprod -f docker-compose.yml)
-node_compose=(docker-compose --env-file "$ENV_FILE" -p gpprod-node -f docker-compose.node.yml)
+node_compose=(env KEYS_DIR="$CACHE/node-keys" SECRET_KEY="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+  docker-compose --env-file "$ENV_FILE" -p gpprod-node -f docker-compose.node.yml)
 finish() {
   status=$?
   { "${compose[@]}" logs --no-color --timestamps; "${node_compose[@]}" logs --no-color --timestamps; } \

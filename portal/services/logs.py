@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import requests
-from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -277,7 +276,7 @@ class _Reader:
                 since=self.query.since,
                 follow=follow,
             )
-            headers = {"Authorization": f"Bearer {ticket_sign(ticket, secret=settings.RELAY_SECRET)}"}
+            headers = {"Authorization": f"Bearer {ticket_sign(ticket)}"}
             timeout = (CONNECT_S, FOLLOW_IDLE_S if follow else IDLE_S)
             try:
                 with requests.get(url, headers=headers, stream=True, timeout=timeout) as response:

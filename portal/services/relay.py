@@ -56,7 +56,7 @@ def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, di
         raise Conflict("the instance's host has no relay registered: its node agent must be restarted")
     base = relay_base_of(node)
     ticket = Ticket(op=op, container=workload.container_name, workload=workload.pk, user=user.pk, ended=ended, **params)
-    token = ticket_sign(ticket, secret=settings.RELAY_SECRET)
+    token = ticket_sign(ticket)
     return f"{base}/v1/{op}", {"Authorization": f"Bearer {token}"}
 
 
@@ -117,7 +117,7 @@ def refusal(status: int, body: bytes) -> ServiceError:
         return Conflict("the instance's container is not on its host")
     if status == 429:  # the host's relay is busy, or this user holds his share of it
         return TooMany(detail)
-    # 401 / 403: the web tier and the agent disagree on RELAY_SECRET (or a clock is far off); 5xx: a fault.
+    # 401 / 403: the host does not hold the control plane's relay.pub (or a clock is far off); 5xx: a fault.
     log.error("relay refused a call: %s %s", status, detail)
     return Conflict(f"the instance's host refused: {detail}")
 

@@ -36,6 +36,7 @@ from django.db.models.functions import Now
 from core.clock import db_now
 from core.errors import Conflict, InvalidInput
 from core.messages import ToNode, send_after_commit
+from core.relay import VOLUME_TICKET_S, Op, Ticket, ticket_sign
 from scheduler import registry
 from scheduler.models import Move, MoveStatus, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
 from scheduler.services.lifecycle import workload_transition
@@ -128,12 +129,22 @@ def move_report(move_id: int, report: dict) -> None:
             _move_finish(move)
             return
         if report.get("exported"):
-            send_after_commit(ToNode.MOVE_IMPORT, move.pk, node=move.target.name)
+            send_after_commit(ToNode.MOVE_IMPORT, move.pk, _volume_capability(move), node=move.target.name)
         if move.sent_sha256 and move.received_sha256:
             if move.sent_sha256 == move.received_sha256:
                 _move_finish(move)
             else:
                 _move_fail(move, "the data disk arrived different from what was sent (checksums differ)")
+
+
+def _volume_capability(move: Move) -> str:
+    """What lets the target read the source's data disk for this one move, once: a VOLUME ticket the control plane
+    signs (a host cannot make one). It is good until the move would be failed for want of news."""
+    workload = move.workload
+    ticket = Ticket(
+        op=Op.VOLUME, container=workload.container_name, workload=workload.pk, user=workload.owner_id, move=move.pk
+    )
+    return ticket_sign(ticket, ttl=VOLUME_TICKET_S)
 
 
 def _move_finish(move: Move) -> None:

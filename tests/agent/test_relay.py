@@ -1,4 +1,4 @@
-"""The node's relay serves only what the web tier signed, for this node's own containers.
+"""The node's relay serves only what the control plane signed, for this node's own containers.
 
 No ticket, a forged, expired or already used one: 401. A ticket for another
 operation or a path out of its root: 403. A container of another node, another
@@ -16,18 +16,20 @@ import signal
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import requests
-from django.core import signing
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.launcher import docker_client
 from agent.relay import guard as relay_guard
 from agent.relay import server as relay_server
 from agent.relay.server import RelayServer
 from agent.relay.streams import file_from_tar, tar_of_one_file
+from core import relay
 from core.errors import InvalidInput
-from core.relay import SALT, Op, Ticket, ticket_sign
+from core.relay import Op, Ticket, ticket_sign
 from portal.models import Instance
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import create
@@ -59,13 +61,8 @@ def call(relay_url: str, op: Op, token: str | None, method: str = "GET") -> requ
     return requests.request(method, f"{relay_url}/v1/{op}", headers=headers, timeout=30)
 
 
-def signed(ticket: Ticket, settings) -> str:
-    return ticket_sign(ticket, secret=settings.RELAY_SECRET)
-
-
-class TwoMinutesAgo(signing.TimestampSigner):
-    def timestamp(self):
-        return signing.b62_encode(int(time.time()) - 120)
+def signed(ticket: Ticket) -> str:
+    return ticket_sign(ticket)
 
 
 @pytest.fixture
@@ -78,31 +75,33 @@ def other_relay(sim_node):
 
 
 def test_a_signed_ticket_lists_the_folder_once(workload, node_relay, settings):
-    token = signed(listing(workload), settings)
+    token = signed(listing(workload))
     answer = call(node_relay.url, Op.LIST, token)
     assert answer.status_code == 200 and json.loads(answer.text.splitlines()[-1]) == {"end": True}
     replay = call(node_relay.url, Op.LIST, token)
     assert replay.status_code == 401 and "used already" in replay.json()["detail"]
 
 
-def test_no_ticket_a_forged_or_an_expired_one_is_refused_with_401(workload, node_relay, settings):
+def test_no_ticket_a_forged_or_an_expired_one_is_refused_with_401(workload, node_relay, monkeypatch):
     assert call(node_relay.url, Op.LIST, None).status_code == 401
     assert call(node_relay.url, Op.TERMINAL, None).status_code == 401
-    forged = ticket_sign(listing(workload), secret="not-the-relay-secret-0123456789abcdef")
+    forged = ticket_sign(listing(workload), key=Ed25519PrivateKey.generate())
     assert call(node_relay.url, Op.LIST, forged).json() == {"detail": "the ticket is not valid"}
-    expired = TwoMinutesAgo(key=settings.RELAY_SECRET, salt=SALT).sign_object(dataclasses.asdict(listing(workload)))
+    with monkeypatch.context() as past:
+        past.setattr(relay, "time", SimpleNamespace(time=lambda: time.time() - 120))
+        expired = signed(listing(workload))
     answer = call(node_relay.url, Op.LIST, expired)
     assert answer.status_code == 401 and answer.json() == {"detail": "the ticket has expired"}
 
 
-def test_a_spent_ticket_stays_spent_when_the_agent_restarts(tmp_path, settings):
+def test_a_spent_ticket_stays_spent_when_the_agent_restarts(tmp_path):
     """A ticket is good for one request, also across a restart of the agent (issue 31 §1): the nonces spent in
     the last minute are on disk, read back by the next Guard; expired ones are forgotten."""
     ticket = Ticket(op=Op.LIST, container="c", workload=1, user=1, root="/root/autodl-tmp", path="/root/autodl-tmp")
-    header = f"Bearer {ticket_sign(ticket, secret=settings.RELAY_SECRET)}"
+    header = f"Bearer {signed(ticket)}"
 
     def guard():
-        return relay_guard.Guard(node="n1", deployment="d", secret=settings.RELAY_SECRET, state_dir=tmp_path)
+        return relay_guard.Guard(node="n1", deployment="d", state_dir=tmp_path)
 
     first = guard()
     assert first._ticket(header, Op.LIST).nonce == ticket.nonce
@@ -112,51 +111,49 @@ def test_a_spent_ticket_stays_spent_when_the_agent_restarts(tmp_path, settings):
     with pytest.raises(relay_guard.Refused, match="used already"):
         restarted._ticket(header, Op.LIST)
     other = dataclasses.replace(ticket, nonce="another-one")
-    assert restarted._ticket(f"Bearer {ticket_sign(other, secret=settings.RELAY_SECRET)}", Op.LIST)
+    assert restarted._ticket(f"Bearer {signed(other)}", Op.LIST)
     spent = tmp_path / "n1" / "relay-spent-tickets"
     spent.write_text(f"{time.time() - 1:.0f} long-expired\n" + spent.read_text())
     assert "long-expired" not in guard()._spent._until and "long-expired" not in spent.read_text()
 
 
 def test_a_ticket_for_another_operation_or_a_path_out_of_its_root_is_refused_with_403(workload, node_relay, settings):
-    assert call(node_relay.url, Op.DOWNLOAD, signed(listing(workload), settings)).status_code == 403
+    assert call(node_relay.url, Op.DOWNLOAD, signed(listing(workload))).status_code == 403
     for root, path in [("/root/autodl-tmp", "/etc"), ("/etc", "/etc"), ("/root/autodl-tmp", "/root/autodl-tmp/../x")]:
-        answer = call(node_relay.url, Op.LIST, signed(listing(workload, root=root, path=path), settings))
+        answer = call(node_relay.url, Op.LIST, signed(listing(workload, root=root, path=path)))
         assert answer.status_code == 403, (root, path)
 
 
 def test_a_container_of_another_node_deployment_or_owner_is_refused_with_403(
     workload, node_relay, other_relay, settings, outsider
 ):
-    assert call(other_relay.url, Op.LIST, signed(listing(workload), settings)).status_code == 403
-    assert call(node_relay.url, Op.LIST, signed(listing(workload, user=outsider.pk), settings)).status_code == 403
-    assert (
-        call(node_relay.url, Op.LIST, signed(listing(workload, workload=workload.pk + 1), settings)).status_code == 403
-    )
+    assert call(other_relay.url, Op.LIST, signed(listing(workload))).status_code == 403
+    assert call(node_relay.url, Op.LIST, signed(listing(workload, user=outsider.pk))).status_code == 403
+    assert call(node_relay.url, Op.LIST, signed(listing(workload, workload=workload.pk + 1))).status_code == 403
     settings.DEPLOYMENT_ID = "another-deployment"
     elsewhere = RelayServer(node_relay.node, api=docker_client().api, host="127.0.0.1", port=0)
     elsewhere.start()
     try:
-        assert call(elsewhere.url, Op.LIST, signed(listing(workload), settings)).status_code == 403
+        assert call(elsewhere.url, Op.LIST, signed(listing(workload))).status_code == 403
     finally:
         elsewhere.stop()
 
 
 def test_a_missing_container_is_404_and_a_stopped_one_409(workload, node_relay, settings):
-    missing = call(node_relay.url, Op.LIST, signed(listing(workload, container="gpucloud-no-such"), settings))
+    missing = call(node_relay.url, Op.LIST, signed(listing(workload, container="gpucloud-no-such")))
     assert missing.status_code == 404
     docker_client().containers.get(workload.container_name).stop(timeout=1)
-    assert call(node_relay.url, Op.LIST, signed(listing(workload), settings)).status_code == 409
+    assert call(node_relay.url, Op.LIST, signed(listing(workload))).status_code == 409
 
 
 def test_an_ended_jobs_ticket_reads_an_ended_job_of_its_owner_only(workload, node_relay, settings):
     """A ticket for an ended job's disk (``ended``) names a job of its owner that has ended on this node: not an
     instance, not another owner's, and only to list or download (tests/portal/test_ended_job_files.py reads one)."""
     ticket = listing(workload, ended=True, root="/root", path="/root/checkpoints")
-    not_a_job = call(node_relay.url, Op.LIST, signed(ticket, settings))
+    not_a_job = call(node_relay.url, Op.LIST, signed(ticket))
     assert not_a_job.status_code == 404 and "no job" in not_a_job.json()["detail"]
     upload = dataclasses.replace(ticket, op=Op.UPLOAD, name="x", size=1, nonce="another")
-    assert call(node_relay.url, Op.UPLOAD, signed(upload, settings), method="PUT").status_code == 403
+    assert call(node_relay.url, Op.UPLOAD, signed(upload), method="PUT").status_code == 403
 
 
 @pytest.mark.parametrize("form", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
@@ -219,7 +216,7 @@ def test_a_listing_that_never_ends_its_line_is_refused_at_once_and_its_process_i
 ):
     shell_replaced(workload, "exec tr '\\0' x < /dev/zero")  # tens of MB a second, never a newline, never an end
     began = time.monotonic()
-    answer = call(node_relay.url, Op.LIST, signed(listing(workload), settings))
+    answer = call(node_relay.url, Op.LIST, signed(listing(workload)))
     last = json.loads(answer.text.splitlines()[-1])
     assert "longer than" in last["error"] and time.monotonic() - began < 10, (last, time.monotonic() - began)
     wait_for(lambda: not processes(workload, "tr "), what="the listing's process to be killed", timeout=10)
@@ -229,7 +226,7 @@ def test_a_listing_past_its_time_limit_has_its_process_killed(workload, node_rel
     monkeypatch.setattr(relay_server, "LIST_TIMEOUT_S", 2)
     shell_replaced(workload, "exec sleep 600")  # silent, and never ending
     with contextlib.suppress(requests.RequestException):  # 504, or cut short: the HTTP side ends either way
-        call(node_relay.url, Op.LIST, signed(listing(workload), settings))
+        call(node_relay.url, Op.LIST, signed(listing(workload)))
     wait_for(lambda: not processes(workload, "sleep 600"), what="the listing's process to be killed", timeout=10)
 
 
@@ -239,13 +236,13 @@ def test_relay_calls_beyond_a_users_or_the_hosts_share_of_its_threads_are_refuse
     shell_replaced(workload, "exec sleep 600")  # a listing that holds one of the relay's threads
     settings.RELAY_MAX_SESSIONS_PER_USER = 1
     with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(call, node_relay.url, Op.LIST, signed(listing(workload), settings))
+        first = pool.submit(call, node_relay.url, Op.LIST, signed(listing(workload)))
         wait_for(lambda: processes(workload, "sleep 600"), what="the first listing to run")
-        refused = call(node_relay.url, Op.LIST, signed(listing(workload), settings))
+        refused = call(node_relay.url, Op.LIST, signed(listing(workload)))
         assert refused.status_code == 429 and "at once" in refused.json()["detail"], refused.text
         settings.RELAY_MAX_SESSIONS_PER_USER = 8
         monkeypatch.setattr(relay_guard, "THREADS", 1)
-        refused = call(node_relay.url, Op.LIST, signed(listing(workload), settings))
+        refused = call(node_relay.url, Op.LIST, signed(listing(workload)))
         assert refused.status_code == 429 and "busy" in refused.json()["detail"], refused.text
         for pid in processes(workload, "sleep 600"):
             os.kill(pid, signal.SIGKILL)
@@ -254,7 +251,7 @@ def test_relay_calls_beyond_a_users_or_the_hosts_share_of_its_threads_are_refuse
         ["/bin/busybox", "ln", "-sf", "busybox", "/bin/sh"]
     )
     wait_for(
-        lambda: call(node_relay.url, Op.LIST, signed(listing(workload), settings)).status_code == 200,
+        lambda: call(node_relay.url, Op.LIST, signed(listing(workload))).status_code == 200,
         what="the thread to be free again",
         timeout=10,
     )

@@ -129,7 +129,7 @@ def test_the_relay_serves_a_log_to_its_owners_ticket_only(settings, db):
 
         def get(**fields):
             ticket = Ticket(**{"op": Op.LOGS, "container": "gone", "workload": 9, "user": 3, "run": 1, **fields})
-            token = ticket_sign(ticket, secret=settings.RELAY_SECRET)
+            token = ticket_sign(ticket)
             return requests.get(f"{url}/v1/logs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
         answer = get()
@@ -375,7 +375,7 @@ def test_the_relay_serves_a_log_of_many_pages_whole(reads, settings, db):
     url = relay.start()
     try:
         ticket = Ticket(op=Op.LOGS, container="gone", workload=9, user=3, run=1)
-        token = ticket_sign(ticket, secret=settings.RELAY_SECRET)
+        token = ticket_sign(ticket)
         answer = requests.get(f"{url}/v1/logs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
     finally:
         relay.stop()

@@ -1,5 +1,6 @@
 """Moving a stopped instance to another host: the control plane's side (the agents' side: tests/cluster/)."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from core.clock import db_now
 from core.errors import Conflict
 from core.messages import ToNode
+from core.relay import VOLUME_TICKET_S, Op, ticket_open
 from scheduler.models import Move, MoveStatus, Node, NodeStatus, WorkloadStatus
 from scheduler.services.moves import move_report, move_snapshot_ref, moves_stalled_fail, workload_move
 from tests.conftest import make_node
@@ -56,7 +58,14 @@ def test_matching_checksums_finish_the_move_on_the_target_and_the_source_cleans_
     snapshot = move_snapshot_ref(move)
     with django_capture_on_commit_callbacks() as callbacks:
         move_report(move.pk, {"snapshot_ref": snapshot, "exported": True, "bytes_total": 10})
-    assert sent_to(callbacks, monkeypatch)[-1] == (ToNode.MOVE_IMPORT, (move.pk,), target.name)
+    task, (move_id, capability), to = sent_to(callbacks, monkeypatch)[-1]
+    assert (task, move_id, to) == (ToNode.MOVE_IMPORT, move.pk, target.name)
+    # The target reads the source's disk with a ticket the control plane signed for this move (a host cannot
+    # make one): good for a while the import may wait in the target's queue, not for ever.
+    ticket, expires = ticket_open(capability)
+    assert (ticket.op, ticket.move, ticket.workload, ticket.user) == (Op.VOLUME, move.pk, w.pk, user.pk)
+    assert ticket.container == w.container_name
+    assert time.time() + VOLUME_TICKET_S - 5 < expires <= time.time() + VOLUME_TICKET_S
     with django_capture_on_commit_callbacks() as callbacks:
         move_report(move.pk, {"sent_sha256": "ab" * 32, "bytes_sent": 10})
         move_report(move.pk, {"received_sha256": "ab" * 32, "bytes_received": 10})
