@@ -227,3 +227,50 @@ def test_a_gangs_member_host_records_its_members_runs_on_itself_only_without_the
     locked = conn.execute("SELECT id FROM scheduler_workload WHERE id = %s FOR UPDATE", [gang.pk]).fetchall()
     assert locked == []  # the row lock rank 0's host takes is not this host's to take
     assert list(WorkloadRun.objects.values_list("workload_id", "rank", "node_id")) == [(gang.pk, 1, mine.pk)]
+
+
+def test_a_host_bills_only_what_it_runs_now_and_names_no_payer(two_hosts, user):
+    """Issue 31 §1: on its own work, a host records a start and opens its meter segment only as the agent does —
+    at the time it writes, for the cards the work was given, naming no payer or rate — and closes it once, never
+    in the future. What it cannot do, each an attempt to charge the work's payer (or another account) for more."""
+    from django.contrib.auth import get_user_model
+
+    from billing.ledger import user_account
+
+    conn, _, _, work = two_hosts
+    mine = work["mine"].pk
+    other = user_account(get_user_model().objects.create_user("payer", password="x" * 12))
+    assert conn.execute("UPDATE billing_metersegment SET ended_at = now() WHERE workload_id = %s", [mine]).rowcount == 1
+    event = (
+        "INSERT INTO scheduler_workloadevent (workload_id, from_status, to_status, reason{}) VALUES (%s, %s, %s, ''{})"
+    )
+    segment = (
+        "INSERT INTO billing_metersegment (workload_id, started_at, end_reason, no_gpu, spot, cards{}) "
+        "VALUES (%s, %s, '', false, false, %s{})"
+    )
+    # As the agent does it: the start is recorded now, and the segment opens at it.
+    (started,) = conn.execute(event.format("", "") + " RETURNING created_at", [mine, "stopped", "running"]).fetchone()
+    conn.execute(segment.format("", ""), [mine, started, 1])
+    # Its open segment cannot end in the future; once ended, it cannot be stretched (or reopened).
+    close = "UPDATE billing_metersegment SET ended_at = {} WHERE workload_id = %s AND started_at = %s"
+    with pytest.raises(DENIED, match="row-level security"):
+        conn.execute(close.format("now() + interval '1 day'"), [mine, started])
+    assert conn.execute(close.format("now()"), [mine, started]).rowcount == 1
+    for reopened in ("now() + interval '1 day'", "NULL"):
+        assert conn.execute(close.format(reopened), [mine, started]).rowcount == 0
+    refused = [
+        (event.format(", created_at", ", now() - interval '1 hour'"), [mine, "stopped", "running"]),  # back-dated
+        (event.format(", created_at, meter", ", now() - interval '1 hour', 'resume'"), [mine, "running", "running"]),
+        (event.format(", created_at", ", now() + interval '1 day'"), [mine, "running", "stopped"]),  # future
+        (segment.format(", account_id", ", %s"), [mine, started, 1, other.pk]),  # a payer of its choosing
+        (segment.format("", ""), [mine, started - timezone.timedelta(hours=1), 1]),  # no start then
+        (segment.format("", ""), [mine, started, 8]),  # more cards than it was given
+    ]
+    for statement, params in refused:
+        with pytest.raises(DENIED, match="row-level security"):
+            conn.execute(statement, params)
+    assert not MeterSegment.objects.filter(workload_id=mine, account__isnull=False).exists()
+    assert not MeterSegment.objects.filter(workload_id=mine, ended_at__gt=timezone.now()).exists()
+    assert MeterSegment.objects.filter(workload_id=mine).count() == 2  # the fixture's and the agent-like one
+    # An end dated back (the container stopped before the agent saw it) is the agent's to record.
+    conn.execute(event.format(", created_at", ", now() - interval '5 seconds'"), [mine, "running", "stopped"])

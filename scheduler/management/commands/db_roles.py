@@ -11,7 +11,10 @@
     code … never its owner, image, command, size, node or price), and
   * the rows of its own node (row-level security): its node row, its cards, the work placed on it
     (or pinned to it while stopped), that work's events, runs and meter segments, its cards' allocations
-    and minute rollups.
+    and minute rollups, and
+  * of what it bills, only what it saw: a meter segment names no payer or rate (the control plane's), holds
+    the cards its work was given, starts at an event that started the meter, recorded when it was written
+    (never back-dated), and ends once, never in the future (``EVENT_TIME``, ``SEGMENT_OPENED``).
 
   Which node a session is comes from the role it logged in as (``current_user``), which the
   session cannot change: a host holding its own password cannot act as another host.
@@ -63,16 +66,46 @@ SAME_ARRAY = (
 )
 
 
+# What a host bills (issue 31 §1). An event that starts the meter (a start, a resume) is recorded at the time it
+# is written: a host cannot back-date a start, nor date anything in the future (it may date an end back, to when
+# the container really stopped: the meter then stops sooner, never later).
+OPENS_METER = "(to_status = 'running' AND (from_status <> 'running' OR meter = 'resume'))"
+EVENT_TIME = (
+    "created_at <= statement_timestamp() AND (NOT " + OPENS_METER + " OR created_at >= transaction_timestamp())"
+)
+# A meter segment a host opens names no payer, rate or settlement (the control plane assigns them), holds the
+# cards, price kind and spot-ness of its work as the scheduler recorded them, and starts at an event that started
+# its work's meter; it closes it once (an ended segment is not its to reopen or stretch), never in the future.
+SEGMENT_OPENED = (
+    "account_id IS NULL AND rate_card_id IS NULL AND settled_until IS NULL AND ended_at IS NULL"
+    " AND EXISTS (SELECT 1 FROM scheduler_workload w WHERE w.id = billing_metersegment.workload_id"
+    " AND w.gpu_count IS NOT DISTINCT FROM billing_metersegment.cards AND w.no_gpu = billing_metersegment.no_gpu"
+    " AND w.spot = billing_metersegment.spot)"
+    " AND billing_metersegment.started_at IN (SELECT e.created_at FROM scheduler_workloadevent e"
+    " WHERE e.workload_id = billing_metersegment.workload_id AND "
+    + OPENS_METER.replace("to_status", "e.to_status")
+    .replace("from_status", "e.from_status")
+    .replace("meter ", "e.meter ")
+    + ")"
+)
+
+
 @dataclass(frozen=True)
 class NodeAccess:
     """What a node agent does to one table: table privileges, the columns it updates, and which rows
-    it may write (a SQL condition; ``check`` for the new version of a row, when it is stricter)."""
+    it may write (a SQL condition; ``check`` for the new version of a row, when it is stricter).
+
+    ``inserted``: what a row it inserts must also be; ``updatable``: which of ``rows`` it may update;
+    ``updated``: what a row it updated must also be (each ANDed to the rest)."""
 
     privileges: str
     update: tuple[str, ...] = ()
     rows: str = ""
     check: str = ""
     read_own: bool = False  # it reads only ``rows`` too (tenants' data it needs for its own work alone)
+    inserted: str = ""
+    updatable: str = ""
+    updated: str = ""
 
 
 # What a node agent's process does to each table (agent/*, scheduler/services/nodes.py and
@@ -133,7 +166,7 @@ NODE_ACCESS = {
         check="coalesce(node_id, pinned_node_id) = {own} AND coalesce(pinned_node_id, node_id) = {own}",
     ),
     Allocation: NodeAccess("SELECT, DELETE", rows="gpu_id IN " + OWN_CARDS),  # freed when work leaves a holding state
-    WorkloadEvent: NodeAccess("SELECT, INSERT", rows="workload_id IN " + OWN_WORK),
+    WorkloadEvent: NodeAccess("SELECT, INSERT", rows="workload_id IN " + OWN_WORK, inserted=EVENT_TIME),
     # Each start of its work's containers, a gang's member's here included (where that piece of the work's
     # log lives): on this node only.
     WorkloadRun: NodeAccess(
@@ -141,7 +174,14 @@ NODE_ACCESS = {
         rows="workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF,
         check="(workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF + ") AND node_id = {own}",
     ),
-    MeterSegment: NodeAccess("SELECT, INSERT", update=("ended_at", "end_reason"), rows="workload_id IN " + OWN_WORK),
+    MeterSegment: NodeAccess(
+        "SELECT, INSERT",
+        update=("ended_at", "end_reason"),
+        rows="workload_id IN " + OWN_WORK,
+        inserted=SEGMENT_OPENED,
+        updatable="ended_at IS NULL",
+        updated="ended_at <= statement_timestamp()",
+    ),
     Instance: NodeAccess("SELECT"),
     Image: NodeAccess("SELECT"),  # a host removes an image from its engine only while it is being deleted
     Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
@@ -303,10 +343,16 @@ class Command(BaseCommand):
             ),
             f"{web}_all": sql.SQL("FOR ALL TO {} USING (true) WITH CHECK (true)").format(sql.Identifier(web)),
         }
+
+        def also(condition, extra: str):
+            return sql.SQL("({}) AND ({})").format(condition, sql.SQL(extra)) if extra else condition
+
         for command in writes:
             clause = {
-                "INSERT": sql.SQL("WITH CHECK ({})").format(check),
-                "UPDATE": sql.SQL("USING ({}) WITH CHECK ({})").format(rows, check),
+                "INSERT": sql.SQL("WITH CHECK ({})").format(also(check, access.inserted)),
+                "UPDATE": sql.SQL("USING ({}) WITH CHECK ({})").format(
+                    also(rows, access.updatable), also(check, access.updated)
+                ),
                 "DELETE": sql.SQL("USING ({})").format(rows),
             }[command]
             policies[f"{group}_{command.lower()}"] = sql.SQL("FOR " + command + " TO {} {}").format(role, clause)
