@@ -124,6 +124,34 @@ def test_a_tenant_reaches_no_control_plane_service_no_other_host_and_no_other_te
         cluster.release(neighbour["id"])
 
 
+def test_nobody_on_the_lan_reaches_a_tenant_on_a_port_it_did_not_publish(cluster):
+    """Issue 31 §2: the hosts forward what is routed to their tenants' subnet, so the fence drops what enters the
+    bridge new and untranslated. From the control plane with a route to the tenant's subnet via its host (what any
+    machine on the LAN can add), and from another host (which has that route for the gangs): nothing reaches a
+    listener on an unpublished port. Its own host does (the listener is up: the refusals are the fence's)."""
+    tenant = cluster.wait_instance(cluster.create_instance("RTX3090")["id"], "running")
+    host = int(tenant["node"][1:])
+    other = next(i for i in (1, 2, 3) if i != host)
+    container = container_of(cluster, tenant)
+    address = container.attrs["NetworkSettings"]["Networks"]["gpucloud-tenants"]["IPAddress"]
+    container.exec_run(["sh", "-c", "nc -ll -p 7777 -e echo listening"], detach=True)
+    probe = f"nc -w 3 {address} 7777 </dev/null 2>/dev/null || true"
+    route = ["ip", "route", "replace", cluster.tenant_subnet(host), "via", cluster.host_address(host)]
+    try:
+        wait_until(
+            lambda: "listening" in in_host(cluster, host, "busybox", "sh", "-c", probe).stdout,
+            timeout=15,
+            what="the tenant's listener, from its own host",
+        )
+        assert in_host(cluster, other, "busybox", "sh", "-c", probe).stdout.strip() == "", f"h{other} reached it"
+        subprocess.run(route, check=True, capture_output=True)
+        reached = subprocess.run(["busybox", "sh", "-c", probe], capture_output=True, text=True, timeout=30)
+        assert reached.stdout.strip() == "", "the control plane's side of the LAN reached it"
+    finally:
+        subprocess.run(["ip", "route", "del", cluster.tenant_subnet(host)], capture_output=True)
+        cluster.release(tenant["id"])
+
+
 # A training loop in sh: each step is done once its counter is saved in AUTO_TMPDIR (written whole, then renamed
 # over the last), then logged with the run that did it; a run starts from the counter it finds there.
 STEPS = r"""

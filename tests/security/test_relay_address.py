@@ -139,5 +139,5 @@ def test_a_move_fetches_no_disk_from_a_source_relay_not_at_its_address(user, lis
     w = _on_forged_relay(user, listener, status=S.MOVING)
     move = Move.objects.create(workload=w, source=w.node, target=make_node())
     with pytest.raises(ValueError, match=f"host {w.node.name}'s relay address"):
-        moves._fetch_into(move, "no-helper")
+        moves._fetch_into(move, "no-helper", "a-capability")
     assert not listener.called()
