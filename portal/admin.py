@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from portal.models import GpuType, Image, Instance, Job
+from portal.models import AuditEntry, GpuType, Image, Instance, Job
 
 
 @admin.register(GpuType)
@@ -27,3 +27,21 @@ class InstanceAdmin(admin.ModelAdmin):
 class JobAdmin(admin.ModelAdmin):
     list_display = ["name", "owner", "gpu_type", "gpus", "created_at"]
     raw_id_fields = ["workload"]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    """Powers used over other people's work: written by the services that used them, never changed here."""
+
+    list_display = ["created_at", "actor", "action", "target", "owner"]
+    list_filter = ["action"]
+    search_fields = ["actor__username", "owner__username", "target"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -7,6 +7,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -287,3 +288,21 @@ class ApiToken(models.Model):
 
     def __str__(self):
         return f"{self.user_id}: {self.name} ({self.prefix}…)"
+
+
+class AuditEntry(models.Model):
+    """Someone used a power over work that is not theirs: an operator stopped it, support read its environment,
+    a team's admin cancelled it. Written by the service that did it, never changed or deleted (admin: read only)."""
+
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    action = models.CharField(max_length=32)
+    target = models.CharField(max_length=64, help_text="What it was done to: 'instance 12', 'job 7', 'array 3'.")
+    created_at = models.DateTimeField(db_default=Now(), db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self):
+        return f"{self.actor_id} {self.action} {self.target} of {self.owner_id}"

@@ -84,6 +84,10 @@ class WorkloadAdmin(admin.ModelAdmin):
     readonly_fields = ["status", "status_reason", "node", "container_id", "exit_code", "started_at", "finished_at"]
     inlines = [EventInline]
 
+    def get_exclude(self, request, obj=None):
+        # A job's environment holds its owner's keys: read with a permission of its own, as on the job's page.
+        return [] if request.user.has_perm("scheduler.view_work_env") else ["env"]
+
 
 @admin.register(Allocation)
 class AllocationAdmin(admin.ModelAdmin):

@@ -291,7 +291,14 @@ class Workload(models.Model):
     class Meta:
         ordering = ["-created_at"]
         # Who may queue work ahead of everyone else's: superusers, and users or groups an administrator gives it.
-        permissions = [("submit_high_priority", "Can submit work at high priority")]
+        # Staff powers over other people's work are permissions too (being staff gives none: the "Support" and
+        # "Operators" groups hold them; portal.selectors reads them; portal.models.AuditEntry records their use).
+        permissions = [
+            ("submit_high_priority", "Can submit work at high priority"),
+            ("view_any_work", "Can see every user's instances, jobs and arrays"),
+            ("operate_any_work", "Can stop, start, restart, release, move, grow or save anyone's work"),
+            ("view_work_env", "Can read the environment of anyone's job"),
+        ]
         indexes = [models.Index(fields=["status", "queued_at"])]
         constraints = [
             models.CheckConstraint(

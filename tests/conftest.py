@@ -4,6 +4,7 @@ A missing service ends the run with an error; nothing is skipped for it.
 """
 
 import contextlib
+import importlib
 import os
 import socket
 import subprocess
@@ -211,6 +212,20 @@ def may_submit_high(user):
 
     user.user_permissions.add(Permission.objects.get(codename="submit_high_priority"))
     return user
+
+
+def staff_member(django_user_model, username: str, group: str):
+    """A staff account in one of the staff groups (portal migration 0012: "Support", "Operators", "Billing"). The
+    group is made again where a transactional test's flush took it (its permissions come back with post_migrate)."""
+    from django.contrib.auth.models import Group, Permission
+
+    groups = importlib.import_module("portal.migrations.0012_staff_groups").GROUPS
+    made, _ = Group.objects.get_or_create(name=group)
+    for app_label, _model, codename in groups[group]:
+        made.permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    person = django_user_model.objects.create_user(username, password=f"{username}-pass-123", is_staff=True)
+    person.groups.add(made)
+    return person
 
 
 @pytest.fixture

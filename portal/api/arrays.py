@@ -162,6 +162,6 @@ class ArrayActionApi(APIView):
 
     @extend_schema(request=None, responses={202: ArrayOutput})
     def post(self, request, array_id: int):
-        array = selectors.array_get(user=request.user, array_id=array_id)
-        ARRAY_ACTIONS[self.action_name](array=array)
+        array = selectors.array_get(user=request.user, array_id=array_id, action=self.action_name)
+        ARRAY_ACTIONS[self.action_name](array=array, by=request.user)
         return Response(array_document(selectors.array_get(user=request.user, array_id=array_id)), status=202)

@@ -39,7 +39,7 @@ def paginated(view, queryset, serializer_class):
     """The page of ``queryset`` the request asks for, serialized, with count / next / previous."""
     pages = Pages()
     page = pages.paginate_queryset(queryset, view.request, view=view)
-    return pages.get_paginated_response(serializer_class(page, many=True).data)
+    return pages.get_paginated_response(serializer_class(page, many=True, context={"request": view.request}).data)
 
 
 def paginated_rows(view, queryset, rows: Rows):

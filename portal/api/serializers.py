@@ -182,7 +182,10 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
     log_tail = serializers.CharField(source="workload.log_tail")
     image = serializers.CharField(source="image.name")
     gpu_type = serializers.CharField(source="gpu_type.name")
-    env = serializers.DictField(child=serializers.CharField(), source="workload.env")
+    env = serializers.SerializerMethodField(
+        help_text="Its environment: its owner's to read; null for anyone else (a holder of scheduler.view_work_env "
+        "reads it with GET /jobs/<id>/?env=1, and the read is recorded)."
+    )
     spot = serializers.BooleanField(source="workload.spot", help_text="On spot capacity now (at the spot price).")
     array = serializers.IntegerField(source="array_id", allow_null=True, help_text="The job array it is a task of.")
     nodes = serializers.IntegerField(
@@ -211,6 +214,12 @@ class JobOutput(WorkloadFields, serializers.ModelSerializer):
         help_text="When housekeeping releases the ended job with its checkpoints and volume; null while it queues or "
         "runs (or once released)."
     )
+
+    @extend_schema_field(serializers.DictField(child=serializers.CharField(), allow_null=True))
+    def get_env(self, job) -> dict | None:
+        request = self.context.get("request")
+        mine = request is not None and job.owner_id == request.user.pk
+        return job.workload.env if mine or self.context.get("env_shown") else None
 
     def get_auto_tmpdir(self, job) -> str:
         return sharedfs.job_tmpdir(job.workload.uid)

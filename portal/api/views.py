@@ -191,10 +191,10 @@ class InstanceDiskApi(APIView):
 
     @extend_schema(request=DiskInput, responses={202: InstanceOutput})
     def post(self, request, instance_id: int):
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id, action="grow-disk")
         data = self.DiskInput(data=request.data)
         data.is_valid(raise_exception=True)
-        instance = work.instance_grow_disk(instance=instance, disk_gb=data.validated_data["disk_gb"])
+        instance = work.instance_grow_disk(instance=instance, disk_gb=data.validated_data["disk_gb"], by=request.user)
         return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -208,10 +208,10 @@ class InstanceSaveImageApi(APIView):
 
     @extend_schema(request=SaveImageInput, responses={202: ImageOutput})
     def post(self, request, instance_id: int):
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        instance = selectors.instance_get(user=request.user, instance_id=instance_id, action="save-image")
         data = self.SaveImageInput(data=request.data)
         data.is_valid(raise_exception=True)
-        image = images.image_save(instance=instance, name=data.validated_data["name"])
+        image = images.image_save(instance=instance, name=data.validated_data["name"], by=request.user)
         return Response(ImageOutput(image).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -273,7 +273,7 @@ class InstanceActionApi(APIView):
     @extend_schema(request=None, responses={202: InstanceOutput})
     def post(self, request, instance_id: int):
         instance = selectors.instance_get(user=request.user, instance_id=instance_id, action=self.action_name)
-        work.instance_act(instance=instance, action=self.action_name)
+        work.instance_act(instance=instance, action=self.action_name, by=request.user)
         instance = selectors.instance_get(user=request.user, instance_id=instance_id, action=self.action_name)
         return Response(InstanceOutput(instance).data, status=status.HTTP_202_ACCEPTED)
 
@@ -285,7 +285,8 @@ class InstanceCloneApi(APIView):
 
     @extend_schema(request=None, responses={201: InstanceOutput})
     def post(self, request, instance_id: int):
-        instance = selectors.instance_get(user=request.user, instance_id=instance_id)
+        # Its owner's only: a clone of another's instance would be made from their (private) image.
+        instance = selectors.instance_get_owned(user=request.user, instance_id=instance_id)
         clone = work.instance_clone(instance=instance, owner=request.user)
         return Response(InstanceOutput(clone).data, status=status.HTTP_201_CREATED)
 
@@ -439,7 +440,7 @@ class JobListApi(APIView):
         def create():
             archive = code.read() if code is not None else None
             job = work.job_create(data.work_request(request.user), code=archive)
-            return Response(JobOutput(job).data, status=status.HTTP_201_CREATED)
+            return Response(JobOutput(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
         return idempotent(request, endpoint="job-create", create=create)
 
@@ -447,7 +448,10 @@ class JobListApi(APIView):
 class JobDetailApi(APIView):
     @extend_schema(responses=JobOutput)
     def get(self, request, job_id: int):
-        return Response(JobOutput(selectors.job_get(user=request.user, job_id=job_id)).data)
+        job = selectors.job_get(user=request.user, job_id=job_id)
+        # Another's environment only when asked for (?env=1), to whoever may read it, and recorded.
+        shown = request.query_params.get("env") == "1" and work.job_env_read(job, by=request.user)
+        return Response(JobOutput(job, context={"request": request, "env_shown": shown}).data)
 
 
 class JobActionApi(APIView):
@@ -458,6 +462,6 @@ class JobActionApi(APIView):
     @extend_schema(request=None, responses={202: JobOutput})
     def post(self, request, job_id: int):
         job = selectors.job_get(user=request.user, job_id=job_id, action=self.action_name)
-        work.job_act(job=job, action=self.action_name)
+        work.job_act(job=job, action=self.action_name, by=request.user)
         job = selectors.job_get(user=request.user, job_id=job_id, action=self.action_name)
-        return Response(JobOutput(job).data, status=202)
+        return Response(JobOutput(job, context={"request": request}).data, status=202)

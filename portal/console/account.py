@@ -63,7 +63,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 @login_required
 @require_POST
 def instance_clone(request, instance_id: int):
-    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
+    instance = or_404(selectors.instance_get_owned, user=request.user, instance_id=instance_id)  # as the API's
     try:
         clone = work.instance_clone(instance=instance, owner=request.user)
         messages.success(

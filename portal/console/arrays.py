@@ -37,8 +37,8 @@ def array_detail(request, array_id: int):
 def array_action(request, array_id: int, action: str):
     return _act(
         request,
-        lambda: selectors.array_get(user=request.user, array_id=array_id),
-        lambda array, name: ACTIONS[name](array=array),
+        lambda: selectors.array_get(user=request.user, array_id=array_id, action=action),
+        lambda array, name: ACTIONS[name](array=array, by=request.user),
         ACTIONS,
         action,
         "console-jobs",

@@ -29,9 +29,9 @@ def image_page(request):
 @login_required
 @require_POST
 def instance_save_image(request, instance_id: int):
-    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
+    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id, action="save-image")
     try:
-        image = images.image_save(instance=instance, name=request.POST.get("name", ""))
+        image = images.image_save(instance=instance, name=request.POST.get("name", ""), by=request.user)
     except ServiceError as exc:
         messages.error(request, exc.message)
         return redirect("console-instance", instance_id=instance.pk)

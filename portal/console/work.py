@@ -156,7 +156,7 @@ def instance_action(request, instance_id: int, action: str):
     return _act(
         request,
         lambda: selectors.instance_get(user=request.user, instance_id=instance_id, action=action),
-        lambda instance, name: work.instance_act(instance=instance, action=name),
+        lambda instance, name: work.instance_act(instance=instance, action=name, by=request.user),
         work.ACTIONS,
         action,
         "console-instances",
@@ -207,7 +207,12 @@ def job_detail(request, job_id: int):
             member.cards = [f"gpu{a.gpu.index}" for a in held if a.gpu.node_id == member.node_id]
     context = {"job": job, "events": job.workload.events.all(), "members": members}
     context["auto_tmpdir"], context["kept_until"] = sharedfs.job_tmpdir(job.workload.uid), job_kept_until(job)
-    if job.owner_id == request.user.pk:  # a log is its owner's only (staff see the last lines kept)
+    # Another's environment (API keys live there): only when asked for, to whoever may read it, and recorded.
+    mine = job.owner_id == request.user.pk
+    shown = mine or (request.GET.get("env") == "1" and work.job_env_read(job, by=request.user))
+    context["env_shown"] = shown
+    context["env_hidden"] = not shown and selectors.may_read_env(user=request.user, workload=job.workload)
+    if mine:  # a log is its owner's only (staff see the last lines kept)
         context["logs"] = logs_panel("jobs", job.pk)
         for member in members:  # each member's last lines, from its own host
             member.last_lines = member_tail(job.workload, member.rank)
@@ -220,7 +225,7 @@ def job_action(request, job_id: int, action: str):
     return _act(
         request,
         lambda: selectors.job_get(user=request.user, job_id=job_id, action=action),
-        lambda job, name: work.job_act(job=job, action=name),
+        lambda job, name: work.job_act(job=job, action=name, by=request.user),
         work.JOB_ACTIONS,
         action,
         "console-jobs",
@@ -231,14 +236,14 @@ def job_action(request, job_id: int, action: str):
 @require_POST
 def instance_disk(request, instance_id: int):
     """Grow the data disk from the instance page."""
-    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id)
+    instance = or_404(selectors.instance_get, user=request.user, instance_id=instance_id, action="grow-disk")
     try:
         size = int(request.POST.get("disk_gb", ""))
     except ValueError:
         messages.error(request, _("Disk size: give a whole number of GB."))
     else:
         try:
-            work.instance_grow_disk(instance=instance, disk_gb=size)
+            work.instance_grow_disk(instance=instance, disk_gb=size, by=request.user)
             messages.info(request, _("Growing the data disk to %(size)s GB.") % {"size": size})
         except ServiceError as exc:
             messages.error(request, exc.message)

@@ -5,7 +5,7 @@ from django.db.models import Q
 
 from billing.models import Membership
 from billing.prices import spot_now
-from core.errors import NotFound
+from core.errors import Forbidden, NotFound
 from portal.models import GpuType, Image, Instance, Job, JobArray
 from scheduler.models import WorkloadStatus
 from scheduler.selectors import gpu_models_summary
@@ -37,9 +37,16 @@ def gpu_type_list():
     return sorted(types, key=lambda t: (t.capacity["cards"] == 0, t.price_per_hour))
 
 
+# Powers over other people's work (scheduler.Workload's permissions; being staff gives none of them): support
+# sees everyone's work, operators also act on it, and a job's environment is read with a permission of its own.
+VIEW_ANY = "scheduler.view_any_work"
+OPERATE_ANY = "scheduler.operate_any_work"
+READ_ENV = "scheduler.view_work_env"
+
+
 def _visible(queryset, *, user, include_released: bool):
-    """Only the user's own rows (admins see all); released work is history, hidden unless asked for."""
-    if not user.is_staff:
+    """Only the user's own rows (all, with VIEW_ANY); released work is history, hidden unless asked for."""
+    if not user.has_perm(VIEW_ANY):
         queryset = queryset.filter(owner=user)
     if not include_released:
         queryset = queryset.exclude(workload__status=WorkloadStatus.RELEASED)
@@ -63,16 +70,30 @@ def _charged_to_teams_run_by(user, queryset, action: str):
 
 
 def instance_get(*, user, instance_id: int, action: str = "") -> Instance:
-    """The instance if the user may see it (or, for ``action``, it is charged to a team they run); NotFound otherwise.
+    """The instance if the user may see it — or, for ``action``, act on it: its owner, OPERATE_ANY, or an admin of
+    the team it is charged to (for TEAM_ADMIN_ACTIONS); NotFound otherwise (never a leak of existence), Forbidden
+    for one the user may see but not act on."""
+    return _get(
+        user, instance_list(user=user, include_released=True), Instance.objects, instance_id, action, "instance"
+    )
 
-    Never 403: no leak of existence.
-    """
-    instance = instance_list(user=user, include_released=True).filter(pk=instance_id).first()
-    if instance is None:
-        instance = _charged_to_teams_run_by(user, Instance.objects.filter(pk=instance_id), action).first()
-    if instance is None:
-        raise NotFound("no such instance")
-    return instance
+
+def _get(user, visible, every, pk: int, action: str, what: str):
+    """What ``instance_get`` and ``job_get`` find (``visible``: what the user sees, ``every``: all of that kind)."""
+    found = visible.filter(pk=pk).first()
+    if found is not None and (not action or found.owner_id == user.pk or user.has_perm(OPERATE_ANY)):
+        return found
+    charged = _charged_to_teams_run_by(user, every.filter(pk=pk), action).first()
+    if charged is not None:
+        return charged
+    if found is not None:
+        raise Forbidden(f"you may see this {what} but not {action} it: that needs the {OPERATE_ANY} permission")
+    raise NotFound(f"no such {what}")
+
+
+def may_read_env(*, user, workload) -> bool:
+    """Whether ``user`` may read ``workload``'s environment (API keys live there): its owner, or READ_ENV."""
+    return workload.owner_id == user.pk or user.has_perm(READ_ENV)
 
 
 def instance_get_owned(*, user, instance_id: int) -> Instance:
@@ -97,22 +118,21 @@ def job_get_owned(*, user, job_id: int) -> Job:
 
 
 def job_get(*, user, job_id: int, action: str = "") -> Job:
-    job = job_list(user=user, include_released=True).filter(pk=job_id).first()
-    if job is None:
-        job = _charged_to_teams_run_by(user, Job.objects.filter(pk=job_id), action).first()
-    if job is None:
-        raise NotFound("no such job")
-    return job
+    """As ``instance_get``, for a job."""
+    return _get(user, job_list(user=user, include_released=True), Job.objects, job_id, action, "job")
 
 
 def array_list(*, user):
-    """Job arrays the user may see (their own; staff: all), newest first."""
-    arrays = JobArray.objects.all() if user.is_staff else JobArray.objects.filter(owner=user)
+    """Job arrays the user may see (their own; all, with VIEW_ANY), newest first."""
+    arrays = JobArray.objects.all() if user.has_perm(VIEW_ANY) else JobArray.objects.filter(owner=user)
     return arrays.order_by("-created_at", "-id")
 
 
-def array_get(*, user, array_id: int) -> JobArray:
+def array_get(*, user, array_id: int, action: str = "") -> JobArray:
+    """The array if the user may see it, or, for ``action``, act on it (its owner, OPERATE_ANY)."""
     array = array_list(user=user).filter(pk=array_id).first()
     if array is None:
         raise NotFound("no such array")
+    if action and array.owner_id != user.pk and not user.has_perm(OPERATE_ANY):
+        raise Forbidden(f"you may see this array but not {action} it: that needs the {OPERATE_ANY} permission")
     return array

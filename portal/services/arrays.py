@@ -23,7 +23,7 @@ from billing.prices import estimate, rate_card_now
 from billing.statements import cost_so_far
 from core.errors import Conflict, InvalidInput, TooMany
 from portal.models import ArrayStatus, Fallback, Job, JobArray
-from portal.services import work
+from portal.services import audit, work
 from portal.services.array_spec import task_env, tasks_of
 from portal.services.requests import ArrayRequest
 from scheduler.models import Workload, WorkloadStatus
@@ -160,13 +160,15 @@ def _stop_tasks(array: JobArray, reason: str) -> int:
     return stopped
 
 
-def array_cancel(*, array: JobArray) -> JobArray:
-    if not _end(array, status=ArrayStatus.CANCELLED, reason="cancelled by its owner"):
+def array_cancel(*, array: JobArray, by=None) -> JobArray:
+    mine = by is None or by.pk == array.owner_id
+    if not _end(array, status=ArrayStatus.CANCELLED, reason="cancelled by its owner" if mine else "cancelled by staff"):
         raise Conflict(f"the array is {array.status} already")
+    audit.power_used(by=by, owner_id=array.owner_id, action="cancel", target=f"array {array.pk}")
     return array
 
 
-def array_retry(*, array: JobArray) -> JobArray:
+def array_retry(*, array: JobArray, by=None) -> JobArray:
     """Queue its failed and cancelled tasks again (each resumes from its checkpoint, on its node)."""
     again = [job for job in _tasks(array) if job.workload.status in (S.FAILED, S.STOPPED)]
     if not again:
@@ -180,6 +182,7 @@ def array_retry(*, array: JobArray) -> JobArray:
         JobArray.objects.filter(pk=array.pk).update(status=ArrayStatus.RUNNING, status_reason="", finished_at=None)
         for job in again:
             scheduler.workload_start(job.workload)
+        audit.power_used(by=by, owner_id=array.owner_id, action="retry", target=f"array {array.pk}")
     array.refresh_from_db()
     return array
 

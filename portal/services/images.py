@@ -24,6 +24,7 @@ from core.errors import Conflict, InvalidInput, TooMany
 from core.messages import ToNode, ToScheduler, send, send_after_commit
 from portal import limits
 from portal.models import Image, ImageStatus, ImageVisibility, Instance
+from portal.services import audit
 from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import registry
 from scheduler.models import Node, NodeStatus, WorkloadStatus
@@ -42,8 +43,9 @@ def saved_image_list(*, user):
     )
 
 
-def image_save(*, instance: Instance, name: str) -> Image:
-    """Start saving a stopped instance as a private image; the row is ``saving`` until the node replies."""
+def image_save(*, instance: Instance, name: str, by=None) -> Image:
+    """Start saving a stopped instance as a private image (its owner's); the row is ``saving`` until the node
+    replies. ``by``: who asked (an operator's save is audited)."""
     name = (name or "").strip()
     if not name or len(name) > limits.NAME_CHARS:
         raise InvalidInput(f"give the image a name of 1 to {limits.NAME_CHARS} characters", field="name")
@@ -76,6 +78,7 @@ def image_save(*, instance: Instance, name: str) -> Image:
         )
         image.docker_ref = registry.registry_ref(f"{REPOSITORY}:{settings.DEPLOYMENT_ID}-{image.pk}")
         image.save(update_fields=["docker_ref"])
+        audit.power_used(by=by, owner_id=instance.owner_id, action="save-image", target=f"instance {instance.pk}")
         send_after_commit(
             ToNode.IMAGE_COMMIT, workload.pk, image.docker_ref, ToScheduler.IMAGE_SAVED, image.pk, node=node.name
         )

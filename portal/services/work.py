@@ -18,8 +18,8 @@ from core.errors import Conflict, InvalidInput
 from core.messages import ToNode, ToScheduler, send_after_commit
 from portal import limits
 from portal.models import BillingMode, GpuType, Image, ImageStatus, Instance, Job
-from portal.selectors import image_list
-from portal.services import images
+from portal.selectors import image_list, may_read_env
+from portal.services import audit, images
 from portal.services.requests import InstanceRequest, JobRequest, WorkRequest
 from portal.services.slow import slow_operation_admit, slow_operations_lock
 from scheduler import envnames
@@ -203,8 +203,8 @@ ACTIONS = {
 }
 
 
-def instance_act(*, instance: Instance, action: str) -> Instance:
-    """Run one of ACTIONS on an instance the caller has already been allowed to touch."""
+def instance_act(*, instance: Instance, action: str, by=None) -> Instance:
+    """Run one of ACTIONS on an instance ``by`` (None: the platform) has already been allowed to touch."""
     if action in ("start", "start-no-gpu", "release", "move") and images.image_busy(instance):
         raise Conflict(f"the instance is being saved as an image; {action} it when that is done")
     if action in ("start", "start-no-gpu"):
@@ -213,6 +213,7 @@ def instance_act(*, instance: Instance, action: str) -> Instance:
         if action in ("move", "restart"):
             slow_operation_admit(instance.owner)
         ACTIONS[action](instance.workload)
+        audit.power_used(by=by, owner_id=instance.owner_id, action=action, target=f"instance {instance.pk}")
     return instance
 
 
@@ -360,13 +361,23 @@ def job_submit(
 JOB_ACTIONS = {"cancel": scheduler.workload_stop, "release": scheduler.workload_release}
 
 
-def job_act(*, job: Job, action: str) -> Job:
+def job_env_read(job: Job, *, by) -> bool:
+    """Whether ``by`` is shown ``job``'s environment on its page: its owner, or a holder of selectors.READ_ENV —
+    whose read is audited."""
+    if not may_read_env(user=by, workload=job.workload):
+        return False
+    audit.power_used(by=by, owner_id=job.owner_id, action="read-env", target=f"job {job.pk}")
+    return True
+
+
+def job_act(*, job: Job, action: str, by=None) -> Job:
     with transaction.atomic():
         JOB_ACTIONS[action](job.workload)
+        audit.power_used(by=by, owner_id=job.owner_id, action=action, target=f"job {job.pk}")
     return job
 
 
-def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
+def instance_grow_disk(*, instance: Instance, disk_gb: int, by=None) -> Instance:
     """Grow the data disk (never shrink): recorded at once if it has no disk yet, else when its node has grown it.
 
     The node grows the filesystem online, so a running instance keeps running.
@@ -383,6 +394,7 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int) -> Instance:
             raise InvalidInput(f"a disk only grows: give more than {instance.disk_gb} GB", field="disk_gb")
         if disk_gb > limits.DISK_GB.max:
             raise InvalidInput(f"at most {limits.DISK_GB.max} GB", field="disk_gb")
+        audit.power_used(by=by, owner_id=instance.owner_id, action="grow-disk", target=f"instance {instance.pk}")
         node = workload.node or workload.pinned_node
         if node is None:  # never ran: its disk is made at the new size when it starts
             _disk_recorded(instance, disk_gb)

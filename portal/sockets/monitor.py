@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from core import messages
-from portal.models import Instance
+from portal import selectors
 from portal.sockets.fanout import Watcher, fanout
 from scheduler.models import Node
 from scheduler.telemetry import streams
@@ -100,10 +100,10 @@ class MonitorConsumer(AsyncWebsocketConsumer):
 
 
 class InstanceMonitorConsumer(MonitorConsumer):
-    """One instance's GPUs and container: its owner (and staff)."""
+    """One instance's GPUs and container: its owner (and whoever sees everyone's work: selectors.VIEW_ANY)."""
 
     def subscriptions(self, user):
-        instances = Instance.objects.all() if user.is_staff else Instance.objects.filter(owner=user)
+        instances = selectors.instance_list(user=user, include_released=True)
         workload_id = instances.filter(pk=self.scope["url_route"]["kwargs"]["instance_id"]).values_list(
             "workload_id", flat=True
         )

@@ -1,5 +1,6 @@
 """Who may use which route: every REST, console and WebSocket route x every method x {owner, other user,
-anonymous, superuser staff, plain staff, the owner's teammate}; every socket from a foreign Origin.
+anonymous, superuser staff, plain staff, support, an operator, the owner's teammate}; every socket from a
+foreign Origin.
 
 The routes are read from the URL conf and the WebSocket routing, so a route added
 without a row in MATRIX fails ``test_every_route_is_in_the_matrix``. A method a row
@@ -12,6 +13,7 @@ from decimal import Decimal
 
 import pytest
 from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import URLResolver, get_resolver, reverse
 
@@ -23,6 +25,7 @@ from portal.services import arrays, work
 from portal.services.requests import ArrayRequest, InstanceRequest, JobRequest
 from portal.sockets.routing import websocket_urlpatterns
 from scheduler.models import Node
+from tests.conftest import staff_member
 
 ALLOWED, HIDDEN, DENIED, NOT_ALLOWED, THROTTLED = "allowed", "404", "denied", "405", "429"
 ROLES = ("owner", "other", "anonymous", "staff")  # the columns of MATRIX; "staff" is a superuser
@@ -43,7 +46,25 @@ STAFFER = {
 }
 # Django answers the history page of an object that does not exist with a redirect to the index, before
 # it checks permissions (staff only, and it tells nothing); the matrix makes objects of these models only.
-MADE = ("auth_user", "billing_team", "portal_image", "portal_instance", "portal_job", "scheduler_workload")
+MADE = (
+    "auth_user", "auth_group", "billing_team", "portal_image", "portal_instance", "portal_job", "scheduler_workload"
+)  # fmt: skip
+# Powers over other people's work are permissions (portal.selectors.VIEW_ANY, OPERATE_ANY), not being staff:
+# plain staff see none of it; support (the "Support" group) see it and may not act on it (403); operators
+# ("Operators") do both. Cloning is its owner's only (a clone is made from the instance's, maybe private, image).
+WORK_VIEWS = {
+    "console-instance", "console-instance-monitor", "console-job", "console-array", "api-instance", "api-job",
+    "api-array", "ws/monitor/instances/<int:instance_id>/",
+}  # fmt: skip
+WORK_ACTIONS = {
+    "console-instance-action", "console-instance-save-image", "console-instance-disk", "console-job-action",
+    "console-array-action", "api-instance-save-image", "api-instance-disk", "api-instance-start",
+    "api-instance-start-no-gpu", "api-instance-stop", "api-instance-restart", "api-instance-release",
+    "api-instance-move", "api-job-cancel", "api-job-release", "api-array-cancel", "api-array-retry",
+}  # fmt: skip
+STAFFER |= dict.fromkeys(WORK_VIEWS | WORK_ACTIONS, HIDDEN)
+SUPPORT = dict.fromkeys(WORK_VIEWS, ALLOWED) | dict.fromkeys(WORK_ACTIONS, DENIED)
+OPERATOR = dict.fromkeys(WORK_VIEWS | WORK_ACTIONS, ALLOWED)
 TEAMMATE = {
     "console-team": ALLOWED,  # members see their team
     "console-team-member": ALLOWED,  # and are told only admins change it (a message, no change)
@@ -82,7 +103,7 @@ MATRIX = {
     "console-instance-action": ("post", {"action": "stop"}, "", OWNED),
     "console-instance": ("get", {}, "", OWNED),
     "console-instance-monitor": ("get", {}, "", OWNED),
-    "console-instance-clone": ("post", {}, "", OWNED),
+    "console-instance-clone": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     # Files: the owner only; the matrix's instance is queued, so the owner gets the page saying so (or a redirect).
     "console-instance-files": ("get", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "console-instance-file-download": ("get", {}, "?path=/root/autodl-tmp/x", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
@@ -147,7 +168,7 @@ MATRIX = {
     "api-instance-release": ("post", {}, "", OWNED),
     "api-instance-move": ("post", {}, "", OWNED),  # the queued instance: 409, still "allowed"
     "api-nodes": ("get", {}, "", STAFF_ONLY),
-    "api-instance-clone": ("post", {}, "", OWNED),
+    "api-instance-clone": ("post", {}, "", (ALLOWED, HIDDEN, DENIED, HIDDEN)),
     "api-jobs": ("get", {}, "", MINE),
     "api-job": ("get", {}, "", OWNED),
     "api-job-cancel": ("post", {}, "", OWNED),
@@ -200,6 +221,9 @@ ADMIN_EXPECTED = {
     # A top-up waiting for approval comes from a top-up, and goes only by being approved (an action).
     "admin:billing_topuprequest_add": (DENIED, DENIED, DENIED, DENIED),
     "admin:billing_topuprequest_delete": (DENIED, DENIED, DENIED, DENIED),
+    # The audit of powers used over others' work is written by the services that used them, never by hand.
+    "admin:portal_auditentry_add": (DENIED, DENIED, DENIED, DENIED),
+    "admin:portal_auditentry_delete": (DENIED, DENIED, DENIED, DENIED),
     # Minute rollups are written by node agents only: nobody adds one by hand.
     "admin:scheduler_gpuminute_add": (DENIED, DENIED, DENIED, DENIED),
     "admin:scheduler_workloadgpuminute_add": (DENIED, DENIED, DENIED, DENIED),
@@ -234,8 +258,13 @@ def people(django_user_model, user, outsider):
     staff = django_user_model.objects.create_user("root", password="root-pass-123", is_staff=True, is_superuser=True)
     staffer = django_user_model.objects.create_user("clerk", password="clerk-pass-123", is_staff=True)
     teammate = django_user_model.objects.create_user("tess", password="tess-pass-123")
+    support, operator = (
+        staff_member(django_user_model, "sue", "Support"),
+        staff_member(django_user_model, "otto", "Operators"),
+    )
     return {
         "owner": user, "other": outsider, "anonymous": None, "staff": staff, "staffer": staffer, "teammate": teammate,
+        "support": support, "operator": operator,
     }  # fmt: skip
 
 
@@ -245,8 +274,11 @@ def expected_for(route: str, row: tuple) -> dict:
     staffer = DENIED if route.startswith("admin:") and expected["staff"] == ALLOWED else expected["staff"]
     if route.endswith("_history") and route.removeprefix("admin:").removesuffix("_history") not in MADE:
         staffer = ALLOWED
+    staffer = STAFFER.get(route, staffer)  # the admin's pages need model permissions it has not
     return expected | {
-        "staffer": STAFFER.get(route, staffer),  # the admin's pages need model permissions it has not
+        "staffer": staffer,
+        "support": SUPPORT.get(route, staffer),
+        "operator": OPERATOR.get(route, staffer),
         "teammate": TEAMMATE.get(route, expected["other"]),
     }
 
@@ -288,6 +320,7 @@ def owned_objects(owner, catalog) -> dict:
         "portal_job": job.pk,
         "scheduler_workload": instance.workload_id,
         "auth_user": owner.pk,
+        "auth_group": Group.objects.get(name="Support").pk,
     }
 
 
