@@ -274,3 +274,20 @@ def test_a_host_bills_only_what_it_runs_now_and_names_no_payer(two_hosts, user):
     assert MeterSegment.objects.filter(workload_id=mine).count() == 2  # the fixture's and the agent-like one
     # An end dated back (the container stopped before the agent saw it) is the agent's to record.
     conn.execute(event.format(", created_at", ", now() - interval '5 seconds'"), [mine, "running", "stopped"])
+
+
+def test_a_host_keeps_the_address_it_registered_with(two_hosts, roles):
+    """Relay calls go to a host's registered address: a host that could move it would send the web tier and the
+    other hosts wherever it chose (a cloud's metadata service). Once set, only an operator (the web role) moves it."""
+    conn, mine, _, _ = two_hosts
+    at = "UPDATE scheduler_node SET address = %s, last_heartbeat = now() WHERE name = %s"
+    assert Node.objects.get(pk=mine.pk).address == ""
+    assert conn.execute(at, ["10.0.0.11", mine.name]).rowcount == 1  # the first registration sets it
+    assert conn.execute(at, ["10.0.0.11", mine.name]).rowcount == 1  # kept: every later start
+    for elsewhere in ("169.254.169.254", "", "10.0.0.12"):
+        with pytest.raises(DENIED, match="row-level security"):
+            conn.execute(at, [elsewhere, mine.name])
+    assert Node.objects.get(pk=mine.pk).address == "10.0.0.11"
+    with psycopg.connect(url_as(roles.web, "web-pw"), autocommit=True) as web:
+        assert web.execute(at, ["10.0.0.21", mine.name]).rowcount == 1  # an operator re-addresses a host
+    assert Node.objects.get(pk=mine.pk).address == "10.0.0.21"

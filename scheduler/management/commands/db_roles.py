@@ -90,6 +90,12 @@ SEGMENT_OPENED = (
 )
 
 
+# A host keeps the address it registered with: the web tier and the other hosts call its relay there (a relay
+# URL must name it), so a host that could move it would send them anywhere (a cloud's metadata service). In an
+# UPDATE's check, a subquery still sees the row as it was before the command. An operator changes it (web role).
+ADDRESS_KEPT = "(SELECT n.address FROM scheduler_node n WHERE n.id = scheduler_node.id) IN ('', scheduler_node.address)"
+
+
 @dataclass(frozen=True)
 class NodeAccess:
     """What a node agent does to one table: table privileges, the columns it updates, and which rows
@@ -136,6 +142,7 @@ NODE_ACCESS = {
             "registered_at",
         ),
         rows="name = {name}",
+        updated=ADDRESS_KEPT,
     ),
     Gpu: NodeAccess(
         "SELECT, INSERT, DELETE",  # the host's cards, as NVML (or the spec) reports them
