@@ -4,7 +4,17 @@ from django.conf import settings
 from django.contrib import admin, messages
 
 from core.errors import ServiceError
-from scheduler.models import Allocation, Gpu, GpuMinute, Node, Quota, Workload, WorkloadEvent, WorkloadGpuMinute
+from scheduler.models import (
+    Allocation,
+    Gpu,
+    GpuMinute,
+    Node,
+    Quota,
+    Workload,
+    WorkloadEvent,
+    WorkloadGpuMinute,
+    WorkloadSpec,
+)
 from scheduler.services.nodes import node_activate, node_drain, node_remove
 
 
@@ -76,6 +86,23 @@ class EventInline(admin.TabularInline):
     readonly_fields = ["from_status", "to_status", "reason", "created_at"]
 
 
+class SpecInline(admin.StackedInline):
+    """What it runs and its environment: shown (read only) to whoever may read another's environment."""
+
+    model = WorkloadSpec
+    can_delete = False
+    readonly_fields = ["command", "env"]
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("scheduler.view_work_env")
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Workload)
 class WorkloadAdmin(admin.ModelAdmin):
     list_display = ["id", "kind", "name", "owner", "status", "gpu_model", "gpu_count", "gpu_milli", "node"]
@@ -84,9 +111,9 @@ class WorkloadAdmin(admin.ModelAdmin):
     readonly_fields = ["status", "status_reason", "node", "container_id", "exit_code", "started_at", "finished_at"]
     inlines = [EventInline]
 
-    def get_exclude(self, request, obj=None):
-        # A job's environment holds its owner's keys: read with a permission of its own, as on the job's page.
-        return [] if request.user.has_perm("scheduler.view_work_env") else ["env"]
+    def get_inlines(self, request, obj):
+        # What it runs and its environment (its owner's keys): read with a permission of its own, as on the job's page.
+        return [EventInline, SpecInline] if request.user.has_perm("scheduler.view_work_env") else [EventInline]
 
 
 @admin.register(Allocation)

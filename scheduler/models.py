@@ -215,8 +215,6 @@ class Workload(models.Model):
     kind = models.CharField(max_length=16, choices=WorkloadKind.choices)
     name = models.CharField(max_length=128)
     image_ref = models.CharField(max_length=255)
-    command = models.JSONField(default=list, blank=True)
-    env = models.JSONField(default=dict, blank=True)
     gpu_model = models.CharField(max_length=64)
     gpu_count = models.PositiveSmallIntegerField(help_text="Cards; 1 when a fraction is asked for.")
     gpu_milli = models.PositiveIntegerField(help_text="Share of each card in thousandths (1000 = whole card).")
@@ -321,6 +319,22 @@ class Workload(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.name} ({self.status})"
+
+    @property
+    def command(self) -> list:
+        """What it runs (``WorkloadSpec``; none for work made without one: the image's own)."""
+        return self._spec().command if self._spec() is not None else []
+
+    @property
+    def env(self) -> dict:
+        """Its environment (``WorkloadSpec``): read only by its owner, its own host, and whoever may (portal)."""
+        return self._spec().env if self._spec() is not None else {}
+
+    def _spec(self):
+        try:
+            return self.spec
+        except WorkloadSpec.DoesNotExist:
+            return None
 
     @property
     def gpu_share(self) -> float:
@@ -469,6 +483,18 @@ class WorkloadRun(models.Model):
 
     def __str__(self):
         return f"{self.workload_id} run {self.number} on {self.node_name}"
+
+
+class WorkloadSpec(models.Model):
+    """What a workload runs and with which environment (API keys live there): a table of its own, so a GPU host's
+    database role reads only its own work's (``db_roles``: every host reads the workloads' other columns)."""
+
+    workload = models.OneToOneField(Workload, on_delete=models.CASCADE, primary_key=True, related_name="spec")
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+
+    def __str__(self):
+        return f"spec of {self.workload_id}"
 
 
 class WorkloadCode(models.Model):

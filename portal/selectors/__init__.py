@@ -112,7 +112,8 @@ def instance_get_owned(*, user, instance_id: int) -> Instance:
 
 def job_list(*, user, include_released: bool = False):
     # A gang's members come with it (one query for the page, not one per job).
-    return _visible(Job.objects.prefetch_related("workload__members"), user=user, include_released=include_released)
+    jobs = Job.objects.select_related("workload__spec").prefetch_related("workload__members")
+    return _visible(jobs, user=user, include_released=include_released)
 
 
 def job_get_owned(*, user, job_id: int) -> Job:

@@ -23,6 +23,7 @@ from scheduler.models import (
     WorkloadGroup,
     WorkloadKind,
     WorkloadMember,
+    WorkloadSpec,
     WorkloadStatus,
 )
 from scheduler.selectors import fit_problem
@@ -104,8 +105,6 @@ def workload_submit(
             priority=priority,
             max_runtime_s=max_runtime_s,
             team=team,
-            command=command or [],
-            env=env or {},
             pinned_node=pinned_node,
             group=group,
             nodes=nodes,
@@ -114,6 +113,7 @@ def workload_submit(
             status=S.QUEUED,
             queued_at=timezone.now(),  # a control-plane time, compared by the control plane only
         )
+        WorkloadSpec.objects.create(workload=workload, command=command or [], env=env or {})
         WorkloadEvent.objects.create(workload=workload, from_status="", to_status=S.QUEUED, reason="submitted")
         transaction.on_commit(tick_soon)
     return workload

@@ -127,7 +127,7 @@ def test_a_node_cannot_write_rows_for_another_node(two_hosts):
         ("owner_id", None),  # whose work it is (and who pays)
         ("node_id", None),  # where it runs: the scheduler's to decide
         ("image_ref", "'evil:latest'"),
-        ("command", "'[\"sh\"]'::jsonb"),
+        ("disk_gb", "10000"),
         ("gpu_count", "8"),
         ("priority", "0"),
         ("attained_service", "0"),
@@ -291,3 +291,16 @@ def test_a_host_keeps_the_address_it_registered_with(two_hosts, roles):
     with psycopg.connect(url_as(roles.web, "web-pw"), autocommit=True) as web:
         assert web.execute(at, ["10.0.0.21", mine.name]).rowcount == 1  # an operator re-addresses a host
     assert Node.objects.get(pk=mine.pk).address == "10.0.0.21"
+
+
+def test_a_host_reads_what_its_own_work_runs_and_its_environment_only(two_hosts):
+    """A workload's command and environment (API keys live there) are for its own host (and a gang member's)."""
+    from scheduler.models import WorkloadSpec
+
+    conn, _, _, work = two_hosts
+    for workload in work.values():
+        WorkloadSpec.objects.create(workload=workload, command=["train"], env={"HF_TOKEN": f"hf_{workload.pk}"})
+    readable = conn.execute("SELECT workload_id, env FROM scheduler_workloadspec").fetchall()
+    assert readable == [(work["mine"].pk, {"HF_TOKEN": f"hf_{work['mine'].pk}"})]
+    with pytest.raises(DENIED):
+        conn.execute("UPDATE scheduler_workloadspec SET command = '[]'")

@@ -49,6 +49,7 @@ from scheduler.models import (
     WorkloadGpuMinute,
     WorkloadMember,
     WorkloadRun,
+    WorkloadSpec,
 )
 
 # The id of the node the session's role belongs to: {own} in the row rules below.
@@ -192,6 +193,10 @@ NODE_ACCESS = {
     Instance: NodeAccess("SELECT"),
     Image: NodeAccess("SELECT"),  # a host removes an image from its engine only while it is being deleted
     Move: NodeAccess("SELECT"),  # a move's source and target read it; the control plane writes it
+    # What a workload runs and its environment (API keys): its own host's only, a gang member's host's too.
+    WorkloadSpec: NodeAccess(
+        "SELECT", rows="workload_id IN " + OWN_WORK + " OR workload_id IN " + MEMBER_OF, read_own=True
+    ),
     # A job's code, extracted into its container at launch: the host of that job's only (of a task of its array's).
     WorkloadCode: NodeAccess(
         "SELECT",
