@@ -1,0 +1,127 @@
+"""A GPU host taken by its tenant (issue 31): holding exactly that host's credentials — its agent's environment,
+keys folder and database role, from its own network namespace — every attack on other hosts' work, anyone's bill
+or the control plane's reach is refused. What a host still shares with the others (the Celery signing key, the
+Redis password, the registry login) is in the README's known limits, not here.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from core.relay import Op, Ticket, ticket_sign
+from tests.cluster.harness import ROOT
+
+pytestmark = pytest.mark.cluster
+
+# Run as the taken host: its database role, from its own address. Each attack is a statement; the answer, per
+# statement, is "denied: <why>" or the rows / row count it got.
+ATTACKS = r"""
+import json, sys
+import psycopg
+url, attacks = sys.argv[1], json.loads(sys.argv[2])
+answers = {}
+with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+    for name, (statement, params) in attacks.items():
+        try:
+            cursor = conn.execute(statement, params)
+            answers[name] = cursor.fetchall() if cursor.description else cursor.rowcount
+        except psycopg.Error as exc:
+            answers[name] = "denied: " + (exc.diag.message_primary or str(exc))
+print(json.dumps(answers, default=str))
+"""
+
+
+def agent_environ(cluster, i: int) -> dict:
+    raw = Path(f"/proc/{cluster.pid(f'h{i}-agent')}/environ").read_bytes().decode()
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def as_host(cluster, i: int, attacks: dict) -> dict:
+    """``attacks`` (name -> (SQL, params)) sent with host i's database role from its namespace: what each got."""
+    url = agent_environ(cluster, i)["DATABASE_URL"]
+    done = subprocess.run(
+        ["nsenter", f"--net={cluster.host_netns(i)}", sys.executable, "-c", ATTACKS, url, json.dumps(attacks)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_a_host_checks_relay_tickets_but_holds_no_key_that_makes_them(cluster):
+    """Its keys folder holds the relay's public key and not its signing key; with exactly the host's environment,
+    making a ticket fails, and a ticket signed with a key of the host's own making is refused by another host's
+    relay (the control plane's are taken: every terminal, files and move test uses them)."""
+    environ = agent_environ(cluster, 1)
+    keys = Path(environ["KEYS_DIR"])
+    assert (keys / "relay.pub").is_file() and not (keys / "relay.key").exists()
+    make = "from core.relay import *; ticket_sign(Ticket(op=Op.LIST, container='c', workload=1, user=1))"
+    made = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", make], env=environ, cwd=ROOT, capture_output=True, text=True
+    )
+    assert made.returncode != 0 and "RELAY_SIGNING_KEY" in made.stderr, made.stderr[-2000:]
+    ((relay_url,),) = cluster.sql("SELECT relay_url FROM scheduler_node WHERE name = 'h2'")
+    ticket = Ticket(op=Op.LIST, container="c", workload=1, user=1, root="/root/autodl-tmp", path="/root/autodl-tmp")
+    forged = ticket_sign(ticket, key=Ed25519PrivateKey.generate())
+    answer = requests.get(f"{relay_url}/v1/list", headers={"Authorization": f"Bearer {forged}"}, timeout=10)
+    assert answer.status_code == 401 and answer.json() == {"detail": "the ticket is not valid"}
+
+
+def test_a_taken_hosts_database_role_reaches_no_other_work_no_bill_and_not_its_own_address(cluster):
+    """With its own work running and another host's: it reads neither another's command nor environment, bills
+    nothing it did not run (no payer of its choosing, no back-dated start), touches no other host's work, and
+    cannot move the address the control plane calls its relay at."""
+    mine = cluster.wait_instance(cluster.create_instance("RTX3090")["id"], "running")
+    theirs = cluster.wait_instance(cluster.create_instance("A100-80GB")["id"], "running")  # only on h2
+    try:
+        host = int(mine["node"][1:])
+        assert host != 2
+        (mine_w,), (theirs_w,) = (
+            cluster.sql("SELECT workload_id FROM portal_instance WHERE id = %s", (i["id"],))[0] for i in (mine, theirs)
+        )
+        ((payer,),) = cluster.sql("SELECT id FROM billing_account WHERE kind = 'user' ORDER BY id LIMIT 1")
+        ((address,),) = cluster.sql("SELECT address FROM scheduler_node WHERE name = %s", (f"h{host}",))
+        segment = (
+            "INSERT INTO billing_metersegment (workload_id, started_at, end_reason, no_gpu, spot, cards{}) "
+            "VALUES (%s, now() - interval '1 day', '', false, false, 1{})"
+        )
+        answers = as_host(
+            cluster,
+            host,
+            {
+                "my spec": ("SELECT count(*) FROM scheduler_workloadspec WHERE workload_id = %s", [mine_w]),
+                "their spec": ("SELECT count(*) FROM scheduler_workloadspec WHERE workload_id = %s", [theirs_w]),
+                "their work stopped": ("UPDATE scheduler_workload SET status = 'stopped' WHERE id = %s", [theirs_w]),
+                "a payer of mine": (segment.format(", account_id", ", %s"), [mine_w, payer]),
+                "a day back-dated": (segment.format("", ""), [mine_w]),
+                "a start a day ago": (
+                    "INSERT INTO scheduler_workloadevent (workload_id, from_status, to_status, reason, created_at) "
+                    "VALUES (%s, 'stopped', 'running', '', now() - interval '1 day')",
+                    [mine_w],
+                ),
+                "my address moved": (
+                    "UPDATE scheduler_node SET address = '169.254.169.254' WHERE name = %s",
+                    [f"h{host}"],
+                ),
+                "the users": ("SELECT count(*) FROM auth_user", []),
+            },
+        )
+        assert answers["my spec"] == [[1]], answers  # what it runs: its own
+        assert answers["their spec"] == [[0]], answers
+        assert answers["their work stopped"] == 0, answers
+        for refused in ("a payer of mine", "a day back-dated", "a start a day ago", "my address moved", "the users"):
+            assert str(answers[refused]).startswith("denied: "), (refused, answers[refused])
+        ((now_address, status),) = cluster.sql(
+            "SELECT n.address, w.status FROM scheduler_node n, scheduler_workload w WHERE n.name = %s AND w.id = %s",
+            (f"h{host}", theirs_w),
+        )
+        assert (now_address, status) == (address, "running")
+    finally:
+        cluster.release(mine["id"])
+        cluster.release(theirs["id"])
