@@ -29,11 +29,13 @@ A ticket travels as ``Authorization: Bearer <ticket>``. It is signed with an Ed2
 control plane holds (``RELAY_SIGNING_KEY``: web servers and the scheduler's worker); a GPU host holds
 the public half (``RELAY_VERIFY_KEY``, one or more keys: a new one can be added before the old one
 goes), so a host checks tickets and cannot make one — not for its own containers, not for another
-host's. A ticket is valid for its ``ttl`` (at most TICKET_S seconds; a move's VOLUME capability, issued
-by the control plane to the target host for that one move, at most VOLUME_TICKET_S) by the relay's
-clock from when it was issued, and good for one request, also across a restart of the agent. It
-carries every parameter of the operation (the path, the upload's name and size), so the relay reads
-nothing the control plane did not sign. Errors come back as the API shapes them:
+host's. A ticket is valid for its ``ttl`` (at most TICKET_S seconds; a move's VOLUME capability,
+issued by the control plane to the target host for that one move, at most VOLUME_TICKET_S) by the
+relay's clock from when it was issued, and good for one request, also across a restart of the agent.
+A move's capability also names the target's registered address (``peer``): the source's relay takes it
+from there only, so one read from the queue by another host is refused. A ticket carries every
+parameter of the operation (the path, the upload's name and size), so the relay reads nothing the
+control plane did not sign. Errors come back as the API shapes them:
 ``{"detail": ..., "<field>": [...]}`` with 400, 404 or 409; 401 / 403 for a ticket the relay refuses.
 """
 
@@ -97,6 +99,7 @@ class Ticket:
     name: str = ""  # upload: the new file's name in ``path``
     size: int = 0  # upload: its length in bytes
     move: int = 0  # volume: the Move it serves (the relay reports what it sent to the control plane)
+    peer: str = ""  # volume: the address the move's target calls from (its registered one); empty: any
     run: int = 0  # logs: which run's piece, its lines after ``after`` (a seq), the last ``tail``, from ``since``
     after: int = 0
     tail: int = 0
@@ -128,18 +131,24 @@ def relay_base(*, node: str, address: str, relay_url: str) -> str:
         or parts.path not in ("", "/")
         or "?" in relay_url
         or "#" in relay_url
-        or not _same_host(parts.hostname or "", registered)
+        or not same_host(parts.hostname or "", registered)
     ):
         raise refused
     host = parts.hostname
     return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def _same_host(one: str, other: str) -> bool:
+def same_host(one: str, other: str) -> bool:
+    """Whether two addresses (an IPv4 one also as IPv6-mapped) or two names (in any case) are the same host's."""
     try:
-        return ipaddress.ip_address(one) == ipaddress.ip_address(other)
+        first, second = (ipaddress.ip_address(a.strip("[]")) for a in (one, other))
     except ValueError:  # a name (either one): the same name, in any case
         return one.rstrip(".").lower() == other.rstrip(".").lower()
+    return _unmapped(first) == _unmapped(second)
+
+
+def _unmapped(address):
+    return getattr(address, "ipv4_mapped", None) or address
 
 
 class TicketRefused(Exception):

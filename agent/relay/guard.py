@@ -33,7 +33,7 @@ from django.conf import settings
 
 from agent import worklogs
 from agent.launcher import LABEL
-from core.relay import FILE_ROOTS, Op, Ticket, TicketRefused, ticket_open, verify_keys, within
+from core.relay import FILE_ROOTS, Op, Ticket, TicketRefused, same_host, ticket_open, verify_keys, within
 
 
 class Refused(Exception):
@@ -99,7 +99,7 @@ class Guard:
         self._spent = SpentTickets(Path(state_dir or settings.AGENT_STATE_DIR) / node / "relay-spent-tickets")
 
     async def admit(self, request, op: Op, *, api: docker.APIClient, threads: Threads) -> Call:
-        ticket = self._ticket(request.headers.get("Authorization", ""), op)
+        ticket = self._ticket(request.headers.get("Authorization", ""), op, remote=request.remote or "")
         call = Call(ticket, api, threads)
         if op == Op.LOGS:  # the log outlives the container: its files say whose it is
             meta = await call.run(worklogs.meta_read, ticket.workload)
@@ -131,7 +131,7 @@ class Guard:
             raise Refused(409, "the instance is not running")
         return call
 
-    def _ticket(self, header: str, op: Op) -> Ticket:
+    def _ticket(self, header: str, op: Op, *, remote: str = "") -> Ticket:
         scheme, _, token = header.partition(" ")
         if scheme != "Bearer" or not token:
             raise Refused(401, "a relay ticket is required (Authorization: Bearer ...)")
@@ -147,6 +147,8 @@ class Guard:
             and within(ticket.path, ticket.root)
         ):
             raise Refused(403, "the ticket's path is not under its root")
+        if ticket.peer and not same_host(remote, ticket.peer):  # before it is spent: the caller cannot use it up
+            raise Refused(403, f"the ticket is for the host at {ticket.peer}, not {remote or 'this caller'}")
         if not self._spent.spend(ticket.nonce, until):
             raise Refused(401, "the ticket was used already")
         return ticket

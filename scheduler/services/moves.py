@@ -138,11 +138,17 @@ def move_report(move_id: int, report: dict) -> None:
 
 
 def _volume_capability(move: Move) -> str:
-    """What lets the target read the source's data disk for this one move, once: a VOLUME ticket the control plane
-    signs (a host cannot make one). It is good until the move would be failed for want of news."""
+    """What lets the target read the source's data disk for this one move, once, from its own address: a VOLUME
+    ticket the control plane signs (a host cannot make one). It is good until the move would be failed for want
+    of news."""
     workload = move.workload
     ticket = Ticket(
-        op=Op.VOLUME, container=workload.container_name, workload=workload.pk, user=workload.owner_id, move=move.pk
+        op=Op.VOLUME,
+        container=workload.container_name,
+        workload=workload.pk,
+        user=workload.owner_id,
+        move=move.pk,
+        peer=move.target.address,  # taken only from the target (read from the queue by another host: refused)
     )
     return ticket_sign(ticket, ttl=VOLUME_TICKET_S)
 

@@ -116,3 +116,15 @@ def test_a_moves_capability_is_spent_for_its_whole_life_even_across_restarts(hos
     monkeypatch.setattr(relay_guard, "time", later)
     with pytest.raises(Refused, match="used already"):
         Guard(node="n1", deployment="d", state_dir=tmp_path)._ticket(header, Op.VOLUME)
+
+
+def test_a_moves_capability_is_taken_only_from_its_targets_address(host_keys, tmp_path):
+    """It travels through the queue, which every host can read today: a copy used from anywhere but the target's
+    registered address is refused, before it is spent (the thief cannot use it up for the target either)."""
+    volume = Ticket(op=Op.VOLUME, container="gpucloud-x", workload=7, user=3, move=5, peer="10.0.0.12")
+    header = f"Bearer {ticket_sign(volume, key=host_keys.control_key, ttl=VOLUME_TICKET_S)}"
+    guard = Guard(node="n1", deployment="d", state_dir=tmp_path)
+    for thief in ("10.0.0.13", "", "127.0.0.1"):
+        with pytest.raises(Refused, match="for the host at 10.0.0.12"):
+            guard._ticket(header, Op.VOLUME, remote=thief)
+    assert guard._ticket(header, Op.VOLUME, remote="::ffff:10.0.0.12") == volume  # the target, IPv6-mapped

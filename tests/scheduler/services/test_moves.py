@@ -56,6 +56,7 @@ def test_matching_checksums_finish_the_move_on_the_target_and_the_source_cleans_
     monkeypatch.setattr("scheduler.registry.manifest_delete", lambda name: True)
 
     snapshot = move_snapshot_ref(move)
+    Node.objects.filter(pk=target.pk).update(address="10.0.0.12")  # the target's registered address
     with django_capture_on_commit_callbacks() as callbacks:
         move_report(move.pk, {"snapshot_ref": snapshot, "exported": True, "bytes_total": 10})
     task, (move_id, capability), to = sent_to(callbacks, monkeypatch)[-1]
@@ -64,6 +65,7 @@ def test_matching_checksums_finish_the_move_on_the_target_and_the_source_cleans_
     # make one): good for a while the import may wait in the target's queue, not for ever.
     ticket, expires = ticket_open(capability)
     assert (ticket.op, ticket.move, ticket.workload, ticket.user) == (Op.VOLUME, move.pk, w.pk, user.pk)
+    assert ticket.peer == "10.0.0.12"  # used from there only
     assert ticket.container == w.container_name
     assert time.time() + VOLUME_TICKET_S - 5 < expires <= time.time() + VOLUME_TICKET_S
     with django_capture_on_commit_callbacks() as callbacks:
