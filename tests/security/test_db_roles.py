@@ -304,3 +304,16 @@ def test_a_host_reads_what_its_own_work_runs_and_its_environment_only(two_hosts)
     assert readable == [(work["mine"].pk, {"HF_TOKEN": f"hf_{work['mine'].pk}"})]
     with pytest.raises(DENIED):
         conn.execute("UPDATE scheduler_workloadspec SET command = '[]'")
+
+
+def test_the_passwords_can_come_from_the_environment_and_not_the_command_line(roles, monkeypatch):
+    """The production stack's migrate step runs db_roles without a password on its command line (``ps`` shows
+    command lines to anyone on the machine)."""
+    from django.core.management import call_command
+
+    monkeypatch.setenv("DB_WEB_PASSWORD", "web-pw-2")
+    monkeypatch.setenv("DB_NODE_ROLES", "gpu7=seven-pw gpu8=eight-pw")
+    call_command("db_roles", prefix=roles.prefix, passwords_from_environment=True)
+    for role, password in ((roles.web, "web-pw-2"), (f"{roles.prefix}_node_gpu8", "eight-pw")):
+        with psycopg.connect(url_as(role, password)) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == (role,)

@@ -18,8 +18,12 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   } >>"$PGDATA/postgresql.conf"
   echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
   runuser -u postgres -- pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
-  runuser -u postgres -- psql -v ON_ERROR_STOP=1 -q -d postgres \
-    -v user="$POSTGRES_USER" -v password="$POSTGRES_PASSWORD" -v db="$POSTGRES_DB" <<'SQL'
+  # The password from the environment (psql's \getenv), never on psql's command line.
+  export POSTGRES_PASSWORD POSTGRES_USER POSTGRES_DB
+  runuser -u postgres -- psql -v ON_ERROR_STOP=1 -q -d postgres <<'SQL'
+\getenv user POSTGRES_USER
+\getenv password POSTGRES_PASSWORD
+\getenv db POSTGRES_DB
 CREATE ROLE :"user" LOGIN CREATEROLE PASSWORD :'password';
 CREATE DATABASE :"db" OWNER :"user";
 REVOKE ALL ON DATABASE :"db" FROM PUBLIC;

@@ -22,6 +22,10 @@
     python manage.py db_roles --prefix gpucloud --web-password ... --node gpu1=... --node gpu2=...
     python manage.py db_roles --node gpu3=...          # a host added later (the others are kept)
     python manage.py db_roles --drop-node gpu2         # a host removed
+    python manage.py db_roles --passwords-from-environment   # DB_WEB_PASSWORD, DB_NODE_ROLES="gpu1=... gpu2=..."
+
+The last form keeps the passwords off the command line (where ``ps`` shows them): the production stack's
+``migrate`` runs it.
 
 Run it as the database owner after every ``migrate`` (grants cover the tables that exist); it is
 idempotent (grants and policies are re-applied, passwords updated). Point each part's
@@ -29,6 +33,7 @@ DATABASE_URL at its role: the web tier at ``<prefix>_web``, host ``<name>``'s ag
 ``<prefix>_node_<name>`` with NODE_NAME=<name>.
 """
 
+import os
 from dataclasses import dataclass
 
 from django.core.management.base import BaseCommand, CommandError
@@ -236,10 +241,19 @@ class Command(BaseCommand):
             help="A GPU host's agent role, created or its password reset (repeat for several hosts).",
         )
         parser.add_argument("--drop-node", action="append", default=[], dest="drop_nodes", metavar="NAME")
+        parser.add_argument(
+            "--passwords-from-environment",
+            action="store_true",
+            help="The web role's password from DB_WEB_PASSWORD and the hosts' from DB_NODE_ROLES "
+            '("NAME=PASSWORD NAME=PASSWORD ..."), not from the command line.',
+        )
 
-    def handle(self, *args, prefix, web_password, nodes, drop_nodes, **options):
+    def handle(self, *args, prefix, web_password, nodes, drop_nodes, passwords_from_environment, **options):
         if connection.vendor != "postgresql":
             raise CommandError("roles are a PostgreSQL feature: point DATABASE_URL at the PostgreSQL database")
+        if passwords_from_environment:
+            web_password = web_password or os.environ.get("DB_WEB_PASSWORD") or None
+            nodes = [*nodes, *os.environ.get("DB_NODE_ROLES", "").split()]
         web, group = f"{prefix}_web", f"{prefix}_node"
         hosts = dict(self._parse_node(prefix, item) for item in nodes)
         database = sql.Identifier(connection.settings_dict["NAME"])
