@@ -14,7 +14,7 @@ import requests
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from core.relay import Op, Ticket, ticket_sign
-from tests.cluster.harness import ROOT
+from tests.cluster.harness import ROOT, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -125,3 +125,48 @@ def test_a_taken_hosts_database_role_reaches_no_other_work_no_bill_and_not_its_o
     finally:
         cluster.release(mine["id"])
         cluster.release(theirs["id"])
+
+
+def test_a_forged_cleanup_sent_with_a_hosts_keys_deletes_nothing_live_on_another_host(cluster):
+    """Hosts still share the Celery signing key, so a taken host can send any node task to any other host. The
+    destructive ones check the database before acting: a MOVE_CLEANUP naming the move of an instance running on h2,
+    sent with h1's environment from h1, is refused by h2's agent (it says so in its log) and its container and
+    data disk stay."""
+    victim = cluster.wait_instance(cluster.create_instance("A100-80GB")["id"], "running")  # only on h2
+    try:
+        ((workload, uid),) = cluster.sql(
+            "SELECT w.id, w.uid FROM portal_instance i JOIN scheduler_workload w ON w.id = i.workload_id "
+            "WHERE i.id = %s",
+            (victim["id"],),
+        )
+        ((move,),) = cluster.sql(
+            "INSERT INTO scheduler_move (workload_id, source_id, target_id, status, phase, snapshot_ref, bytes_done, "
+            "sent_sha256, received_sha256, error) SELECT %s, s.id, t.id, 'copying', '', '', 0, '', '', '' "
+            "FROM scheduler_node s, scheduler_node t WHERE s.name = 'h2' AND t.name = 'h1' RETURNING id",
+            (workload,),
+        )
+        send = f"from core.messages import ToNode, send; send(ToNode.MOVE_CLEANUP, {move}, 'source', node='h2')"
+        sent = subprocess.run(
+            ["nsenter", f"--net={cluster.host_netns(1)}", sys.executable, "manage.py", "shell", "-c", send],
+            env=agent_environ(cluster, 1),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sent.returncode == 0, sent.stderr[-2000:]
+        log = cluster.directory / "log" / "h2-agent.log"
+        wait_until(
+            lambda: f"move {move} cleanup of its source refused" in log.read_text(errors="replace"),
+            timeout=30,
+            what="h2's agent to refuse the forged cleanup",
+        )
+        engine = cluster.engine(2)
+        assert engine.containers.get(victim["container_id"]).status == "running"
+        assert [v for v in engine.volumes.list() if uid in v.name], "its data disk is still there"
+    finally:
+        cluster.sql(
+            "DELETE FROM scheduler_move WHERE workload_id IN (SELECT workload_id FROM portal_instance WHERE id = %s)",
+            (victim["id"],),
+        )
+        cluster.release(victim["id"])
