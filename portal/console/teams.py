@@ -65,7 +65,7 @@ def team_detail(request, slug: str):
     costs = cost_so_far([w.workload_id for w in [*instances, *jobs]])
     for work in [*instances, *jobs]:
         work.cost = costs.get(work.workload_id)
-    is_admin = request.user.is_staff or (team.my_membership is not None and team.my_membership.is_admin)
+    is_admin = teams.team_admin(team, request.user)
     context = {"team": team, "is_admin": is_admin, "instances": instances, "jobs": jobs, "stoppable": teams.STOPPABLE}
     context |= teams.team_summary(team)
     return render(request, "portal/team_detail.html", context)

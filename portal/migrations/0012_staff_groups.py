@@ -6,13 +6,20 @@ from django.db import migrations
 GROUPS = {
     "Support": [("scheduler", "workload", "view_any_work")],
     "Operators": [("scheduler", "workload", "view_any_work"), ("scheduler", "workload", "operate_any_work")],
-    "Billing": [("billing", "posting", "top_up"), ("billing", "account", "view_account")],
+    "Billing": [
+        ("billing", "posting", "top_up"),
+        ("billing", "account", "view_account"),
+        ("billing", "team", "view_team"),
+        ("billing", "team", "change_team"),
+    ],
 }
 NAMES = {
     "view_any_work": "Can see every user's instances, jobs and arrays",
     "operate_any_work": "Can stop, start, restart, release, move, grow or save anyone's work",
     "top_up": "Can top up, credit or refund a wallet",
     "view_account": "Can view account",
+    "view_team": "Can view team",
+    "change_team": "Can change team",
 }
 
 

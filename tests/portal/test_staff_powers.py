@@ -115,3 +115,20 @@ def test_the_admin_shows_a_workloads_environment_only_to_whoever_may_read_it(ten
     viewer = django_user_model.objects.get(pk=viewer.pk)  # permissions are cached on the object
     console.force_login(viewer)
     assert "hf_secret_of_alice" in console.get(f"/admin/scheduler/workload/{job.workload_id}/change/").content.decode()
+
+
+def test_teams_are_seen_and_run_by_staff_only_with_the_billing_groups_permissions(user, django_user_model):
+    from billing import teams
+    from billing.models import TeamInvitation
+
+    team = teams.team_create(user=user, name="lab")
+    plain = Client()
+    plain.force_login(django_user_model.objects.create_user("clerk", is_staff=True))
+    assert plain.get(f"/teams/{team.slug}/").status_code == 404
+    assert plain.post(f"/teams/{team.slug}/members/add/", {"username": "bob"}).status_code == 404
+    billing = Client()
+    billing.force_login(staff_member(django_user_model, "bill", "Billing"))
+    assert billing.get(f"/teams/{team.slug}/").status_code == 200
+    django_user_model.objects.create_user("bob")
+    billing.post(f"/teams/{team.slug}/members/add/", {"username": "bob"})
+    assert TeamInvitation.objects.filter(team=team, user__username="bob").exists()  # as the team's admin would

@@ -63,6 +63,9 @@ WORK_ACTIONS = {
     "api-instance-move", "api-job-cancel", "api-job-release", "api-array-cancel", "api-array-retry",
 }  # fmt: skip
 STAFFER |= dict.fromkeys(WORK_VIEWS | WORK_ACTIONS, HIDDEN)
+# Teams likewise: seeing any team and running it as its admins would are billing.view_team / change_team
+# (the "Billing" group's), not being staff.
+STAFFER |= {"console-team": HIDDEN, "console-team-member": HIDDEN}
 SUPPORT = dict.fromkeys(WORK_VIEWS, ALLOWED) | dict.fromkeys(WORK_ACTIONS, DENIED)
 OPERATOR = dict.fromkeys(WORK_VIEWS | WORK_ACTIONS, ALLOWED)
 TEAMMATE = {
