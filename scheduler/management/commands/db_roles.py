@@ -75,9 +75,14 @@ SAME_ARRAY = (
 # What a host bills (issue 31 §1). An event that starts the meter (a start, a resume) is recorded at the time it
 # is written: a host cannot back-date a start, nor date anything in the future (it may date an end back, to when
 # the container really stopped: the meter then stops sooner, never later).
-OPENS_METER = "(to_status = 'running' AND (from_status <> 'running' OR meter = 'resume'))"
+def opens_meter(event: str = "") -> str:
+    """Whether the event row (its columns, or those of alias ``event``) started its work's meter."""
+    e = f"{event}." if event else ""
+    return f"({e}to_status = 'running' AND ({e}from_status <> 'running' OR {e}meter = 'resume'))"
+
+
 EVENT_TIME = (
-    "created_at <= statement_timestamp() AND (NOT " + OPENS_METER + " OR created_at >= transaction_timestamp())"
+    "created_at <= statement_timestamp() AND (NOT " + opens_meter() + " OR created_at >= transaction_timestamp())"
 )
 # A meter segment a host opens names no payer, rate or settlement (the control plane assigns them), holds the
 # cards, price kind and spot-ness of its work as the scheduler recorded them, and starts at an event that started
@@ -88,11 +93,7 @@ SEGMENT_OPENED = (
     " AND w.gpu_count IS NOT DISTINCT FROM billing_metersegment.cards AND w.no_gpu = billing_metersegment.no_gpu"
     " AND w.spot = billing_metersegment.spot)"
     " AND billing_metersegment.started_at IN (SELECT e.created_at FROM scheduler_workloadevent e"
-    " WHERE e.workload_id = billing_metersegment.workload_id AND "
-    + OPENS_METER.replace("to_status", "e.to_status")
-    .replace("from_status", "e.from_status")
-    .replace("meter ", "e.meter ")
-    + ")"
+    " WHERE e.workload_id = billing_metersegment.workload_id AND " + opens_meter("e") + ")"
 )
 
 
