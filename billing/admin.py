@@ -20,6 +20,7 @@ from billing.models import (
     TopUpRequest,
 )
 from billing.services import TOP_UP_APPROVAL_ABOVE, TOP_UP_PERMISSION, posting_key, top_up_approve, wallet_top_up
+from core.admin import ReadOnlyAdmin
 from core.errors import ServiceError
 
 
@@ -140,7 +141,7 @@ class AccountAdmin(admin.ModelAdmin):
 
 
 @admin.register(Posting)
-class PostingAdmin(admin.ModelAdmin):
+class PostingAdmin(ReadOnlyAdmin):
     """The ledger: append-only, so read-only here."""
 
     list_display = [
@@ -158,32 +159,14 @@ class PostingAdmin(admin.ModelAdmin):
     list_filter = ["kind"]
     date_hierarchy = "created_at"
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(TopUpRequest)
-class TopUpRequestAdmin(admin.ModelAdmin):
+class TopUpRequestAdmin(ReadOnlyAdmin):
     """Top-ups past TOP_UP_APPROVAL_ABOVE: another holder of the permission approves them, and that posts them."""
 
     list_display = ["created_at", "account", "kind", "amount", "memo", "requested_by", "approved_by"]
     list_filter = ["kind", ("approved_by", admin.EmptyFieldListFilter)]
     actions = ["approve"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_approve_permission(self, request):
         return request.user.has_perm(TOP_UP_PERMISSION)

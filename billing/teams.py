@@ -20,6 +20,7 @@ from billing.enforcement import member_spend, standing
 from billing.ledger import team_account
 from billing.models import Membership, Team, TeamInvitation
 from core.errors import Conflict, InvalidInput, NotFound
+from core.powers import RUN_ANY_TEAM, VIEW_ANY_TEAM, holds
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_stop
 
@@ -36,21 +37,11 @@ def teams_of(user):
     return teams
 
 
-# Staff powers over teams are permissions held by staff accounts (being staff gives none; the "Billing" group
-# holds them): seeing any team, and running any team's members and limits as its admin would.
-VIEW_ANY_TEAM = "billing.view_team"
-RUN_ANY_TEAM = "billing.change_team"
-
-
-def _holds(user, power: str) -> bool:
-    return user.is_staff and user.has_perm(power)
-
-
 def team_get(*, user, slug: str) -> Team:
     """A team the user is a member of (any, with VIEW_ANY_TEAM); NotFound otherwise, as if it did not exist."""
     team = Team.objects.filter(slug=slug).first()
     membership = Membership.objects.filter(team=team, user=user).first() if team else None
-    if team is None or (membership is None and not _holds(user, VIEW_ANY_TEAM)):
+    if team is None or (membership is None and not holds(user, VIEW_ANY_TEAM)):
         raise NotFound("no such team")
     team.my_membership = membership
     return team
@@ -58,7 +49,7 @@ def team_get(*, user, slug: str) -> Team:
 
 def team_admin(team: Team, user) -> bool:
     """Whether ``user`` may change ``team``'s members and limits: its admins, and RUN_ANY_TEAM."""
-    return (team.my_membership is not None and team.my_membership.is_admin) or _holds(user, RUN_ANY_TEAM)
+    return (team.my_membership is not None and team.my_membership.is_admin) or holds(user, RUN_ANY_TEAM)
 
 
 def _admin(team: Team, user) -> None:

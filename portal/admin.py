@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 
+from core.admin import ReadOnlyAdmin
 from portal.models import AuditEntry, GpuType, Image, Instance, Job
 
 
@@ -30,18 +31,9 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     """Powers used over other people's work: written by the services that used them, never changed here."""
 
     list_display = ["created_at", "actor", "action", "target", "owner"]
     list_filter = ["action"]
     search_fields = ["actor__username", "owner__username", "target"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

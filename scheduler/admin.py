@@ -4,6 +4,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 
 from core.errors import ServiceError
+from core.powers import READ_WORK_ENV
 from scheduler.models import (
     Allocation,
     Gpu,
@@ -94,12 +95,15 @@ class SpecInline(admin.StackedInline):
     readonly_fields = ["command", "env"]
 
     def has_view_permission(self, request, obj=None):
-        return request.user.has_perm("scheduler.view_work_env")
+        return request.user.has_perm(READ_WORK_ENV)
 
     def has_change_permission(self, request, obj=None):
         return False
 
     def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
 
@@ -109,11 +113,7 @@ class WorkloadAdmin(admin.ModelAdmin):
     list_filter = ["kind", "status", "gpu_model"]
     search_fields = ["name", "owner__username"]
     readonly_fields = ["status", "status_reason", "node", "container_id", "exit_code", "started_at", "finished_at"]
-    inlines = [EventInline]
-
-    def get_inlines(self, request, obj):
-        # What it runs and its environment (its owner's keys): read with a permission of its own, as on the job's page.
-        return [EventInline, SpecInline] if request.user.has_perm("scheduler.view_work_env") else [EventInline]
+    inlines = [EventInline, SpecInline]  # the spec's only where it may be viewed (the admin skips it otherwise)
 
 
 @admin.register(Allocation)

@@ -6,6 +6,7 @@ from django.db.models import Q
 from billing.models import Membership
 from billing.prices import spot_now
 from core.errors import Forbidden, NotFound
+from core.powers import OPERATE_ANY_WORK, READ_WORK_ENV, VIEW_ANY_WORK, holds
 from portal.models import GpuType, Image, Instance, Job, JobArray
 from scheduler.models import WorkloadStatus
 from scheduler.selectors import gpu_models_summary
@@ -37,22 +38,9 @@ def gpu_type_list():
     return sorted(types, key=lambda t: (t.capacity["cards"] == 0, t.price_per_hour))
 
 
-# Powers over other people's work (scheduler.Workload's permissions; being staff gives none of them): support
-# sees everyone's work, operators also act on it, and a job's environment is read with a permission of its own.
-VIEW_ANY = "scheduler.view_any_work"
-OPERATE_ANY = "scheduler.operate_any_work"
-READ_ENV = "scheduler.view_work_env"
-
-
-def holds(user, power: str) -> bool:
-    """Whether ``user`` holds ``power``: only staff accounts do (so a plain user's check costs no query), given it
-    directly, by a group, or as a superuser."""
-    return user.is_staff and user.has_perm(power)
-
-
 def _visible(queryset, *, user, include_released: bool):
-    """Only the user's own rows (all, with VIEW_ANY); released work is history, hidden unless asked for."""
-    if not holds(user, VIEW_ANY):
+    """Only the user's own rows (all, with VIEW_ANY_WORK); released work is history, hidden unless asked for."""
+    if not holds(user, VIEW_ANY_WORK):
         queryset = queryset.filter(owner=user)
     if not include_released:
         queryset = queryset.exclude(workload__status=WorkloadStatus.RELEASED)
@@ -76,7 +64,7 @@ def _charged_to_teams_run_by(user, queryset, action: str):
 
 
 def instance_get(*, user, instance_id: int, action: str = "") -> Instance:
-    """The instance if the user may see it — or, for ``action``, act on it: its owner, OPERATE_ANY, or an admin of
+    """The instance if the user may see it — or, for ``action``, act on it: its owner, OPERATE_ANY_WORK, or an admin of
     the team it is charged to (for TEAM_ADMIN_ACTIONS); NotFound otherwise (never a leak of existence), Forbidden
     for one the user may see but not act on."""
     return _get(
@@ -87,19 +75,19 @@ def instance_get(*, user, instance_id: int, action: str = "") -> Instance:
 def _get(user, visible, every, pk: int, action: str, what: str):
     """What ``instance_get`` and ``job_get`` find (``visible``: what the user sees, ``every``: all of that kind)."""
     found = visible.filter(pk=pk).first()
-    if found is not None and (not action or found.owner_id == user.pk or holds(user, OPERATE_ANY)):
+    if found is not None and (not action or found.owner_id == user.pk or holds(user, OPERATE_ANY_WORK)):
         return found
     charged = _charged_to_teams_run_by(user, every.filter(pk=pk), action).first()
     if charged is not None:
         return charged
     if found is not None:
-        raise Forbidden(f"you may see this {what} but not {action} it: that needs the {OPERATE_ANY} permission")
+        raise Forbidden(f"you may see this {what} but not {action} it: that needs the {OPERATE_ANY_WORK} permission")
     raise NotFound(f"no such {what}")
 
 
 def may_read_env(*, user, workload) -> bool:
-    """Whether ``user`` may read ``workload``'s environment (API keys live there): its owner, or READ_ENV."""
-    return workload.owner_id == user.pk or holds(user, READ_ENV)
+    """Whether ``user`` may read ``workload``'s environment (API keys live there): its owner, or READ_WORK_ENV."""
+    return workload.owner_id == user.pk or holds(user, READ_WORK_ENV)
 
 
 def instance_get_owned(*, user, instance_id: int) -> Instance:
@@ -130,16 +118,16 @@ def job_get(*, user, job_id: int, action: str = "") -> Job:
 
 
 def array_list(*, user):
-    """Job arrays the user may see (their own; all, with VIEW_ANY), newest first."""
-    arrays = JobArray.objects.all() if holds(user, VIEW_ANY) else JobArray.objects.filter(owner=user)
+    """Job arrays the user may see (their own; all, with VIEW_ANY_WORK), newest first."""
+    arrays = JobArray.objects.all() if holds(user, VIEW_ANY_WORK) else JobArray.objects.filter(owner=user)
     return arrays.order_by("-created_at", "-id")
 
 
 def array_get(*, user, array_id: int, action: str = "") -> JobArray:
-    """The array if the user may see it, or, for ``action``, act on it (its owner, OPERATE_ANY)."""
+    """The array if the user may see it, or, for ``action``, act on it (its owner, OPERATE_ANY_WORK)."""
     array = array_list(user=user).filter(pk=array_id).first()
     if array is None:
         raise NotFound("no such array")
-    if action and array.owner_id != user.pk and not holds(user, OPERATE_ANY):
-        raise Forbidden(f"you may see this array but not {action} it: that needs the {OPERATE_ANY} permission")
+    if action and array.owner_id != user.pk and not holds(user, OPERATE_ANY_WORK):
+        raise Forbidden(f"you may see this array but not {action} it: that needs the {OPERATE_ANY_WORK} permission")
     return array

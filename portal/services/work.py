@@ -362,7 +362,7 @@ JOB_ACTIONS = {"cancel": scheduler.workload_stop, "release": scheduler.workload_
 
 
 def job_env_read(job: Job, *, by) -> bool:
-    """Whether ``by`` is shown ``job``'s environment on its page: its owner, or a holder of selectors.READ_ENV —
+    """Whether ``by`` is shown ``job``'s environment on its page: its owner, or a holder of core.powers.READ_WORK_ENV —
     whose read is audited."""
     if not may_read_env(user=by, workload=job.workload):
         return False

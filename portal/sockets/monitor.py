@@ -100,7 +100,7 @@ class MonitorConsumer(AsyncWebsocketConsumer):
 
 
 class InstanceMonitorConsumer(MonitorConsumer):
-    """One instance's GPUs and container: its owner (and whoever sees everyone's work: selectors.VIEW_ANY)."""
+    """One instance's GPUs and container: its owner (and whoever sees everyone's work: core.powers.VIEW_ANY_WORK)."""
 
     def subscriptions(self, user):
         instances = selectors.instance_list(user=user, include_released=True)

@@ -49,7 +49,7 @@ STAFFER = {
 MADE = (
     "auth_user", "auth_group", "billing_team", "portal_image", "portal_instance", "portal_job", "scheduler_workload"
 )  # fmt: skip
-# Powers over other people's work are permissions (portal.selectors.VIEW_ANY, OPERATE_ANY), not being staff:
+# Powers over other people's work are permissions (core.powers), not being staff:
 # plain staff see none of it; support (the "Support" group) see it and may not act on it (403); operators
 # ("Operators") do both. Cloning is its owner's only (a clone is made from the instance's, maybe private, image).
 WORK_VIEWS = {
