@@ -323,12 +323,14 @@ class Workload(models.Model):
     @property
     def command(self) -> list:
         """What it runs (``WorkloadSpec``; none for work made without one: the image's own)."""
-        return self._spec().command if self._spec() is not None else []
+        spec = self._spec()
+        return spec.command if spec is not None else []
 
     @property
     def env(self) -> dict:
         """Its environment (``WorkloadSpec``): read only by its owner, its own host, and whoever may (portal)."""
-        return self._spec().env if self._spec() is not None else {}
+        spec = self._spec()
+        return spec.env if spec is not None else {}
 
     def _spec(self):
         try:
