@@ -40,6 +40,7 @@ from scheduler.sharedfs import SharedFsError
 
 log = logging.getLogger(__name__)
 FUSE_DEVICE = "/dev/fuse"
+MOUNT_WAIT_S = 60  # how long `juicefs mount --background` waits for the mount point (under the 120 s we wait for it)
 LEGACY_PREFIX = "gpucloud-{deployment}-shared-"
 
 
@@ -184,6 +185,9 @@ def mount_ensure() -> str:
         settings.SHARED_FS_META,
         point,
         timeout=120,
+        # `--background` waits for the mount point 10 s by default, which a loaded host (the several-host setup on
+        # 2 cores, three agents starting at once) can miss; JuiceFS (>= 1.2) reads this variable for that wait.
+        env={"JFS_MOUNT_TIMEOUT": str(MOUNT_WAIT_S)},
     )
     if mounted_volume(point) != settings.SHARED_FS_NAME:
         raise SharedFsError(f"shared storage: juicefs mount did not mount {point}: see {log_file}")
