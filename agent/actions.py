@@ -474,11 +474,25 @@ def agent_register(node_name: str, *, relay_url: str = "") -> Node:
         # (but simulated hosts sharing one development machine may, when told so).
         cpu_cores=_at_most(settings.NODE_CPUS or simulated_cpus, host_cpus, "NODE_CPUS", may_exceed=overcommit),
         memory_mb=_at_most(settings.NODE_MEMORY_MB, host_memory_mb, "NODE_MEMORY_MB", may_exceed=overcommit),
+        disk_gb=_disk_offered(len(gpus), overcommit=overcommit),
         gpus=gpus,
         simulated=simulated,
         nvidia_runtime="nvidia" in (info.get("Runtimes") or {}),
         docker_version=info.get("ServerVersion", ""),
     )
+
+
+def _disk_offered(cards: int, *, overcommit: bool) -> int | None:
+    """GB this host offers its tenants' disks (NODE_DISK_GB, never more than its data root holds less
+    NODE_DISK_MIN_FREE_GB; a demo host: SIM_DISK_GB_PER_CARD a card); None when the data root cannot be read."""
+    if overcommit:
+        return settings.NODE_DISK_GB or settings.SIM_DISK_GB_PER_CARD * max(cards, 1)
+    measured = disks.host_disk_gb(launcher.docker_root)
+    if measured is None:
+        log.warning("the engine's data root cannot be read: this host's disk is not counted at placement")
+        return None
+    usable = max(measured[0] - settings.NODE_DISK_MIN_FREE_GB, 0)
+    return _at_most(settings.NODE_DISK_GB, usable, "NODE_DISK_GB")
 
 
 def _at_most(configured: int, host: int, name: str, *, may_exceed: bool = False) -> int:

@@ -43,7 +43,8 @@ def cluster_create(nodes: int) -> None:
 
     now = timezone.now()
     Node.objects.bulk_create(
-        Node(name=f"n{i:04d}", cpu_cores=128, memory_mb=1 << 20, simulated=True, last_heartbeat=now)
+        # Disk offered as a host of 8 A100s with 16 TB registers it: counted at placement, as on real hosts.
+        Node(name=f"n{i:04d}", cpu_cores=128, memory_mb=1 << 20, disk_gb=16000, simulated=True, last_heartbeat=now)
         for i in range(nodes)
     )
     Gpu.objects.bulk_create(

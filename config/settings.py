@@ -575,6 +575,13 @@ VOLUMES_DIR = env.str("VOLUMES_DIR", default=str(VAR_DIR / "volumes"))
 INSTANCE_SYSTEM_DISK_GB = env.int("INSTANCE_SYSTEM_DISK_GB", default=30)
 # A host whose disk (the engine's data root, measured at each heartbeat) has less free than this takes no new work.
 NODE_DISK_MIN_FREE_GB = env.int("NODE_DISK_MIN_FREE_GB", default=20)
+# What a host offers its tenants' disks, in GB: each placed workload reserves its data disk (disk_gb) and its system
+# disk (INSTANCE_SYSTEM_DISK_GB) there until released, and placement never reserves more (disk files are sparse, so
+# without this one tenant could fill the host under its neighbours). 0: the data root's size less
+# NODE_DISK_MIN_FREE_GB. A demo host with simulated cards and NODE_OVERCOMMIT_SIMULATED offers SIM_DISK_GB_PER_CARD
+# for each card instead (more than the machine has: its disks are sparse and demo work writes little).
+NODE_DISK_GB = env.int("NODE_DISK_GB", default=0)
+SIM_DISK_GB_PER_CARD = env.int("SIM_DISK_GB_PER_CARD", default=1000)
 INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
 # The users' shared file storage (scheduler/sharedfs.py): one JuiceFS volume that every GPU host
 # mounts at SHARED_FS_MOUNT; each user's directory users/<id> (with a quota of SHARED_FS_QUOTA_GB)

@@ -57,6 +57,12 @@ class Node(models.Model):
     drain_deadline = models.DateTimeField(
         null=True, blank=True, help_text="While draining: work still running then is stopped (jobs are requeued)."
     )
+    disk_gb = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="GB its tenants' disks (each a data disk and a system disk) may reserve, as registered; placement "
+        "never reserves more (scheduler.selectors.disk_held). Empty: not counted.",
+    )
     disk_total_gb = models.PositiveIntegerField(
         null=True, blank=True, help_text="Size of the disk holding its containers and data disks (agent's report)."
     )

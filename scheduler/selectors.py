@@ -5,7 +5,18 @@ from collections import Counter
 from django.conf import settings
 from django.db.models import Avg, Count, FloatField, Func, Prefetch, Q
 
-from scheduler.models import Gpu, Node, NodeStatus, Workload, WorkloadGpuMinute, WorkloadKind, WorkloadStatus
+from scheduler.models import (
+    Gpu,
+    Move,
+    MoveStatus,
+    Node,
+    NodeStatus,
+    Workload,
+    WorkloadGpuMinute,
+    WorkloadKind,
+    WorkloadMember,
+    WorkloadStatus,
+)
 from scheduler.policy import CardSpec, NodeSpec
 from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.policy.predict import DurationHistory
@@ -13,23 +24,79 @@ from scheduler.policy.predict import DurationHistory
 
 def cluster_capacity() -> list[NodeSpec]:
     """Free capacity of every active node, as plain objects for the policy (ids are primary keys). A node whose
-    disk is full (below NODE_DISK_MIN_FREE_GB free at its last heartbeat) takes nothing new, as if draining.
+    disk is full (below NODE_DISK_MIN_FREE_GB free at its last heartbeat) takes nothing new, as if draining;
+    a node that registered what it offers tenants' disks (``Node.disk_gb``) has that less ``disk_held`` free.
 
     Read as rows, not model objects: every tick reads every card (8,000 on 1,000 nodes)."""
     roomy = Q(disk_free_gb__isnull=True) | Q(disk_free_gb__gte=settings.NODE_DISK_MIN_FREE_GB)
     active = Node.objects.filter(roomy, status=NodeStatus.ACTIVE)
-    nodes = {
-        pk: NodeSpec(pk, cpu - cpu_held, memory - memory_held, name=name)
-        for pk, name, cpu, cpu_held, memory, memory_held in active.values_list(
-            "pk", "name", "cpu_cores", "allocated_cpu", "memory_mb", "allocated_memory_mb"
-        )
-    }
+    rows = active.values_list("pk", "name", "cpu_cores", "allocated_cpu", "memory_mb", "allocated_memory_mb", "disk_gb")
+    nodes, offered = {}, {}
+    for pk, name, cpu, cpu_held, memory, memory_held, disk in rows:
+        nodes[pk] = NodeSpec(pk, cpu - cpu_held, memory - memory_held, name=name)
+        if disk is not None:
+            offered[pk] = disk
+    for pk, held in disk_held(list(offered)).items():
+        nodes[pk].disk_free_gb = offered[pk] - held
     cards = Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index")
     for pk, node_id, model, memory, milli_held, memory_held in cards.values_list(
         "pk", "node_id", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"
     ):
         nodes[node_id].cards.append(CardSpec(pk, model, memory, WHOLE_CARD - milli_held, memory - memory_held))
     return list(nodes.values())
+
+
+def disk_reserved_gb(disk_gb: int, *, container: bool = True) -> int:
+    """GB one workload reserves on each host it has disks on: its data disk, and its system disk (the container's
+    writable layer) while it has a container there — an ended job has none, its data disk stays until released."""
+    return disk_gb + (settings.INSTANCE_SYSTEM_DISK_GB if container else 0)
+
+
+def disk_held(node_ids: list[int]) -> dict[int, int]:
+    """GB reserved by tenants' disks on each of these nodes (every one listed, 0 where none).
+
+    Every workload not released holds its disks (``disk_reserved_gb``) on the node it runs or last ran on (its
+    ``node``, or the ``pinned_node`` it returns to): a stopped instance's, an ended job's files; queued work only
+    where it must return (``disk_home``). A placed gang's other members hold theirs on their nodes, an instance
+    being moved its copy on the target. A job requeued to run anywhere is not counted where it ran before; what
+    it left there is covered by the host's measured free space (NODE_DISK_MIN_FREE_GB)."""
+    held = dict.fromkeys(node_ids, 0)
+    if not node_ids:
+        return held
+    kept = Workload.objects.exclude(status=WorkloadStatus.RELEASED).filter(
+        Q(node_id__in=node_ids) | Q(pinned_node_id__in=node_ids)
+    )
+    ended = WorkloadStatus.ended_job()
+    rows = kept.values_list("kind", "status", "node_id", "pinned_node_id", "disk_gb")
+    for kind, status, node_id, pinned_id, disk_gb in rows:
+        home = disk_home(status, node_id, pinned_id)
+        if home in held:
+            held[home] += disk_reserved_gb(disk_gb, container=not (kind == WorkloadKind.JOB and status in ended))
+    members = WorkloadMember.objects.filter(
+        node_id__in=node_ids, rank__gt=0, workload__status__in=WorkloadStatus.holding_resources()
+    )
+    for node_id, disk_gb in members.values_list("node_id", "workload__disk_gb"):
+        held[node_id] += disk_reserved_gb(disk_gb)
+    moving = Move.objects.filter(target_id__in=node_ids, status=MoveStatus.COPYING)
+    for node_id, disk_gb in moving.values_list("target_id", "workload__disk_gb"):
+        held[node_id] += disk_reserved_gb(disk_gb)  # the copy being made there
+    return held
+
+
+def disk_room(node: Node) -> int | None:
+    """GB the node's tenants' disks may still reserve (``Node.disk_gb`` less ``disk_held``); None: not counted.
+    Exact only while the caller holds the node's row lock (placements, moves and disk growths take it)."""
+    if node.disk_gb is None:
+        return None
+    return node.disk_gb - disk_held([node.pk])[node.pk]
+
+
+def disk_home(status: str, node_id: int | None, pinned_node_id: int | None) -> int | None:
+    """The node whose disk a workload's disks are counted on (rank 0's, for a gang): queued work's is the node
+    it must return to (None: it may run anywhere); any other's its node, or where it returns."""
+    if status == WorkloadStatus.QUEUED:
+        return pinned_node_id
+    return node_id or pinned_node_id
 
 
 class EpochSeconds(Func):
@@ -158,7 +225,14 @@ def gpu_models_summary() -> dict[str, dict]:
 
 
 def fit_problem(
-    *, gpu_model: str, gpu_count: int, cpu_cores: int, memory_mb: int, nodes: int | None = None, gang: bool = False
+    *,
+    gpu_model: str,
+    gpu_count: int,
+    cpu_cores: int,
+    memory_mb: int,
+    disk_gb: int = 0,
+    nodes: int | None = None,
+    gang: bool = False,
 ) -> tuple[str, str] | None:
     """Why a request could never run on the registered active nodes, as (field, message); None if it could.
 
@@ -179,6 +253,10 @@ def fit_problem(
     if not any(n.cpu_cores >= cpu_cores and n.memory_mb >= memory_mb for n in with_cards):
         most = max(n.memory_mb for n in with_cards) // 1024
         return "memory_mb", f"no {gpu_model} node has that much memory (at most {most} GB)"
+    need = disk_reserved_gb(disk_gb)
+    if disk_gb and not any(n.disk_gb is None or n.disk_gb >= need for n in with_cards):
+        most = max(n.disk_gb for n in with_cards) - settings.INSTANCE_SYSTEM_DISK_GB
+        return "disk_gb", f"no {gpu_model} node has room for a {disk_gb} GB data disk (at most {max(most, 0)} GB)"
     return None
 
 

@@ -22,7 +22,7 @@ from core.clients import redis_client
 from core.memory import collector_paused
 from scheduler import policy
 from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus, card_share
-from scheduler.selectors import cluster_capacity, holding_rows, job_history
+from scheduler.selectors import cluster_capacity, disk_reserved_gb, holding_rows, job_history
 from scheduler.services.accrual import service_accrue, service_record
 from scheduler.services.allocation import Part, Placement, Share, allocations_create
 from scheduler.services.elastic import workload_resize
@@ -114,9 +114,19 @@ def schedule_tick() -> TickResult:
     return result
 
 
-def _request(w) -> policy.Request:
+def _request(w, *, disk_gb: int = 0) -> policy.Request:
+    """What the work takes where it is placed; ``disk_gb``: the disk it reserves on each of its nodes (queued
+    work's; holding work's disks are counted as held, ``selectors.disk_held``)."""
     return policy.Request(
-        w.pk, w.gpu_model, w.gpu_count, w.gpu_milli, w.cpu_cores, w.memory_mb, w.pinned_node_id, nodes=w.nodes
+        w.pk,
+        w.gpu_model,
+        w.gpu_count,
+        w.gpu_milli,
+        w.cpu_cores,
+        w.memory_mb,
+        w.pinned_node_id,
+        disk_gb=disk_gb,
+        nodes=w.nodes,
     )
 
 
@@ -130,7 +140,8 @@ def _queued_work(w: Workload, epoch: float) -> policy.Work:
         id=w.pk,
         user=str(w.owner_id),
         team=w.team,
-        request=_request(w),
+        # Work that returns to its node finds its disks there (counted there already); other work reserves its own.
+        request=_request(w, disk_gb=0 if w.pinned_node_id else disk_reserved_gb(w.disk_gb)),
         submitted=w.created_at.timestamp() - epoch,
         waiting_since=(w.queued_at or w.created_at).timestamp() - epoch,
         priority=w.priority,

@@ -91,13 +91,16 @@ def catalog(db):
     }
 
 
-def make_node(spec: str = "sim:2xRTX3090,1xA100-80GB", *, cpu_cores: int = 8, memory_mb: int = 16384):
+def make_node(
+    spec: str = "sim:2xRTX3090,1xA100-80GB", *, cpu_cores: int = 8, memory_mb: int = 16384, disk_gb: int | None = None
+):
     name = f"test-{uuid.uuid4().hex[:8]}"
     return node_register(
         name=name,
         hostname="testhost",
         cpu_cores=cpu_cores,
         memory_mb=memory_mb,
+        disk_gb=disk_gb,
         gpus=simulated_inventory(spec, name),
         simulated=True,
         nvidia_runtime=False,

@@ -8,6 +8,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from billing.enforcement import may_start, member_may_start
@@ -399,6 +400,11 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int, by=None) -> Instance
         if node is None:  # never ran: its disk is made at the new size when it starts
             _disk_recorded(instance, disk_gb)
             return instance
+        growing = Instance.objects.filter(disk_growing_to__isnull=False).filter(
+            Q(workload__node=node) | Q(workload__node__isnull=True, workload__pinned_node=node)
+        )
+        pending = sum(to - now for to, now in growing.values_list("disk_growing_to", "disk_gb"))
+        scheduler.disk_growth_check(node, more_gb=disk_gb - instance.disk_gb, growing_gb=pending)
         slow_operation_admit(instance.owner)
         instance.disk_growing_to, instance.disk_growing_since = disk_gb, Now()
         instance.save(update_fields=["disk_growing_to", "disk_growing_since"])

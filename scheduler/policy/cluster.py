@@ -2,7 +2,8 @@
 
 Rows are nodes, columns are card slots (padded: a node with fewer cards has
 slots that do not exist). Shares are integer thousandths of a card; CPU is in
-whatever unit the caller uses consistently (the live system uses milli-cores).
+whatever unit the caller uses consistently (the live system uses milli-cores). Disk is in GB: what a node
+offers its tenants' disks less what their disks hold there (``NodeSpec.disk_free_gb``; None: not counted).
 
 One share size per card: a fraction is enforced by the card's MPS daemon, whose limits are set per card
 (``agent.mps``), so fractions of different sizes cannot share a card. The first fraction placed on an
@@ -29,6 +30,7 @@ SHARE_SIZES = (100, 200, 500)
 SHARE_FRACTIONS = tuple(Decimal(size) / WHOLE_CARD for size in SHARE_SIZES)  # as users write them: 0.5
 NO_CLASS = 0  # an empty card (or one whose fractions are not known): takes a fraction of any size
 MIXED = -1  # fractions of several sizes (placed before the rule): takes no new fraction until it empties
+UNCOUNTED = 2**60  # the free disk of a node whose disk is not counted (the trace simulator's, most tests')
 
 
 @dataclass
@@ -67,6 +69,8 @@ class NodeSpec:
     group: object = None
     # What people call it (the live node's name), for reasons such as a reservation's; None: its id.
     name: str | None = None
+    # GB its tenants' disks may still reserve (a data disk and a system disk each); None: disk is not counted.
+    disk_free_gb: int | None = None
 
 
 class ClusterState:
@@ -87,6 +91,7 @@ class ClusterState:
         self.models: dict[str, int] = {}
         self.cpu_free = np.array([n.cpu_free for n in nodes], dtype=np.int64)
         self.mem_free = np.array([n.memory_free_mb for n in nodes], dtype=np.int64)
+        self.disk_free = np.array([UNCOUNTED if n.disk_free_gb is None else n.disk_free_gb for n in nodes], np.int64)
         self.exists = np.zeros((count, width), dtype=bool)
         self.free = np.zeros((count, width), dtype=np.int64)
         self.card_mem_total = np.zeros((count, width), dtype=np.int64)
@@ -114,7 +119,7 @@ class ClusterState:
         """A scratch copy whose capacity can change without touching this one."""
         other = object.__new__(ClusterState)
         other.__dict__.update(self.__dict__)
-        for name in ("cpu_free", "mem_free", "free", "card_mem_free", "card_class", "version"):
+        for name in ("cpu_free", "mem_free", "disk_free", "free", "card_mem_free", "card_class", "version"):
             setattr(other, name, getattr(self, name).copy())
         other.score_cache = {}
         return other
@@ -143,7 +148,7 @@ class ClusterState:
         """Which cards of ``rows`` a share of ``milli`` may join for its size (not counting free share)."""
         return joinable(self.card_class[rows], milli, self.one_size_per_card)
 
-    def take(self, node: int, cards: list[int], milli: int, cpu: int, memory_mb: int) -> list[int]:
+    def take(self, node: int, cards: list[int], milli: int, cpu: int, memory_mb: int, disk_gb: int = 0) -> list[int]:
         """Take capacity; returns the GPU memory taken on each card. A fraction sets its card's class."""
         taken = []
         for card in cards:
@@ -156,10 +161,11 @@ class ClusterState:
             taken.append(memory)
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= memory_mb
+        self.disk_free[node] -= disk_gb
         self.version[node] += 1
         return taken
 
-    def give(self, node: int, cards: list[int], milli: int, cpu: int, memory_mb: int) -> None:
+    def give(self, node: int, cards: list[int], milli: int, cpu: int, memory_mb: int, disk_gb: int = 0) -> None:
         for card in cards:
             self.free[node, card] += milli
             self.card_mem_free[node, card] += self.memory_for(node, card, milli)
@@ -167,6 +173,7 @@ class ClusterState:
                 self.card_class[node, card] = NO_CLASS
         self.cpu_free[node] += cpu
         self.mem_free[node] += memory_mb
+        self.disk_free[node] += disk_gb
         self.version[node] += 1
 
     def allocated_share(self) -> float:

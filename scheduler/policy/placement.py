@@ -54,6 +54,8 @@ class Request:
     cpu: int = 0
     memory_mb: int = 0
     pinned_node: object = None
+    # GB of disk it reserves on a node it is placed on (its data and system disks): 0 where it has them already.
+    disk_gb: int = 0
     # Gangs: None = one node if the work fits on one, else the fewest nodes the policy finds; an int =
     # exactly that many nodes with gpu_count / nodes cards each. cpu and memory_mb are per member.
     nodes: int | None = None
@@ -99,6 +101,7 @@ class Choice:
 
 def _eligible_nodes(cluster: ClusterState, request: Request, allowed: np.ndarray | None = None) -> np.ndarray:
     nodes = (cluster.cpu_free >= request.cpu) & (cluster.mem_free >= request.memory_mb)
+    nodes &= cluster.disk_free >= request.disk_gb
     if allowed is not None:
         nodes &= allowed
     if request.pinned_node is not None:
@@ -263,7 +266,7 @@ class _Scores:
 
 def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarray, mix) -> Choice | None:
     """FGD over every node, rescoring only nodes whose capacity changed since this shape was last scored."""
-    shape = (request.gpu_model, request.gpu_count, request.gpu_milli, request.cpu, request.memory_mb)
+    shape = (request.gpu_model, request.gpu_count, request.gpu_milli, request.cpu, request.memory_mb, request.disk_gb)
     scores = cluster.score_cache.get(shape)
     count = len(cluster.node_ids)
     if scores is None or scores.mix is not mix:
@@ -288,7 +291,8 @@ def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarr
 def _rescore(cluster: ClusterState, request: Request, mix: _MixArrays, stale: np.ndarray, scores: _Scores) -> None:
     """Recompute the best score of each stale node (pinning is applied by the caller, not cached)."""
     scores.delta[stale] = np.inf
-    hosts = stale[(cluster.cpu_free[stale] >= request.cpu) & (cluster.mem_free[stale] >= request.memory_mb)]
+    room = (cluster.cpu_free[stale] >= request.cpu) & (cluster.mem_free[stale] >= request.memory_mb)
+    hosts = stale[room & (cluster.disk_free[stale] >= request.disk_gb)]
     if hosts.size == 0:
         return
     relevant = _relevant_cards(cluster, request, hosts)
@@ -522,12 +526,13 @@ class Part:
 
 def give_parts(cluster: ClusterState, request: Request, parts) -> None:
     for node, cards in parts:
-        cluster.give(node, cards, request.gpu_milli, request.cpu, request.memory_mb)
+        cluster.give(node, cards, request.gpu_milli, request.cpu, request.memory_mb, request.disk_gb)
 
 
 def take_parts(cluster: ClusterState, request: Request, choices: list[Choice]) -> list[Part]:
+    r = request
     return [
-        Part(c.node, c.cards, cluster.take(c.node, c.cards, request.gpu_milli, request.cpu, request.memory_mb))
+        Part(c.node, c.cards, cluster.take(c.node, c.cards, r.gpu_milli, r.cpu, r.memory_mb, r.disk_gb))
         for c in choices
     ]
 
@@ -555,8 +560,9 @@ def largest_fit(cluster, request: Request, parts, most: int, strategy: str, allo
 
 
 def row_fits(cluster: ClusterState, node: int, free, card_mem, card_class, cpu: int, mem: int, request) -> bool:
-    """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, card_class, cpu, mem)?"""
-    if cpu < request.cpu or mem < request.memory_mb:
+    """Would ``request`` fit on ``node`` if its free capacity were (free, card_mem, card_class, cpu, mem)? Its free
+    disk is the cluster's: work that leaves keeps its disks there (a stopped instance, a requeued job)."""
+    if cpu < request.cpu or mem < request.memory_mb or cluster.disk_free[node] < request.disk_gb:
         return False
     cards = cluster.exists[node] & (free >= request.gpu_milli)
     cards &= card_mem >= cluster.card_mem_total[node] * request.gpu_milli // WHOLE_CARD

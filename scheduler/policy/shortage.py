@@ -1,4 +1,4 @@
-"""Which resource is short when queued work does not fit: cards, or the host's CPU cores or memory.
+"""Which resource is short when queued work does not fit: cards, or the host's CPU cores, memory or disk.
 
 ``decide`` asks this before it says why work waits, so a queued instance reads "the nodes with 0.4 of an
 RTX3090 free have too few free CPU cores" when the cards have room, rather than blaming the cards.
@@ -13,18 +13,21 @@ from scheduler.policy.placement import Request, _eligible_cards, _eligible_nodes
 
 
 def host_shortage(cluster: ClusterState, request: Request) -> str:
-    """Why ``request`` does not fit when some node has the cards for it but not its CPU or memory; "" when the
+    """Why ``request`` does not fit when some node has the cards for it but not its CPU, memory or disk; "" when the
     cards themselves are short (or the request spans several nodes: the caller's own reason stands)."""
     if request.nodes not in (None, 1):
         return ""
-    # Nodes with the cards (the pinned one only), whatever their free CPU and memory.
-    pinned_only = _eligible_nodes(cluster, replace(request, cpu=0, memory_mb=0))
+    # Nodes with the cards (the pinned one only), whatever their free CPU, memory and disk.
+    pinned_only = _eligible_nodes(cluster, replace(request, cpu=0, memory_mb=0, disk_gb=0))
     cards = pinned_only & (_eligible_cards(cluster, request).sum(axis=1) >= request.gpu_count)
     if not cards.any():
         return ""
     cpu = bool((cluster.cpu_free[cards] >= request.cpu).any())
     memory = bool((cluster.mem_free[cards] >= request.memory_mb).any())
-    if not cpu and not memory:
+    hosts = cards & (cluster.cpu_free >= request.cpu) & (cluster.mem_free >= request.memory_mb)
+    if hosts.any() and not (cluster.disk_free[hosts] >= request.disk_gb).any():
+        short = "too little free disk for its disks" + (f" ({request.disk_gb} GB)" if request.disk_gb else "")
+    elif not cpu and not memory:
         short = "too few free CPU cores and too little free memory"
     elif not cpu:
         short = "too few free CPU cores"

@@ -7,9 +7,9 @@ and its rendezvous port on rank 0's host are written with its allocations.
 Lock order, everywhere: the workload rows (by id), then the node rows (by id),
 then their card rows (by id); freeing (lifecycle.allocations_free) follows the
 same order. The free capacity is re-checked under those locks, placement by
-placement, so a stale plan (from the policy, or a racing worker) can only place
-less, never over-allocate; the database's check constraints are the last line
-behind that.
+placement (the disk its tenants' disks reserve too: ``selectors.disk_held``), so a
+stale plan (from the policy, or a racing worker) can only place less, never
+over-allocate; the database's check constraints are the last line behind that.
 
 One share size per card (``scheduler.policy.cluster``): a card's MPS daemon sets one
 limit for all its clients, so a fraction joins only a card holding no fraction or
@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
 from scheduler.policy.cluster import WHOLE_CARD
+from scheduler.selectors import disk_held, disk_reserved_gb
 from scheduler.services.bulk import rows_update
 from scheduler.services.lifecycle import transitions_recorded
 
@@ -103,6 +104,7 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
                 .order_by("id")
             }
             _share_sizes_held(cards)
+            _disk_room(nodes)
             ports = _ports_in_use([p.node_id for p in placements if p.rest])
             placed = [p for p in placements if p.workload.pk in queued and _take(p, nodes, cards, ports)]
             if placed:
@@ -121,6 +123,21 @@ def _share_sizes_held(cards: dict) -> None:
     held = Allocation.objects.filter(gpu_id__in=list(cards), milli__lt=WHOLE_CARD).values_list("gpu_id", "milli")
     for gpu_id, milli in held.distinct():
         cards[gpu_id].fractions.add(milli)
+
+
+def _disk_room(nodes: dict) -> None:
+    """Set ``disk_room`` on each node: GB its tenants' disks may still reserve, None where disk is not counted
+    (call holding the node locks: every placement, move and disk growth on a node holds its lock)."""
+    counted = [pk for pk, node in nodes.items() if node.disk_gb is not None]
+    held = disk_held(counted)
+    for pk, node in nodes.items():
+        node.disk_room = node.disk_gb - held[pk] if pk in held else None
+
+
+def _disk_taken(workload: Workload, node) -> int:
+    """GB the workload reserves on ``node`` by being placed there: none on the node it must return to (counted there
+    already while it waits: ``selectors.disk_home``)."""
+    return 0 if workload.pinned_node_id == node.pk else disk_reserved_gb(workload.disk_gb)
 
 
 def _ports_in_use(node_ids: list[int]) -> dict[int, set[int]]:
@@ -157,6 +174,8 @@ def _take(placement: Placement, nodes: dict, cards: dict, ports: dict) -> bool:
             return False
         if node.memory_mb - node.allocated_memory_mb < workload.held_memory_mb:
             return False
+        if node.disk_room is not None and node.disk_room < _disk_taken(workload, node):
+            return False
         for share in part.shares:
             card = cards.get(share.gpu_id)
             if card is None or card.node_id != node.pk or card.model != workload.gpu_model:
@@ -181,8 +200,11 @@ def _take(placement: Placement, nodes: dict, cards: dict, ports: dict) -> bool:
             cards[share.gpu_id].allocated_memory_mb += share.memory_mb
             if share.milli < WHOLE_CARD:
                 cards[share.gpu_id].fractions.add(share.milli)
-        nodes[part.node_id].allocated_cpu += workload.held_cpu_cores
-        nodes[part.node_id].allocated_memory_mb += workload.held_memory_mb
+        node = nodes[part.node_id]
+        node.allocated_cpu += workload.held_cpu_cores
+        node.allocated_memory_mb += workload.held_memory_mb
+        if node.disk_room is not None:
+            node.disk_room -= _disk_taken(workload, node)
     return True
 
 

@@ -39,6 +39,7 @@ from core.messages import ToNode, send_after_commit
 from core.relay import VOLUME_TICKET_S, Op, Ticket, ticket_sign
 from scheduler import registry
 from scheduler.models import Move, MoveStatus, Node, NodeStatus, Workload, WorkloadKind, WorkloadStatus
+from scheduler.selectors import disk_reserved_gb, disk_room
 from scheduler.services.lifecycle import workload_transition
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ REACHABLE = [NodeStatus.ACTIVE, NodeStatus.DRAINING, NodeStatus.DRAINED]
 
 
 def move_target_choose(workload: Workload, source: Node) -> Node | None:
-    """The active host with the instance's GPU type and enough cards that has the most of them free."""
-    return (
+    """The active host with the instance's GPU type, enough cards and room for its disks that has the most cards
+    free."""
+    hosts = (
         Node.objects.filter(status=NodeStatus.ACTIVE, gpus__model=workload.gpu_model)
         .exclude(pk=source.pk)
         .annotate(
@@ -58,8 +60,9 @@ def move_target_choose(workload: Workload, source: Node) -> Node | None:
         )
         .filter(cards__gte=workload.gpu_count)
         .order_by("-free", "name")
-        .first()
     )
+    need = disk_reserved_gb(workload.disk_gb)
+    return next((host for host in hosts if (room := disk_room(host)) is None or room >= need), None)
 
 
 def workload_move(workload: Workload, *, target: Node | None = None) -> Move:
@@ -89,9 +92,20 @@ def workload_move(workload: Workload, *, target: Node | None = None) -> Move:
             reason=f"moving its disks from {source.name} to {target.name}",
         ):
             raise Conflict(f"only a stopped instance is moved; it is {workload.status}")
+        _disk_room_check(workload, Node.objects.select_for_update().get(pk=target.pk))
         move = Move.objects.create(workload=workload, source=source, target=target, phase="saving the system disk")
         send_after_commit(ToNode.MOVE_EXPORT, move.pk, node=source.name)
     return move
+
+
+def _disk_room_check(workload: Workload, target: Node) -> None:
+    """Conflict unless ``target`` (locked) has room for the instance's disks: the copy reserves them there."""
+    room, need = disk_room(target), disk_reserved_gb(workload.disk_gb)
+    if room is not None and room < need:
+        raise Conflict(
+            f"{target.name} has {max(room, 0)} GB left for tenants' disks; this instance's need {need} GB "
+            f"(its {workload.disk_gb} GB data disk and its system disk)"
+        )
 
 
 def move_snapshot_ref(move: Move) -> str:

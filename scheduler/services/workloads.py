@@ -17,6 +17,7 @@ from core.errors import Conflict, InvalidInput, TooMany
 from core.messages import ToNode, ToScheduler, send, send_after_commit, send_to_nodes
 from scheduler.models import (
     WHOLE_CARD,
+    Node,
     NodeStatus,
     Workload,
     WorkloadEvent,
@@ -26,7 +27,7 @@ from scheduler.models import (
     WorkloadSpec,
     WorkloadStatus,
 )
-from scheduler.selectors import fit_problem
+from scheduler.selectors import disk_room, fit_problem
 from scheduler.services.allocation import Placement, allocations_create
 from scheduler.services.gangs import gang_stop
 from scheduler.services.lifecycle import workload_transition
@@ -76,7 +77,13 @@ def workload_submit(
         raise InvalidInput("only batch jobs of whole cards from a registry image may span nodes", field="nodes")
     _check_elastic(gang=gang, gpu_count=gpu_count, nodes=nodes, elastic_min=elastic_min, elastic_max=elastic_max)
     problem = fit_problem(
-        gpu_model=gpu_model, gpu_count=gpu_count, cpu_cores=cpu_cores, memory_mb=memory_mb, nodes=nodes, gang=gang
+        gpu_model=gpu_model,
+        gpu_count=gpu_count,
+        cpu_cores=cpu_cores,
+        memory_mb=memory_mb,
+        disk_gb=disk_gb,
+        nodes=nodes,
+        gang=gang,
     )
     if problem:
         raise InvalidInput(problem[1], field=problem[0])
@@ -332,6 +339,17 @@ def group_create(*, name: str, max_running: int | None, fallback_after: int | No
 
 def group_rename(group: WorkloadGroup, name: str) -> None:
     WorkloadGroup.objects.filter(pk=group.pk).update(name=name[:128])
+
+
+def disk_growth_check(node: Node, *, more_gb: int, growing_gb: int = 0) -> None:
+    """Conflict unless ``node`` has room for ``more_gb`` more of tenants' disks (a data disk growing there), beside
+    the ``growing_gb`` that growths already under way there will take. Call in a transaction: the node's row stays
+    locked until it ends, so growths on one host are checked one after the other."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    room = disk_room(node)
+    if room is not None and room - growing_gb < more_gb:
+        left = max(room - growing_gb, 0)
+        raise Conflict(f"its host {node.name} has {left} GB left for tenants' disks: it cannot grow by {more_gb} GB")
 
 
 def workload_disk_set(workload_id: int, disk_gb: int) -> None:

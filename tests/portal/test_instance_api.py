@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from agent.launcher import LABEL, docker_client
 from portal.models import Instance
-from scheduler.models import Workload
+from scheduler.models import Node, Workload
 from tests.conftest import wait_status
 
 
@@ -139,6 +139,17 @@ def test_bad_input_is_refused_naming_the_field_and_leaves_nothing_behind(api, ca
     assert field in response.data, response.data
     assert not Workload.objects.exists() and not Instance.objects.exists()
     assert len(docker_client().containers.list(all=True, filters=ours)) == containers_before
+
+
+@pytest.mark.django_db
+def test_a_data_disk_no_host_has_room_for_is_refused_naming_the_field(api, catalog, sim_node, settings):
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
+    Node.objects.filter(pk=sim_node.pk).update(disk_gb=130)
+    response = create(api, catalog, disk_gb=101)
+    assert response.status_code == 400
+    assert response.data["disk_gb"] == ["no RTX3090 node has room for a 101 GB data disk (at most 100 GB)"]
+    assert not Workload.objects.exists()
+    assert create(api, catalog, disk_gb=100).status_code == 201
 
 
 @pytest.mark.django_db

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 
+from core.errors import Conflict
 from portal.models import Image, ImageStatus, Instance
 from portal.services import images, work
 from scheduler.models import WorkloadEvent, WorkloadStatus
@@ -94,3 +95,16 @@ def test_a_disk_growth_with_no_answer_by_its_deadline_fails_and_keeps_the_size(s
     assert reason == f"growing the data disk to 20 GB failed: its node did not answer within {deadline} s"
     work.instance_grow_disk(instance=stopped, disk_gb=20)  # may be asked again
     assert Instance.objects.get(pk=stopped.pk).disk_growing_to == 20
+
+
+def test_a_disk_grows_only_as_far_as_its_host_has_room_counting_growths_under_way(user, catalog, settings):
+    settings.INSTANCE_SYSTEM_DISK_GB = 0
+    node = make_node("sim:2xRTX3090", disk_gb=50)
+    one, two = stopped_instance(user, catalog, node), stopped_instance(user, catalog, node)  # 10 GB each
+    work.instance_grow_disk(instance=one, disk_gb=30)  # 20 more: 10 GB left
+
+    with pytest.raises(Conflict, match=f"its host {node.name} has 10 GB left for tenants' disks: it cannot grow by 11"):
+        work.instance_grow_disk(instance=two, disk_gb=21)
+    two.refresh_from_db()
+    assert two.disk_growing_to is None
+    work.instance_grow_disk(instance=two, disk_gb=20)

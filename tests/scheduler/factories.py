@@ -17,7 +17,7 @@ def workload(owner, *, gpu_model="RTX3090", gpu_count=1, gpu_milli=1000, cpu=1, 
         gpu_milli=gpu_milli,
         cpu_cores=cpu,
         memory_mb=memory_mb,
-        disk_gb=10,
+        disk_gb=fields.pop("disk_gb", 10),
         status=fields.pop("status", WorkloadStatus.QUEUED),
         **fields,
     )

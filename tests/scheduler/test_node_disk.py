@@ -6,8 +6,9 @@ import pytest
 
 from agent import disks, launcher
 from scheduler import tick
-from scheduler.models import Node, Workload
-from scheduler.selectors import cluster_capacity
+from scheduler.models import Allocation, Move, Node, Workload, WorkloadMember, WorkloadStatus
+from scheduler.selectors import cluster_capacity, disk_held
+from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.nodes import node_heartbeat
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
@@ -51,3 +52,105 @@ def test_a_host_with_a_full_disk_takes_no_new_work(user, settings):
     placed = Workload.objects.filter(pk__in=[w.pk for w in works], node__isnull=False)
     assert set(placed.values_list("node_id", flat=True)) == {roomy.pk}
     assert placed.count() == 2  # the roomy host's two cards; the third waits
+
+
+# --- what a host offers its tenants' disks, counted at placement ---
+
+
+def test_placement_never_reserves_more_disk_than_a_host_offers_and_a_stopped_instance_keeps_its_share(user, settings):
+    """Two instances of 100 GB data disks (130 GB with the system disk) on a host offering 200 GB: the second
+    waits saying the disk is short, also while the first is stopped (its disks stay there), until it is gone."""
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
+    node = make_node("sim:2xRTX3090", disk_gb=200)
+    first = workload(user, name="first", disk_gb=100)
+    tick.schedule_tick()
+    first.refresh_from_db()
+    assert first.node_id == node.pk
+    second = workload(user, name="second", disk_gb=100)
+
+    tick.schedule_tick()
+    second.refresh_from_db()
+    assert second.status == WorkloadStatus.QUEUED
+    assert "too little free disk for its disks (130 GB)" in second.status_reason
+    assert cluster_capacity()[0].disk_free_gb == 70
+
+    Workload.objects.filter(pk=first.pk).update(status=WorkloadStatus.STOPPED)  # its disks stay on the host
+    Allocation.objects.filter(workload=first).delete()
+    tick.schedule_tick()
+    second.refresh_from_db()
+    assert second.node_id is None and "too little free disk" in second.status_reason
+
+    Workload.objects.filter(pk=first.pk).update(status=WorkloadStatus.RELEASED)
+    tick.schedule_tick()
+    second.refresh_from_db()
+    assert second.node_id == node.pk and second.status == WorkloadStatus.STARTING
+
+
+def test_a_stale_plan_cannot_reserve_disk_the_host_no_longer_has(user, settings):
+    """The allocation service re-checks the disk under the node's lock: what another placement took in between
+    is counted, whatever the policy planned."""
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
+    node = make_node("sim:2xRTX3090", disk_gb=200)
+    cards = list(node.gpus.all())
+    taken = workload(user, name="taken", disk_gb=100, status=WorkloadStatus.STOPPED, node=node)
+    late = workload(user, name="late", disk_gb=100)
+    share = Share(cards[0].pk, 1000, cards[0].memory_mb)
+    assert not allocation_create(workload=late, node_id=node.pk, shares=[share])
+    Workload.objects.filter(pk=taken.pk).update(status=WorkloadStatus.RELEASED)
+    assert allocation_create(workload=late, node_id=node.pk, shares=[share])
+
+
+def test_work_returning_to_its_host_counts_its_disks_there_once(user, settings):
+    """A stopped instance started again returns to the host holding its disks: they are counted there while it
+    waits, and not a second time when it is placed."""
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
+    node = make_node("sim:2xRTX3090", disk_gb=140)
+    back = workload(user, name="back", disk_gb=100, node=node, pinned_node=node)
+    assert disk_held([node.pk]) == {node.pk: 130}
+    tick.schedule_tick()
+    back.refresh_from_db()
+    assert back.status == WorkloadStatus.STARTING and back.node_id == node.pk
+    assert disk_held([node.pk]) == {node.pk: 130}
+    newcomer = workload(user, name="newcomer", disk_gb=1)  # 31 GB: 10 are left
+    tick.schedule_tick()
+    newcomer.refresh_from_db()
+    assert newcomer.node_id is None
+
+
+def test_a_gangs_members_and_a_moves_copy_hold_disk_on_their_hosts(user, settings):
+    settings.INSTANCE_SYSTEM_DISK_GB = 0
+    rank0, rank1, target = (make_node("sim:1xRTX3090", disk_gb=1000) for _ in range(3))
+    gang = workload(user, name="gang", gpu_count=2, nodes=2, disk_gb=50, status=WorkloadStatus.RUNNING, node=rank0)
+    WorkloadMember.objects.create(workload=gang, rank=0, node=rank0, node_name=rank0.name)
+    WorkloadMember.objects.create(workload=gang, rank=1, node=rank1, node_name=rank1.name)
+    moving = workload(user, name="moving", disk_gb=70, status=WorkloadStatus.MOVING, node=rank1)
+    Move.objects.create(workload=moving, source=rank1, target=target)
+    assert disk_held([rank0.pk, rank1.pk, target.pk]) == {rank0.pk: 50, rank1.pk: 120, target.pk: 70}
+
+
+def test_a_host_registers_what_it_offers_for_tenants_disks(settings):
+    """Its data root's size less the free space kept back, NODE_DISK_GB never above that; a demo host with
+    simulated cards that oversubscribes the machine offers SIM_DISK_GB_PER_CARD a card."""
+    from agent.actions import agent_register
+
+    total, _ = disks.host_disk_gb(launcher.docker_root)
+    settings.GPU_BACKEND, settings.NODE_OVERCOMMIT_SIMULATED, settings.NODE_DISK_MIN_FREE_GB = "sim:2xT4", False, 20
+    assert agent_register("test-disk-offered").disk_gb == total - 20
+    settings.NODE_DISK_GB = 10
+    assert agent_register("test-disk-offered").disk_gb == 10
+    settings.NODE_DISK_GB = total + 1000
+    assert agent_register("test-disk-offered").disk_gb == total - 20
+    settings.NODE_DISK_GB, settings.NODE_OVERCOMMIT_SIMULATED = 0, True
+    assert agent_register("test-disk-offered").disk_gb == 2 * settings.SIM_DISK_GB_PER_CARD
+
+
+def test_an_ended_job_holds_its_data_disk_and_no_system_disk_until_released(user, settings):
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
+    node = make_node("sim:1xRTX3090", disk_gb=1000)
+    job = workload(user, kind="job", disk_gb=50, status=WorkloadStatus.RUNNING, node=node)
+    stopped = workload(user, kind="instance", disk_gb=20, status=WorkloadStatus.STOPPED, node=node)
+    assert disk_held([node.pk]) == {node.pk: 80 + 50}
+    Workload.objects.filter(pk=job.pk).update(status=WorkloadStatus.SUCCEEDED)  # its container is gone
+    assert disk_held([node.pk]) == {node.pk: 50 + 50}
+    Workload.objects.filter(pk__in=[job.pk, stopped.pk]).update(status=WorkloadStatus.RELEASED)
+    assert disk_held([node.pk]) == {node.pk: 0}

@@ -141,6 +141,7 @@ NODE_ACCESS = {
             "allocated_memory_mb",
             "docker_version",
             "last_heartbeat",
+            "disk_gb",
             "disk_total_gb",
             "disk_free_gb",
             "epoch",

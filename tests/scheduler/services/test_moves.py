@@ -145,3 +145,23 @@ def test_what_cannot_move_is_refused_saying_why(user, hosts, settings):
     settings.REGISTRY = ""
     with pytest.raises(Conflict, match="needs the platform's image registry"):
         workload_move(workload(user, status=S.STOPPED, node=target))
+
+
+def test_a_move_goes_only_where_the_instances_disks_fit(user, settings):
+    """The copy reserves the disks on the target from the start: a host without room for them is passed over
+    when the target is chosen, and refused when named."""
+    settings.REGISTRY, settings.INSTANCE_SYSTEM_DISK_GB = "127.0.0.1:5999", 30
+    source = make_node("sim:1xRTX3090", disk_gb=1000)
+    full = make_node("sim:4xRTX3090", disk_gb=100)  # most free cards, too little disk
+    roomy = make_node("sim:2xRTX3090", disk_gb=130)
+    w = workload(user, status=S.STOPPED, node=source, disk_gb=100)
+
+    with pytest.raises(Conflict, match=f"{full.name} has 100 GB left for tenants' disks; this instance's need 130 GB"):
+        workload_move(w, target=full)
+    w.refresh_from_db()
+    assert w.status == S.STOPPED and not Move.objects.exists()
+
+    assert workload_move(w).target == roomy
+    other = workload(user, status=S.STOPPED, node=source, disk_gb=1)
+    with pytest.raises(Conflict, match="has 0 GB left"):
+        workload_move(other, target=roomy)  # the first copy holds its room
