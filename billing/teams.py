@@ -21,6 +21,7 @@ from billing.ledger import team_account
 from billing.models import Membership, Team, TeamInvitation
 from core.errors import Conflict, InvalidInput, NotFound
 from core.powers import RUN_ANY_TEAM, VIEW_ANY_TEAM, holds
+from portal.services import audit
 from scheduler.models import Workload, WorkloadStatus
 from scheduler.services.workloads import workload_stop
 
@@ -52,9 +53,19 @@ def team_admin(team: Team, user) -> bool:
     return (team.my_membership is not None and team.my_membership.is_admin) or holds(user, RUN_ANY_TEAM)
 
 
-def _admin(team: Team, user) -> None:
-    if not team_admin(team, user):
-        raise Conflict("only the team's admins may change its members")
+def _admin(team: Team, user) -> bool:
+    """Conflict unless ``user`` may change the team; True when through RUN_ANY_TEAM, not as one of its admins:
+    the caller then records what it did (``_audit``), once done."""
+    if team.my_membership is not None and team.my_membership.is_admin:
+        return False
+    if holds(user, RUN_ANY_TEAM):
+        return True
+    raise Conflict("only the team's admins may change its members")
+
+
+def _audit(power: bool, *, team: Team, by, action: str, target: str) -> None:
+    if power:
+        audit.team_power_used(by=by, team=team.slug, action=action, target=target)
 
 
 def team_create(*, user, name: str) -> Team:
@@ -81,19 +92,20 @@ def _active_user(username: str):
 
 
 def member_add(*, team: Team, by, username: str, is_admin: bool = False) -> Membership:
-    _admin(team, by)
+    power = _admin(team, by)
     user = _active_user(username)
     if user is None:
         raise InvalidInput(f"no user called {username!r}", field="username")
     membership, created = Membership.objects.get_or_create(team=team, user=user, defaults={"is_admin": is_admin})
     if not created:
         raise Conflict(f"{user.username} is already a member")
+    _audit(power, team=team, by=by, action="member-add", target=f"member {user.username}")
     return membership
 
 
 def member_invite(*, team: Team, by, username: str) -> str:
     """Invite ``username`` to the team; what to tell the admin, the same whether that account exists or not."""
-    _admin(team, by)
+    power = _admin(team, by)
     username = (username or "").strip()
     if not username or len(username) > 150 or "\x00" in username:
         raise InvalidInput("give the username of the person to invite", field="username")
@@ -102,6 +114,7 @@ def member_invite(*, team: Team, by, username: str) -> str:
         if Membership.objects.filter(team=team, user=user).exists():
             raise Conflict(f"{user.username} is already a member")  # the admin sees the members anyway
         TeamInvitation.objects.get_or_create(team=team, user=user, defaults={"invited_by": by})
+    _audit(power, team=team, by=by, action="member-invite", target=f"member {username}")
     return f"{username} is invited: if there is an account of that name, it joins the team once it accepts"
 
 
@@ -123,7 +136,7 @@ def invitation_answer(*, user, invitation_id: int, accept: bool) -> Team:
 
 
 def member_update(*, team: Team, by, member_id: int, is_admin: bool, monthly_limit: Decimal | None) -> Membership:
-    _admin(team, by)
+    power = _admin(team, by)
     membership = Membership.objects.filter(team=team, pk=member_id).first()
     if membership is None:
         raise NotFound("no such member")
@@ -133,17 +146,20 @@ def member_update(*, team: Team, by, member_id: int, is_admin: bool, monthly_lim
         raise Conflict("a team keeps at least one admin")
     membership.is_admin, membership.monthly_limit = is_admin, monthly_limit
     membership.save(update_fields=["is_admin", "monthly_limit"])
+    target = f"member {membership.user.username}"
+    _audit(power, team=team, by=by, action="member-update", target=target)
     return membership
 
 
 def member_remove(*, team: Team, by, member_id: int) -> None:
-    _admin(team, by)
+    power = _admin(team, by)
     membership = Membership.objects.filter(team=team, pk=member_id).first()
     if membership is None:
         raise NotFound("no such member")
     if membership.is_admin and _admins(team) == 1:
         raise Conflict("a team keeps at least one admin")
     membership.delete()
+    _audit(power, team=team, by=by, action="member-remove", target=f"member {membership.user.username}")
     # Work the team pays for goes with the membership: left running, it would charge the team with no
     # monthly limit over it (the limit was the membership's). Their own work is theirs; starting the
     # stopped work again is refused (member_may_start).

@@ -32,8 +32,8 @@ class JobAdmin(admin.ModelAdmin):
 
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
-    """Powers used over other people's work: written by the services that used them, never changed here."""
+    """Powers used over other people's work and teams: written by the services that used them, never changed here."""
 
-    list_display = ["created_at", "actor", "action", "target", "owner"]
+    list_display = ["created_at", "actor", "action", "target", "owner", "team"]
     list_filter = ["action"]
-    search_fields = ["actor__username", "owner__username", "target"]
+    search_fields = ["actor__username", "owner__username", "team", "target"]

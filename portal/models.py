@@ -292,12 +292,23 @@ class ApiToken(models.Model):
 
 class AuditEntry(models.Model):
     """Someone used a power over work that is not theirs: an operator stopped it, support read its environment,
-    a team's admin cancelled it. Written by the service that did it, never changed or deleted (admin: read only)."""
+    a team's admin cancelled it; or over a team they do not run (staff changing its members or limits). Written by
+    the service that did it, never changed or deleted (admin: read only)."""
 
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Whose work it was; empty for a team's (``team``).",
+    )
+    team = models.CharField(max_length=64, blank=True, help_text="The team acted on (its slug), for a team's entry.")
     action = models.CharField(max_length=32)
-    target = models.CharField(max_length=64, help_text="What it was done to: 'instance 12', 'job 7', 'array 3'.")
+    target = models.CharField(
+        max_length=64, help_text="What it was done to: 'instance 12', 'job 7', 'array 3', 'member alice'."
+    )
     created_at = models.DateTimeField(db_default=Now(), db_index=True)
 
     class Meta:
@@ -305,4 +316,4 @@ class AuditEntry(models.Model):
         verbose_name_plural = "audit entries"
 
     def __str__(self):
-        return f"{self.actor_id} {self.action} {self.target} of {self.owner_id}"
+        return f"{self.actor_id} {self.action} {self.target} of {self.owner_id or 'team ' + self.team}"

@@ -132,3 +132,13 @@ def test_teams_are_seen_and_run_by_staff_only_with_the_billing_groups_permission
     django_user_model.objects.create_user("bob")
     billing.post(f"/teams/{team.slug}/members/add/", {"username": "bob"})
     assert TeamInvitation.objects.filter(team=team, user__username="bob").exists()  # as the team's admin would
+    entry = AuditEntry.objects.get()  # the staff member's change of a team they do not run; the admin's own: none
+    assert (entry.actor.username, entry.team, entry.action, entry.target, entry.owner) == (
+        "bill",
+        team.slug,
+        "member-invite",
+        "member bob",
+        None,
+    )
+    teams.member_invite(team=teams.team_get(user=user, slug=team.slug), by=user, username="carol")
+    assert AuditEntry.objects.count() == 1
