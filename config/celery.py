@@ -6,7 +6,7 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-app = Celery("gpucloud")
+app = Celery("gpucloud", task_cls="core.signing:SenderTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # The control plane's tasks only: a GPU host's (agent/tasks.py) are loaded by the host's own processes
 # (agent.celery), so the scheduler worker and beat never import Docker or host code.
@@ -28,3 +28,6 @@ def _sign_messages(sender, **kwargs):
                 "(make run and make test do), or copy the deployment's keys to this host"
             )
     sender.setup_security()
+    from core import signing
+
+    signing.register(sender)  # which host signed a message reaches its task

@@ -77,6 +77,24 @@ class ToScheduler(StrEnum):
     MOVE_REPORT = "scheduler.tasks.move_report"
 
 
+# What a GPU host may send the control plane (core.signing refuses the rest from a host's key): the replies about
+# operations sent to it (taken only from that host), a move's reports (only from its source or target), and
+# nudges that make the control plane look at its own records again (a gang, a tick, an array, a meter).
+HOST_MAY_SEND = frozenset(
+    {
+        ToScheduler.IMAGE_SAVED,
+        ToScheduler.IMAGE_REMOVED,
+        ToScheduler.DISK_GROWN,
+        ToScheduler.MOVE_REPORT,
+        ToScheduler.GANG_STEP,
+        ToScheduler.SCHEDULE_TICK,
+        ToScheduler.ARRAY_SUPERVISE,
+        ToScheduler.SEGMENT_ASSIGN,
+        ToScheduler.SETTLE_USAGE,
+    }
+)
+
+
 class ToNode(StrEnum):
     """Tasks of a node agent's queue (``node.<name>``, ``node_queue``)."""
 

@@ -4,6 +4,7 @@ agents' replies about images."""
 from celery import shared_task
 
 from core.messages import ToScheduler
+from core.signing import sent_by
 from portal.services import arrays, housekeeping, images, work
 
 
@@ -31,12 +32,12 @@ def release_long_stopped():
 @shared_task(name=ToScheduler.IMAGE_SAVED, ignore_result=True)
 def image_saved(image_id: int, size_bytes: int, error: str):
     """A node agent's reply: the commit of a saved image finished (or failed)."""
-    images.image_saved(image_id, size_bytes, error)
+    images.image_saved(image_id, size_bytes, error, host=sent_by())
 
 
 @shared_task(name=ToScheduler.IMAGE_REMOVED, ignore_result=True)
 def image_removed(image_id: int, size_bytes: int, error: str):
-    images.image_removed(image_id, size_bytes, error)
+    images.image_removed(image_id, size_bytes, error, host=sent_by())
 
 
 @shared_task(name=ToScheduler.IMAGE_DELETE, ignore_result=True, time_limit=120, soft_time_limit=90)
@@ -54,4 +55,4 @@ def operations_overdue():
 
 @shared_task(name=ToScheduler.DISK_GROWN, ignore_result=True)
 def disk_grown(instance_id: int, size_gb: int, error: str):
-    work.disk_grown(instance_id, size_gb, error)
+    work.disk_grown(instance_id, size_gb, error, host=sent_by())

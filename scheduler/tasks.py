@@ -12,6 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core.messages import ToScheduler
+from core.signing import sent_by
 from scheduler import sharedfs, tick
 from scheduler.models import GpuMinute, WorkloadGpuMinute
 from scheduler.services import cluster, gangs, moves
@@ -50,4 +51,4 @@ def shared_storage_user(user_id: int):
 
 @shared_task(name=ToScheduler.MOVE_REPORT, ignore_result=True)
 def move_report(move_id: int, report: dict):
-    moves.move_report(move_id, report)
+    moves.move_report(move_id, report, host=sent_by())

@@ -351,10 +351,12 @@ host_images() { # the catalog pushed to the registry once, through the first hos
     { tail -5 "$DIR/images.log" >&2; return 1; }
 }
 
-host_keys() { # host i's keys: the Celery signing pair and the relay's public key, never relay.key (it cannot mint tickets)
-  local keys=${KEYS_DIR:-$ROOT/var/keys} mine=$DIR/h$1/keys
-  rm -rf "$mine" && mkdir -p "$mine" && chmod 700 "$mine"
-  cp -r "$keys/certs" "$keys/celery.key" "$keys/relay.pub" "$mine/"
+host_keys() { # host i's own keys folder: its own Celery pair (the control plane's store gets its certificate), the
+  # control plane's certificate and the relay's public key — never relay.key (it cannot mint tickets) nor another
+  # host's key or certificate (it cannot send tasks to another host).
+  local mine=$DIR/h$1/keys
+  rm -rf "$mine"
+  "$PY" manage.py make_signing_keys --host "h$1" --into "$mine" >/dev/null
 }
 
 host_agent_up() {

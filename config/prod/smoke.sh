@@ -78,11 +78,14 @@ grep -q '^LXCFS_DIR=' "$ENV_FILE" || echo "LXCFS_DIR=$CACHE/lxcfs" >>"$ENV_FILE"
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
-# The GPU server's own keys folder and SECRET_KEY, as the README's deployment steps make them: the Celery pair
-# and the relay's public key, never relay.key (a host checks relay tickets, it cannot make one). The smoke's
-# terminal and files then prove that a host runs on these alone.
+# The GPU server's own keys folder and SECRET_KEY, as the README's deployment steps make them: its own Celery pair
+# (the control plane's store gets its certificate), the control plane's certificate and the relay's public key —
+# never relay.key (a host checks relay tickets, it cannot make one) nor the control plane's Celery key. The smoke's
+# launches, terminal and files then prove that a host runs on these alone.
 rm -rf "$CACHE/node-keys" && mkdir -m 700 "$CACHE/node-keys"
-cp -r "$CACHE/keys/certs" "$CACHE/keys/celery.key" "$CACHE/keys/relay.pub" "$CACHE/node-keys/"
+docker run --rm --network none -v "$CACHE/keys:/keys" -v "$CACHE/node-keys:/node-keys" -e KEYS_DIR=/keys \
+  -e SECRET_KEY="$(printf 'k%.0s' {1..40})" gpucloud/app:latest \
+  python manage.py make_signing_keys --host "$(sed -n 's/^NODE_NAME=//p' "$ENV_FILE")" --into /node-keys >/dev/null
 # The server's data-disk, shared-storage and LXCFS folders are shared mounts, as the agent's rshared and
 # rslave binds need (a systemd host's / already is; this machine's is private). No LXCFS runs here: "auto".
 for dir in "$CACHE/volumes" "$CACHE/sharedfs" "$CACHE/lxcfs"; do

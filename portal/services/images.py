@@ -85,10 +85,11 @@ def image_save(*, instance: Instance, name: str, by=None) -> Image:
     return image
 
 
-def image_saved(image_id: int, size_bytes: int, error: str) -> None:
-    """The node's reply to a commit (and push): ready — on every host if it is in the registry — or failed."""
-    image = Image.objects.filter(pk=image_id, status=ImageStatus.SAVING).first()
-    if image is None:
+def image_saved(image_id: int, size_bytes: int, error: str, *, host: str | None = None) -> None:
+    """The node's reply to a commit (and push): ready — on every host if it is in the registry — or failed.
+    ``host``: the host that signed the reply (None: the control plane); taken only from the image's node."""
+    image = Image.objects.filter(pk=image_id, status=ImageStatus.SAVING).select_related("node").first()
+    if image is None or not _from_its_node(image, host):
         return
     update = {"status": ImageStatus.FAILED, "status_reason": f"saving failed: {error}"[:255]}
     if not error:
@@ -149,12 +150,22 @@ def image_delete_from_registry(image_id: int) -> None:
             send(ToNode.IMAGE_REMOVE, image.docker_ref, "", 0, node=node)
 
 
-def image_removed(image_id: int, size_bytes: int, error: str) -> None:
-    """The node's reply to a removal: deleted, or back to ready saying why not."""
+def image_removed(image_id: int, size_bytes: int, error: str, *, host: str | None = None) -> None:
+    """The node's reply to a removal: deleted, or back to ready saying why not (only from the image's node)."""
+    image = Image.objects.filter(pk=image_id, status=ImageStatus.DELETING).select_related("node").first()
+    if image is None or not _from_its_node(image, host):
+        return
     update = {"status": ImageStatus.DELETED, "status_reason": f"deleted {timezone.now():%Y-%m-%d %H:%M}"}
     if error:
         update = {"status": ImageStatus.READY, "status_reason": f"could not delete: {error}"[:255]}
     Image.objects.filter(pk=image_id, status=ImageStatus.DELETING).update(**update)
+
+
+def _from_its_node(image: Image, host: str | None) -> bool:
+    if host is None or (image.node is not None and image.node.name == host):
+        return True
+    log.warning("refused host %s's reply about image %s: it is not that image's node", host, image.pk)
+    return False
 
 
 def images_overdue() -> list[int]:

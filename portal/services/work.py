@@ -1,6 +1,7 @@
 """Writes for the user's work, instances and batch jobs alike: create (validated, queued in one transaction),
 the actions, and growing a disk."""
 
+import logging
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +33,7 @@ from scheduler.services import workloads as scheduler
 from scheduler.services.code import workload_code_attach
 from scheduler.services.lifecycle import workload_note
 
+log = logging.getLogger(__name__)
 # The scheduler names resources its own way; users see these field names.
 FIELD_NAMES = {
     "gpu_model": "gpu_type",
@@ -418,11 +420,17 @@ def _disk_recorded(instance: Instance, disk_gb: int) -> None:
     instance.refresh_from_db()
 
 
-def disk_grown(instance_id: int, disk_gb: int, error: str) -> None:
-    """The node's reply: the new size is recorded (storage is charged on it from now), or why not."""
+def disk_grown(instance_id: int, disk_gb: int, error: str, *, host: str | None = None) -> None:
+    """The node's reply: the new size is recorded (storage is charged on it from now), or why not. ``host``: the
+    host that signed it (None: the control plane); taken only from the host holding the instance's disk."""
     with transaction.atomic():
         instance = Instance.objects.select_for_update().filter(pk=instance_id, disk_growing_to=disk_gb).first()
         if instance is None:
+            return
+        workload = instance.workload
+        home = workload.node or workload.pinned_node
+        if host is not None and (home is None or home.name != host):
+            log.warning("refused host %s's reply about instance %s's disk: its disk is not there", host, instance_id)
             return
         if error:
             Instance.objects.filter(pk=instance_id).update(disk_growing_to=None, disk_growing_since=None)

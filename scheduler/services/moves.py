@@ -113,16 +113,21 @@ def move_snapshot_ref(move: Move) -> str:
     return registry.registry_ref(f"gpucloud-move:{settings.DEPLOYMENT_ID}-{move.workload.uid}-{move.pk}")
 
 
-def move_report(move_id: int, report: dict) -> None:
+def move_report(move_id: int, report: dict, *, host: str | None = None) -> None:
     """An agent's report on a move: progress, what it sent or received, or an error; the next step follows.
 
     ``report`` keys: ``phase``, ``snapshot_ref``, ``bytes_total``, ``bytes_done``, ``sent_sha256`` +
     ``bytes_sent`` (the source's relay), ``received_sha256`` + ``bytes_received`` (the target), ``error``.
+    ``host``: the host that signed it (``core.signing.sent_by``; None: the control plane): taken only from the
+    move's source with the source's keys, from its target with the target's.
     """
     with transaction.atomic():
         move = Move.objects.select_for_update().select_related("workload", "source", "target").get(pk=move_id)
         if move.status != MoveStatus.COPYING:
             return  # late news of a move already settled
+        if host is not None and not _reported_by(move, report, host):
+            log.warning("refused a report on move %s from host %s: %s", move.pk, host, sorted(report))
+            return
         if report.get("error"):
             _move_fail(move, str(report["error"]))
             return
@@ -149,6 +154,21 @@ def move_report(move_id: int, report: dict) -> None:
                 _move_finish(move)
             else:
                 _move_fail(move, "the data disk arrived different from what was sent (checksums differ)")
+
+
+SOURCE_SAYS = {"snapshot_ref", "exported", "nothing_to_copy", "sent_sha256", "bytes_sent"}
+TARGET_SAYS = {"received_sha256", "bytes_received"}
+EITHER_SAYS = {"phase", "bytes_total", "bytes_done", "error"}
+
+
+def _reported_by(move: Move, report: dict, host: str) -> bool:
+    """Whether ``host`` may say what ``report`` says of ``move``: the source its side, the target its own."""
+    says = set(report)
+    if host == move.source.name:
+        return says <= SOURCE_SAYS | EITHER_SAYS
+    if host == move.target.name:
+        return says <= TARGET_SAYS | EITHER_SAYS
+    return False
 
 
 def _volume_capability(move: Move) -> str:

@@ -1,7 +1,7 @@
 """A GPU host taken by its tenant (issue 31): holding exactly that host's credentials — its agent's environment,
 keys folder and database role, from its own network namespace — every attack on other hosts' work, anyone's bill
-or the control plane's reach is refused. What a host still shares with the others (the Celery signing key, the
-Redis password, the registry login) is in the README's known limits, not here.
+or the control plane's reach is refused. What a host still shares with the others (the Redis password, the
+registry login) is in the README's known limits, not here.
 """
 
 import json
@@ -36,9 +36,13 @@ print(json.dumps(answers, default=str))
 """
 
 
-def agent_environ(cluster, i: int) -> dict:
-    raw = Path(f"/proc/{cluster.pid(f'h{i}-agent')}/environ").read_bytes().decode()
+def process_environ(cluster, name: str) -> dict:
+    raw = Path(f"/proc/{cluster.pid(name)}/environ").read_bytes().decode()
     return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def agent_environ(cluster, i: int) -> dict:
+    return process_environ(cluster, f"h{i}-agent")
 
 
 def as_host(cluster, i: int, attacks: dict) -> dict:
@@ -127,11 +131,11 @@ def test_a_taken_hosts_database_role_reaches_no_other_work_no_bill_and_not_its_o
         cluster.release(theirs["id"])
 
 
-def test_a_forged_cleanup_sent_with_a_hosts_keys_deletes_nothing_live_on_another_host(cluster):
-    """Hosts still share the Celery signing key, so a taken host can send any node task to any other host. The
-    destructive ones check the database before acting: a MOVE_CLEANUP naming the move of an instance running on h2,
-    sent with h1's environment from h1, is refused by h2's agent (it says so in its log) and its container and
-    data disk stay."""
+def test_a_task_signed_with_a_hosts_key_is_refused_by_other_hosts_and_a_stale_cleanup_deletes_nothing_live(cluster):
+    """Each host signs with its own key and trusts only its own and the control plane's: a MOVE_CLEANUP naming the
+    move of an instance running on h2, sent with h1's environment and keys from h1, is refused by h2's agent as
+    signed by a key it does not know. The same cleanup signed by the control plane (a stale or redelivered message)
+    is refused too: destructive node tasks check the database before acting. Its container and data disk stay."""
     victim = cluster.wait_instance(cluster.create_instance("A100-80GB")["id"], "running")  # only on h2
     try:
         ((workload, uid),) = cluster.sql(
@@ -146,21 +150,26 @@ def test_a_forged_cleanup_sent_with_a_hosts_keys_deletes_nothing_live_on_another
             (workload,),
         )
         send = f"from core.messages import ToNode, send; send(ToNode.MOVE_CLEANUP, {move}, 'source', node='h2')"
-        sent = subprocess.run(
-            ["nsenter", f"--net={cluster.host_netns(1)}", sys.executable, "manage.py", "shell", "-c", send],
-            env=agent_environ(cluster, 1),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert sent.returncode == 0, sent.stderr[-2000:]
         log = cluster.directory / "log" / "h2-agent.log"
-        wait_until(
-            lambda: f"move {move} cleanup of its source refused" in log.read_text(errors="replace"),
-            timeout=30,
-            what="h2's agent to refuse the forged cleanup",
-        )
+        for sender, environ, refusal in [
+            ("h1", agent_environ(cluster, 1), "Unknown certificate"),
+            ("the control plane", process_environ(cluster, "scheduler"), f"move {move} cleanup of its source refused"),
+        ]:
+            netns = ["nsenter", f"--net={cluster.host_netns(1)}"] if sender == "h1" else []
+            sent = subprocess.run(
+                [*netns, sys.executable, "manage.py", "shell", "-c", send],
+                env=environ,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert sent.returncode == 0, sent.stderr[-2000:]
+            wait_until(
+                lambda refusal=refusal: refusal in log.read_text(errors="replace"),
+                timeout=30,
+                what=f"h2's agent to refuse the cleanup sent by {sender}",
+            )
         engine = cluster.engine(2)
         assert engine.containers.get(victim["container_id"]).status == "running"
         assert [v for v in engine.volumes.list() if uid in v.name], "its data disk is still there"
@@ -170,3 +179,44 @@ def test_a_forged_cleanup_sent_with_a_hosts_keys_deletes_nothing_live_on_another
             (victim["id"],),
         )
         cluster.release(victim["id"])
+
+
+def test_the_control_plane_takes_from_a_host_only_its_own_replies_and_the_tasks_hosts_may_send(cluster):
+    """Signed with h1's key from h1: a report on a move between h2 and h3 (which would fail it, or finish it
+    with checksums of its choosing) and a control-plane task no host may send are refused by the scheduler
+    worker, which logs each; the move stays as it was."""
+    ((workload,),) = cluster.sql("SELECT id FROM scheduler_workload ORDER BY id LIMIT 1")
+    ((move,),) = cluster.sql(
+        "INSERT INTO scheduler_move (workload_id, source_id, target_id, status, phase, snapshot_ref, bytes_done, "
+        "sent_sha256, received_sha256, error) SELECT %s, s.id, t.id, 'copying', '', '', 0, '', '', '' "
+        "FROM scheduler_node s, scheduler_node t WHERE s.name = 'h2' AND t.name = 'h3' RETURNING id",
+        (workload,),
+    )
+    try:
+        send = (
+            "from core.messages import ToScheduler, send; "
+            f"send(ToScheduler.MOVE_REPORT, {move}, {{'error': 'forged by h1'}}); "
+            "send(ToScheduler.TELEMETRY_PRUNE)"
+        )
+        sent = subprocess.run(
+            ["nsenter", f"--net={cluster.host_netns(1)}", sys.executable, "manage.py", "shell", "-c", send],
+            env=agent_environ(cluster, 1),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sent.returncode == 0, sent.stderr[-2000:]
+        log = cluster.directory / "log" / "scheduler.log"
+        for refusal in (
+            f"refused a report on move {move} from host h1",
+            "refused scheduler.tasks.telemetry_prune from host h1: hosts may not send it",
+        ):
+            wait_until(
+                lambda refusal=refusal: refusal in log.read_text(errors="replace"),
+                timeout=30,
+                what=f"the scheduler worker to log {refusal!r}",
+            )
+        assert cluster.sql("SELECT status, error FROM scheduler_move WHERE id = %s", (move,)) == [("copying", "")]
+    finally:
+        cluster.sql("DELETE FROM scheduler_move WHERE id = %s", (move,))

@@ -2,7 +2,9 @@
 
 - Celery messages (the ``auth`` serializer): every process that sends or runs tasks (web, scheduler worker
   and beat, node agents) signs with ``celery.key`` and verifies against the certificates in the store, so a
-  message written into Redis by anyone else is refused.
+  message written into Redis by anyone else is refused. The control plane has one pair; ``--host NAME --into
+  DIR`` makes a GPU host's own pair in its keys folder ``DIR`` (with the control plane's certificate and
+  ``relay.pub``), and puts the host's certificate in the control plane's store (``core.signing``).
 - Relay tickets: ``relay.key`` (Ed25519) stays on the control plane (web servers, scheduler worker), which
   signs them; ``relay.pub`` goes to every GPU host, whose relay checks them. A host cannot make a ticket.
 
@@ -10,6 +12,8 @@
 """
 
 import datetime
+import re
+import shutil
 from pathlib import Path
 
 from cryptography import x509
@@ -17,15 +21,50 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from cryptography.x509.oid import NameOID
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+
+from core import signing
 
 
 class Command(BaseCommand):
     help = "Create the keys that sign Celery messages and relay tickets (each kept if it exists)."
 
+    def add_arguments(self, parser):
+        parser.add_argument("--host", help="make this GPU host's own signing pair (its certificate names it)")
+        parser.add_argument("--into", help="the host's keys folder (with --host): never the control plane's")
+
     def handle(self, *args, **options):
         self._celery()
         self._relay()
+        if options["host"] or options["into"]:
+            if not (options["host"] and options["into"]):
+                raise CommandError("--host and --into go together: the host's name and its keys folder")
+            self._host(options["host"], Path(options["into"]))
+
+    def _host(self, name: str, folder: Path):
+        """Host ``name``'s keys folder: its own Celery pair (``celery.key``, ``certs/celery.pem``), the control
+        plane's certificate (``certs/control-plane.pem``: the only other one it trusts) and ``relay.pub``; its
+        certificate goes into the control plane's store as ``host-<name>.pem``."""
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", name):
+            raise CommandError(f"--host: {name!r} is not a host name (lower-case letters, digits, '-')")
+        ours = Path(settings.CELERY_SECURITY_CERTIFICATE).parent
+        if folder.resolve() == Path(settings.KEYS_DIR).resolve():
+            raise CommandError("--into: that is the control plane's keys folder; give the host's own")
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        key_path, cert_path = folder / "celery.key", folder / "certs" / "celery.pem"
+        if key_path.exists() and cert_path.exists() and _names(cert_path) == f"{signing.HOST_NAME_PREFIX}{name}":
+            self.stdout.write(f"host {name}'s signing keys present: {key_path}")
+        else:  # none yet, or another's (the control plane's pair, as hosts were given before they had their own)
+            _pair_write(key_path, cert_path, f"{signing.HOST_NAME_PREFIX}{name}")
+            self.stdout.write(f"created host {name}'s signing keys: {key_path}, {cert_path}")
+        for other in (folder / "certs").glob("*.pem"):
+            if other.name != "celery.pem":
+                other.unlink()  # it trusts no other host's certificate
+        shutil.copyfile(settings.CELERY_SECURITY_CERTIFICATE, folder / "certs" / "control-plane.pem")
+        shutil.copyfile(settings.RELAY_VERIFY_KEY, folder / "relay.pub")
+        (folder / "relay.key").unlink(missing_ok=True)  # a host checks relay tickets, it never makes one
+        shutil.copyfile(cert_path, ours / f"host-{name}.pem")
+        self.stdout.write(f"the control plane trusts it: {ours / f'host-{name}.pem'}")
 
     def _relay(self):
         key_path, public_path = Path(settings.RELAY_SIGNING_KEY), Path(settings.RELAY_VERIFY_KEY)
@@ -48,23 +87,35 @@ class Command(BaseCommand):
         if key_path.exists() and cert_path.exists():
             self.stdout.write(f"signing keys present: {key_path}, {cert_path}")
             return
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpucloud {settings.DEPLOYMENT_ID}")])
-        now = datetime.datetime.now(datetime.UTC)
-        certificate = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=3650))
-            .sign(key, hashes.SHA256())
-        )
-        _private_write(key_path, key)
-        cert_path.parent.mkdir(parents=True, exist_ok=True)
-        cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        _pair_write(key_path, cert_path, f"gpucloud {settings.DEPLOYMENT_ID}")
         self.stdout.write(f"created signing keys: {key_path}, {cert_path}")
+
+
+def _names(cert_path: Path) -> str:
+    """The common name a PEM certificate names."""
+    certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return names[0].value if names else ""
+
+
+def _pair_write(key_path: Path, cert_path: Path, common_name: str) -> None:
+    """A new RSA key and its self-signed certificate naming ``common_name`` (ten years)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .sign(key, hashes.SHA256())
+    )
+    _private_write(key_path, key)
+    cert_path.parent.mkdir(parents=True, exist_ok=True)
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
 
 
 def _private_write(path: Path, key) -> None:
