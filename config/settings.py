@@ -286,6 +286,10 @@ IMAGE_SAVE_DEADLINE_S = env.int("IMAGE_SAVE_DEADLINE_S", default=IMAGE_SAVE_TIME
 IMAGE_DELETE_DEADLINE_S = env.int("IMAGE_DELETE_DEADLINE_S", default=CELERY_TASK_TIME_LIMIT + 60)
 DISK_GROW_DEADLINE_S = env.int("DISK_GROW_DEADLINE_S", default=DISK_GROW_TIME_LIMIT_S + 60)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# No remote control (Celery's pidbox: shutdown, cancel_consumer, time_limit, revoke ... broadcast to every worker):
+# nothing here uses it, and its commands are signed like tasks, so the control plane's workers, which trust every
+# GPU host's certificate, would take them from any host.
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 # Celery's consumer, kept alive through a broker restart (Celery 5.7.0 dies of one: config/celery_consumer.py).
 CELERY_WORKER_CONSUMER = "config.celery_consumer:Consumer"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

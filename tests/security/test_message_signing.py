@@ -36,3 +36,9 @@ def test_a_forged_unsigned_task_is_refused_and_a_signed_one_runs(user, node_work
     wait_status(signed_target, "stopped", timeout=30)  # the worker read the queue past the forged message
     forged_target.refresh_from_db()
     assert forged_target.status == WorkloadStatus.STOPPING
+
+
+def test_workers_take_no_remote_control_commands(node_worker):
+    """Remote control commands (shutdown, cancel_consumer, time_limit ...) are signed like tasks, and the control
+    plane trusts every host's key: no worker listens for them (a ping, the harmless one, gets no answer)."""
+    assert app.control.ping(timeout=1.0) == []
