@@ -86,6 +86,7 @@ rm -rf "$CACHE/node-keys" && mkdir -m 700 "$CACHE/node-keys"
 docker run --rm --network none -v "$CACHE/keys:/keys" -v "$CACHE/node-keys:/node-keys" -e KEYS_DIR=/keys \
   -e SECRET_KEY="$(printf 'k%.0s' {1..40})" gpucloud/app:latest \
   python manage.py make_signing_keys --host "$(sed -n 's/^NODE_NAME=//p' "$ENV_FILE")" --into /node-keys >/dev/null
+chown -R 10001:10001 "$CACHE/keys"  # the control plane's processes run as the image's gpucloud user
 # The server's data-disk, shared-storage and LXCFS folders are shared mounts, as the agent's rshared and
 # rslave binds need (a systemd host's / already is; this machine's is private). No LXCFS runs here: "auto".
 for dir in "$CACHE/volumes" "$CACHE/sharedfs" "$CACHE/lxcfs"; do
@@ -149,6 +150,12 @@ for _ in $(seq 120); do docker logs "$agent" 2>&1 | grep -q "^node gpu1: " && br
 docker logs "$agent" 2>&1 | grep "^node gpu1: " >&2 || { docker logs --tail 40 "$agent" >&2; exit 1; }
 
 phase "smoke"
+# The control plane runs as the image's unprivileged user; only the node agent (Docker, iptables, mounts) is root.
+for service in web websocket worker beat; do
+  uid=$("${compose[@]}" exec -T "$service" id -u)
+  [ "$uid" = 10001 ] || { echo "ERROR: $service runs as uid $uid, not 10001" >&2; exit 1; }
+done
+echo "web, websocket, worker, beat: uid 10001" >&2
 # Nothing but the proxy answers from outside the server.
 for port in 8000 8001 5432 6379 5000; do
   if timeout 2 bash -c "</dev/tcp/$SERVER/$port" 2>/dev/null; then echo "ERROR: $SERVER:$port answers" >&2; exit 1; fi

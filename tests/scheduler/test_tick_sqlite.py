@@ -28,7 +28,7 @@ from tests.scheduler.factories import workload
 
 call_command("migrate", verbosity=0)
 name = f"sqlite-{uuid.uuid4().hex[:8]}"
-node_register(name=name, hostname="testhost", cpu_cores=8, memory_mb=16384,
+node_register(name=name, hostname="testhost", cpu_cores=8, memory_mb=16384, disk_gb=1000,  # disk counted too
               gpus=simulated_inventory("sim:2xRTX3090", name), simulated=True, nvidia_runtime=False)
 owner = get_user_model().objects.create_user("sq")
 first = workload(owner)
