@@ -3,7 +3,8 @@
 from collections import Counter
 
 from django.conf import settings
-from django.db.models import Avg, Count, FloatField, Func, Prefetch, Q, Sum
+from django.db.models import Avg, Case, Count, F, FloatField, Func, Prefetch, Q, Sum, Value, When
+from django.db.models.functions import Coalesce
 
 from scheduler.models import (
     Gpu,
@@ -36,8 +37,9 @@ def cluster_capacity() -> list[NodeSpec]:
         nodes[pk] = NodeSpec(pk, cpu - cpu_held, memory - memory_held, name=name)
         if disk is not None:
             offered[pk] = disk
-    for pk, held in disk_held(list(offered)).items():
-        nodes[pk].disk_free_gb = offered[pk] - held
+    held = disk_held() if offered else {}
+    for pk, disk in offered.items():
+        nodes[pk].disk_free_gb = disk - held.get(pk, 0)
     cards = Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index")
     for pk, node_id, model, memory, milli_held, memory_held in cards.values_list(
         "pk", "node_id", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"
@@ -52,37 +54,47 @@ def disk_reserved_gb(disk_gb: int, *, container: bool = True) -> int:
     return disk_gb + (settings.INSTANCE_SYSTEM_DISK_GB if container else 0)
 
 
-def disk_held(node_ids: list[int]) -> dict[int, int]:
-    """GB reserved by tenants' disks on each of these nodes (every one listed, 0 where none).
+def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
+    """GB reserved by tenants' disks on each of these nodes (every one listed, 0 where none); None: on every node
+    that holds any (one pass, no list of ids: what the tick reads).
 
     Every workload not released holds its disks (``disk_reserved_gb``) on the node it runs or last ran on (its
     ``node``, or the ``pinned_node`` it returns to): a stopped instance's, an ended job's files; queued work only
-    where it must return (``disk_home``). A placed gang's other members hold theirs on their nodes, an instance
+    where it must return. A placed gang's other members hold theirs on their nodes, an instance
     being moved its copy on the target. A job requeued to run anywhere is not counted where it ran before; what
     it left there is covered by the host's measured free space (NODE_DISK_MIN_FREE_GB)."""
-    held = dict.fromkeys(node_ids, 0)
-    if not node_ids:
+    held = dict.fromkeys(node_ids or (), 0)
+    if node_ids is not None and not node_ids:
         return held
-    kept = Workload.objects.exclude(status=WorkloadStatus.RELEASED).filter(
-        Q(node_id__in=node_ids) | Q(pinned_node_id__in=node_ids)
-    )
+    everywhere = node_ids is None
+
+    def add(node_id, gb: int) -> None:
+        if everywhere or node_id in held:
+            held[node_id] = held.get(node_id, 0) + gb
+
+    # Summed in the database by the node each is counted on (``home``): a busy cluster keeps thousands of ended
+    # jobs' disks until housekeeping releases them.
     ended = WorkloadStatus.ended_job()
-    # Summed in the database: a busy cluster keeps thousands of ended jobs' disks until housekeeping releases them.
-    fields = ("kind", "status", "node_id", "pinned_node_id")
-    rows = kept.order_by().values(*fields).annotate(gb=Sum("disk_gb"), n=Count("pk")).values_list(*fields, "gb", "n")
-    for kind, status, node_id, pinned_id, gb, n in rows:
-        home = disk_home(status, node_id, pinned_id)
-        if home in held:
-            container = not (kind == WorkloadKind.JOB and status in ended)
-            held[home] += gb + n * disk_reserved_gb(0, container=container)
-    members = WorkloadMember.objects.filter(
-        node_id__in=node_ids, rank__gt=0, workload__status__in=WorkloadStatus.holding_resources()
+    home = Case(
+        When(status=WorkloadStatus.QUEUED, then=F("pinned_node_id")), default=Coalesce("node_id", "pinned_node_id")
     )
+    with_container = Case(When(kind=WorkloadKind.JOB, status__in=ended, then=Value(0)), default=Value(1))
+    on = Q(node__isnull=False) | Q(pinned_node__isnull=False)
+    if not everywhere:
+        on = Q(node_id__in=node_ids) | Q(pinned_node_id__in=node_ids)
+    kept = Workload.objects.exclude(status=WorkloadStatus.RELEASED).filter(on).order_by()
+    sums = kept.annotate(home=home).values("home").annotate(gb=Sum("disk_gb"), containers=Sum(with_container))
+    for node_id, gb, containers in sums.values_list("home", "gb", "containers"):
+        if node_id is not None:
+            add(node_id, gb + containers * disk_reserved_gb(0))
+    members = WorkloadMember.objects.filter(rank__gt=0, workload__status__in=WorkloadStatus.holding_resources())
+    moving = Move.objects.filter(status=MoveStatus.COPYING)  # the copy being made on the target
+    if not everywhere:
+        members, moving = members.filter(node_id__in=node_ids), moving.filter(target_id__in=node_ids)
     for node_id, disk_gb in members.values_list("node_id", "workload__disk_gb"):
-        held[node_id] += disk_reserved_gb(disk_gb)
-    moving = Move.objects.filter(target_id__in=node_ids, status=MoveStatus.COPYING)
+        add(node_id, disk_reserved_gb(disk_gb))
     for node_id, disk_gb in moving.values_list("target_id", "workload__disk_gb"):
-        held[node_id] += disk_reserved_gb(disk_gb)  # the copy being made there
+        add(node_id, disk_reserved_gb(disk_gb))
     return held
 
 
@@ -92,14 +104,6 @@ def disk_room(node: Node) -> int | None:
     if node.disk_gb is None:
         return None
     return node.disk_gb - disk_held([node.pk])[node.pk]
-
-
-def disk_home(status: str, node_id: int | None, pinned_node_id: int | None) -> int | None:
-    """The node whose disk a workload's disks are counted on (rank 0's, for a gang): queued work's is the node
-    it must return to (None: it may run anywhere); any other's its node, or where it returns."""
-    if status == WorkloadStatus.QUEUED:
-        return pinned_node_id
-    return node_id or pinned_node_id
 
 
 class EpochSeconds(Func):

@@ -136,7 +136,7 @@ def _disk_room(nodes: dict) -> None:
 
 def _disk_taken(workload: Workload, node) -> int:
     """GB the workload reserves on ``node`` by being placed there: none on the node it must return to (counted there
-    already while it waits: ``selectors.disk_home``)."""
+    already while it waits: ``selectors.disk_held``)."""
     return 0 if workload.pinned_node_id == node.pk else disk_reserved_gb(workload.disk_gb)
 
 
