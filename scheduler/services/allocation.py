@@ -128,10 +128,10 @@ def _share_sizes_held(cards: dict) -> None:
 def _disk_room(nodes: dict) -> None:
     """Set ``disk_room`` on each node: GB its tenants' disks may still reserve, None where disk is not counted
     (call holding the node locks: every placement, move and disk growth on a node holds its lock)."""
-    counted = [pk for pk, node in nodes.items() if node.disk_gb is not None]
-    held = disk_held(counted)
+    counted = {pk for pk, node in nodes.items() if node.disk_gb is not None}
+    held = disk_held(None if len(counted) > 20 else list(counted))  # a tick's batch: one pass without a list of ids
     for pk, node in nodes.items():
-        node.disk_room = node.disk_gb - held[pk] if pk in held else None
+        node.disk_room = node.disk_gb - held.get(pk, 0) if pk in counted else None
 
 
 def _disk_taken(workload: Workload, node) -> int:
