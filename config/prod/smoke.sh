@@ -73,8 +73,9 @@ SHARED_FS_CACHE_DIR=$CACHE/juicefs-cache
 INSTANCE_SUBNET=$NET.64.0/20
 ENV
 fi
-# An env file kept from before LXCFS_DIR existed gets it too.
+# An env file kept from before LXCFS_DIR (GPU_SERVER_CIDRS) existed gets it too.
 grep -q '^LXCFS_DIR=' "$ENV_FILE" || echo "LXCFS_DIR=$CACHE/lxcfs" >>"$ENV_FILE"
+grep -q '^GPU_SERVER_CIDRS=' "$ENV_FILE" || echo "GPU_SERVER_CIDRS=$SERVER/32" >>"$ENV_FILE"
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
@@ -156,6 +157,19 @@ for service in web websocket worker beat; do
   [ "$uid" = 10001 ] || { echo "ERROR: $service runs as uid $uid, not 10001" >&2; exit 1; }
 done
 echo "web, websocket, worker, beat: uid 10001" >&2
+# PostgreSQL refuses an address outside POSTGRES_ALLOWED_CIDRS before any password: a container on a network of
+# its own, given a way to the database (the database joins that network too), is turned away by pg_hba.
+docker network create --subnet 172.31.77.0/24 gpprod-outsider >/dev/null
+postgres=$("${compose[@]}" ps -q postgres)
+docker network connect gpprod-outsider "$postgres"
+db_ip=$(docker inspect -f '{{(index .NetworkSettings.Networks "gpprod-outsider").IPAddress}}' "$postgres")
+refused=$(docker run --rm --network gpprod-outsider --entrypoint psql gpucloud/postgres:15 \
+  "postgresql://nobody:x@$db_ip:5432/gpucloud?connect_timeout=10" -c 'select 1' 2>&1 || true)
+docker network disconnect gpprod-outsider "$postgres" && docker network rm gpprod-outsider >/dev/null
+case $refused in
+  *"no pg_hba.conf entry for host"*) echo "PostgreSQL from outside its allowed addresses: refused (pg_hba)" >&2 ;;
+  *) echo "ERROR: PostgreSQL answered an address it should refuse: $refused" >&2; exit 1 ;;
+esac
 # Nothing but the proxy answers from outside the server.
 for port in 8000 8001 5432 6379 5000; do
   if timeout 2 bash -c "</dev/tcp/$SERVER/$port" 2>/dev/null; then echo "ERROR: $SERVER:$port answers" >&2; exit 1; fi

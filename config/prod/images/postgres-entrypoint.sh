@@ -2,8 +2,11 @@
 # PostgreSQL 15 from Debian's packages. On first start (an empty data directory) it creates the
 # cluster, and the platform's database owned by POSTGRES_USER (a login role that may create roles,
 # not a superuser: `manage.py db_roles` runs as it to make each part's own role). The superuser
-# `postgres` logs in only over the local socket inside this container.
+# `postgres` logs in only over the local socket inside this container. Over TCP, only the addresses in
+# POSTGRES_ALLOWED_CIDRS (the control plane's network, the GPU servers) may try a password: the client
+# authentication file is written from it at every start (hba_file), so changing the list needs a restart only.
 set -eu
+: "${POSTGRES_ALLOWED_CIDRS:?set POSTGRES_ALLOWED_CIDRS to the addresses that may connect (CIDRs, space-separated)}"
 : "${PGDATA:=/var/lib/postgresql/data}"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   : "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}" "${POSTGRES_USER:=gpucloud}" "${POSTGRES_DB:=gpucloud}"
@@ -16,7 +19,6 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
     echo "listen_addresses = '*'"
     echo "password_encryption = 'scram-sha-256'"
   } >>"$PGDATA/postgresql.conf"
-  echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
   runuser -u postgres -- pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
   # The password from the environment (psql's \getenv), never on psql's command line.
   export POSTGRES_PASSWORD POSTGRES_USER POSTGRES_DB
@@ -32,4 +34,17 @@ SQL
   echo "database $POSTGRES_DB created, owned by $POSTGRES_USER"
 fi
 mkdir -p /run/postgresql && chown postgres:postgres /run/postgresql
-exec runuser -u postgres -- postgres -D "$PGDATA" "$@"
+hba=/run/postgresql/pg_hba.conf
+{
+  echo "# written at start from POSTGRES_ALLOWED_CIDRS; anything else is refused before its password is asked"
+  echo "local all all peer"
+  for cidr in $POSTGRES_ALLOWED_CIDRS; do
+    case $cidr in
+      */*) ;;
+      *) echo "POSTGRES_ALLOWED_CIDRS: '$cidr' is not an address with its prefix length (10.0.0.0/24, 10.0.0.5/32)" >&2; exit 1 ;;
+    esac
+    echo "host all all $cidr scram-sha-256"
+  done
+} >"$hba"
+chown postgres:postgres "$hba"
+exec runuser -u postgres -- postgres -D "$PGDATA" -c hba_file="$hba" "$@"
