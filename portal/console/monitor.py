@@ -22,7 +22,7 @@ from portal.selectors.rightsizing import rightsizing_advice
 from portal.services.housekeeping import release_due_at
 from portal.services.logs import logs_panel
 from scheduler.models import Allocation, WorkloadGpuMinute
-from scheduler.selectors import gpu_models_summary, node_list
+from scheduler.selectors import disk_held, gpu_models_summary, node_list
 
 LONG_CHART = timedelta(hours=24)
 
@@ -55,7 +55,9 @@ def cluster_monitor(request):
     holders = {}
     for a in Allocation.objects.select_related("workload__owner", "workload__instance").filter(gpu__node__in=nodes):
         holders.setdefault(a.gpu_id, []).append(a)
+    held = disk_held()
     for node in nodes:
+        node.disk_held_gb = held.get(node.pk, 0)  # what tenants' disks reserve there, of what it offers (disk_gb)
         for gpu in node.gpus.all():
             gpu.holders = holders.get(gpu.pk, [])
     return render(

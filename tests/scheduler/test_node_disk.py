@@ -154,3 +154,18 @@ def test_an_ended_job_holds_its_data_disk_and_no_system_disk_until_released(user
     assert disk_held([node.pk]) == {node.pk: 50 + 50}
     Workload.objects.filter(pk__in=[job.pk, stopped.pk]).update(status=WorkloadStatus.RELEASED)
     assert disk_held([node.pk]) == {node.pk: 0}
+
+
+def test_the_cluster_page_shows_each_hosts_disk_reserved_of_what_it_offers(user, django_user_model, settings):
+    from django.test import Client
+
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
+    node = make_node("sim:1xRTX3090", disk_gb=200)
+    uncounted = make_node("sim:1xRTX3090")
+    workload(user, disk_gb=100, status=WorkloadStatus.STOPPED, node=node)
+    staff = Client()
+    staff.force_login(django_user_model.objects.create_superuser("root-disk", password="x"))
+    page = staff.get("/cluster/").content.decode()
+    assert "130/200 GB disk" in page
+    section = page[page.index(f'data-node="{uncounted.name}"') :]
+    assert " GB disk" not in section[: section.index("</h2>")]  # not counted: nothing to show
