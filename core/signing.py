@@ -60,8 +60,12 @@ class SenderSerializer(SecureSerializer):
             signer.verify(payload["body"], payload["signature"], self._digest)
         body = loads(payload["body"], payload["content_type"], payload["content_encoding"], force=True)
         host = host_of(signer)
-        if host is not None and isinstance(body, list | tuple) and len(body) == 3 and isinstance(body[1], dict):
-            body[1][SENT_BY] = host  # task protocol 2: (args, kwargs, embed)
+        if host is not None:
+            # Task protocol 2, (args, kwargs, embed), is all a host sends: anything else (protocol 1's dict, which
+            # Celery still runs) could not carry the host's name to its task, and would pass for the control plane's.
+            if not (isinstance(body, list | tuple) and len(body) == 3 and isinstance(body[1], dict)):
+                raise SecurityError(f"host {host} signed a message that is not a task call (protocol 2)")
+            body[1][SENT_BY] = host
         return body
 
 

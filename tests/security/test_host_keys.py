@@ -62,6 +62,15 @@ def test_the_control_plane_hears_which_host_signed_and_the_control_planes_own_me
     assert not (keys / "h1" / "relay.key").exists() and (keys / "h1" / "relay.pub").exists()
 
 
+def test_a_host_cannot_pass_a_message_off_as_the_control_planes_in_another_shape(keys):
+    """Celery still runs task protocol 1 (a dict), which has no place for the signer's name: from a host, refused."""
+    plane, h1 = serializer(keys / "plane"), serializer(keys / "h1")
+    proto1 = {"task": ToScheduler.LEDGER_VERIFY, "id": "x", "args": [], "kwargs": {}}
+    with pytest.raises(SecurityError, match="host h1 signed a message that is not a task call"):
+        plane.deserialize(h1.serialize(proto1))
+    assert plane.deserialize(plane.serialize(proto1)) == proto1  # the control plane's own, as before
+
+
 def test_a_host_trusts_the_control_plane_and_itself_but_no_other_host(keys):
     h1 = serializer(keys / "h1")
     assert h1.deserialize(serializer(keys / "plane").serialize(task_body()))[1] == {}
