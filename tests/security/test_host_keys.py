@@ -91,8 +91,10 @@ def test_a_hosts_keys_go_only_into_its_own_folder(keys, settings):
 
     with pytest.raises(CommandError, match="control plane's keys folder"):
         call_command("make_signing_keys", "--host", "h9", "--into", str(settings.KEYS_DIR))
-    with pytest.raises(CommandError, match="not a host name"):
+    with pytest.raises(CommandError, match="not a node name"):
         call_command("make_signing_keys", "--host", "../h9", "--into", str(keys / "x"))
+    call_command("make_signing_keys", "--host", "GPU_9", "--into", str(keys / "GPU_9"), stdout=open("/dev/null", "w"))
+    assert (keys / "plane" / "certs" / "host-GPU_9.pem").exists()  # any node name (a slug)
 
 
 def test_a_host_may_send_the_control_plane_only_its_replies_and_nudges(caplog):

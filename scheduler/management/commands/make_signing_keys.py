@@ -45,8 +45,8 @@ class Command(BaseCommand):
         """Host ``name``'s keys folder: its own Celery pair (``celery.key``, ``certs/celery.pem``), the control
         plane's certificate (``certs/control-plane.pem``: the only other one it trusts) and ``relay.pub``; its
         certificate goes into the control plane's store as ``host-<name>.pem``."""
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", name):
-            raise CommandError(f"--host: {name!r} is not a host name (lower-case letters, digits, '-')")
+        if not re.fullmatch(r"[-a-zA-Z0-9_]{1,63}", name):  # a node's name (Node.name: a slug)
+            raise CommandError(f"--host: {name!r} is not a node name (letters, digits, '-', '_'; at most 63)")
         ours = Path(settings.CELERY_SECURITY_CERTIFICATE).parent
         if folder.resolve() == Path(settings.KEYS_DIR).resolve():
             raise CommandError("--into: that is the control plane's keys folder; give the host's own")
