@@ -345,6 +345,12 @@ class Workload(models.Model):
             return None
 
     @property
+    def disk_node(self):
+        """The node holding its disk: where it runs or last ran (``node``), or where it must return (``pinned_node``);
+        None when it has no disk on any node."""
+        return self.node or self.pinned_node
+
+    @property
     def gpu_share(self) -> float:
         return card_share(self.gpu_count, self.gpu_milli, no_gpu=self.no_gpu)
 

@@ -54,7 +54,7 @@ def image_save(*, instance: Instance, name: str, by=None) -> Image:
         workload = instance.workload.__class__.objects.select_for_update().get(pk=instance.workload_id)
         if workload.status != WorkloadStatus.STOPPED:
             raise Conflict(f"stop the instance before saving it as an image; it is {workload.status}")
-        node = workload.node or workload.pinned_node
+        node = workload.disk_node
         if node is None:
             raise Conflict("the instance's disk is on no node any more; it cannot be saved")
         if instance.saved_images.filter(status=ImageStatus.SAVING).exists():

@@ -398,7 +398,7 @@ def instance_grow_disk(*, instance: Instance, disk_gb: int, by=None) -> Instance
         if disk_gb > limits.DISK_GB.max:
             raise InvalidInput(f"at most {limits.DISK_GB.max} GB", field="disk_gb")
         audit.power_used(by=by, owner_id=instance.owner_id, action="grow-disk", target=f"instance {instance.pk}")
-        node = workload.node or workload.pinned_node
+        node = workload.disk_node
         if node is None:  # never ran: its disk is made at the new size when it starts
             _disk_recorded(instance, disk_gb)
             return instance
@@ -428,7 +428,7 @@ def disk_grown(instance_id: int, disk_gb: int, error: str, *, host: str | None =
         if instance is None:
             return
         workload = instance.workload
-        home = workload.node or workload.pinned_node
+        home = workload.disk_node
         if host is not None and (home is None or home.name != host):
             log.warning("refused host %s's reply about instance %s's disk: its disk is not there", host, instance_id)
             return

@@ -71,7 +71,7 @@ def workload_move(workload: Workload, *, target: Node | None = None) -> Move:
         raise Conflict("only instances are moved (a job resumes anywhere from its checkpoint)")
     if not settings.REGISTRY:
         raise Conflict("moving needs the platform's image registry (REGISTRY): the system disk travels through it")
-    source = workload.node or workload.pinned_node
+    source = workload.disk_node
     if source is None:
         raise Conflict("it has no disk on any host yet: start it, it runs wherever there is room")
     source.refresh_from_db()

@@ -175,7 +175,7 @@ def _home_in_service(node) -> None:
 
 def workload_start(workload: Workload) -> Workload:
     """Queue stopped or failed work again, on the node that keeps its disk."""
-    home = workload.node or workload.pinned_node
+    home = workload.disk_node
     if workload.kind == WorkloadKind.INSTANCE:
         _home_in_service(home)
     _requeue(workload, node=home, no_gpu=False, reason="start requested")
@@ -192,7 +192,7 @@ def workload_start_no_gpu(workload: Workload) -> Workload:
     """
     if workload.kind != WorkloadKind.INSTANCE:
         raise Conflict("only instances can start without a GPU")
-    node = workload.node or workload.pinned_node
+    node = workload.disk_node
     if node is None:
         raise Conflict("its disk is on no node any more: start it normally")
     _home_in_service(node)
@@ -262,7 +262,7 @@ def workload_restart(workload: Workload) -> Workload:
 
 def workload_release(workload: Workload) -> Workload:
     """Delete the work for good: its container, data volume and disk snapshot."""
-    node = workload.node or workload.pinned_node
+    node = workload.disk_node
     releasable = [S.STOPPED, S.FAILED, S.SUCCEEDED, S.QUEUED]
     if node is not None:
         node.refresh_from_db(fields=["status"])
