@@ -48,19 +48,22 @@ def team_get(*, user, slug: str) -> Team:
     return team
 
 
+def _admin_member(team: Team) -> bool:
+    """Whether the user ``team_get`` read it for is one of its admins."""
+    return team.my_membership is not None and team.my_membership.is_admin
+
+
 def team_admin(team: Team, user) -> bool:
     """Whether ``user`` may change ``team``'s members and limits: its admins, and RUN_ANY_TEAM."""
-    return (team.my_membership is not None and team.my_membership.is_admin) or holds(user, RUN_ANY_TEAM)
+    return _admin_member(team) or holds(user, RUN_ANY_TEAM)
 
 
 def _admin(team: Team, user) -> bool:
     """Conflict unless ``user`` may change the team; True when through RUN_ANY_TEAM, not as one of its admins:
     the caller then records what it did (``_audit``), once done."""
-    if team.my_membership is not None and team.my_membership.is_admin:
-        return False
-    if holds(user, RUN_ANY_TEAM):
-        return True
-    raise Conflict("only the team's admins may change its members")
+    if not team_admin(team, user):
+        raise Conflict("only the team's admins may change its members")
+    return not _admin_member(team)
 
 
 def _audit(power: bool, *, team: Team, by, action: str, target: str) -> None:

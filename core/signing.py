@@ -36,10 +36,15 @@ SENT_BY = "__sent_by"  # the keyword a host-signed task message is given, taken 
 _sender: contextvars.ContextVar[str | None] = contextvars.ContextVar("sender", default=None)
 
 
+def common_name(certificate) -> str:
+    """The common name an X.509 certificate (``cryptography``'s) names; "" for none."""
+    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return names[0].value if names else ""
+
+
 def host_of(certificate) -> str | None:
     """The host a certificate (Celery's ``Certificate``) names; None for the control plane's."""
-    names = certificate._cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    name = names[0].value if names else ""
+    name = common_name(certificate._cert)
     return name.removeprefix(HOST_NAME_PREFIX) if name.startswith(HOST_NAME_PREFIX) else None
 
 

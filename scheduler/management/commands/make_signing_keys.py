@@ -52,10 +52,11 @@ class Command(BaseCommand):
             raise CommandError("--into: that is the control plane's keys folder; give the host's own")
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         key_path, cert_path = folder / "celery.key", folder / "certs" / "celery.pem"
-        if key_path.exists() and cert_path.exists() and _names(cert_path) == f"{signing.HOST_NAME_PREFIX}{name}":
+        own = f"{signing.HOST_NAME_PREFIX}{name}"
+        if key_path.exists() and cert_path.exists() and _named(cert_path) == own:
             self.stdout.write(f"host {name}'s signing keys present: {key_path}")
         else:  # none yet, or another's (the control plane's pair, as hosts were given before they had their own)
-            _pair_write(key_path, cert_path, f"{signing.HOST_NAME_PREFIX}{name}")
+            _pair_write(key_path, cert_path, own)
             self.stdout.write(f"created host {name}'s signing keys: {key_path}, {cert_path}")
         for other in (folder / "certs").glob("*.pem"):
             if other.name != "celery.pem":
@@ -91,11 +92,9 @@ class Command(BaseCommand):
         self.stdout.write(f"created signing keys: {key_path}, {cert_path}")
 
 
-def _names(cert_path: Path) -> str:
-    """The common name a PEM certificate names."""
-    certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return names[0].value if names else ""
+def _named(cert_path: Path) -> str:
+    """The common name a PEM certificate file names."""
+    return signing.common_name(x509.load_pem_x509_certificate(cert_path.read_bytes()))
 
 
 def _pair_write(key_path: Path, cert_path: Path, common_name: str) -> None:
