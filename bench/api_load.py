@@ -7,14 +7,16 @@ a constant answer; /healthz/, with no authentication, is shown too):
     and of the trivial view;
 (2) open loop (Poisson arrivals) at half the list's measured capacity, mixed
     list / detail / create / release, for --seconds: latency percentiles,
-    measured from each request's scheduled time (so queueing counts).
+    measured from each request's scheduled time (so queueing counts);
+(3) at that same rate, the list alone and the trivial view alone, in turns (two
+    of each, --seconds in all per kind): their p99s and its ratio.
 
     python bench/api_load.py [--seconds 30] [--closed-seconds 8]
 
 The load generator is a raw asyncio HTTP/1.1 client with keep-alive, on the same
 machine (it takes part of a core: the numbers are a floor). Uses its own
 PostgreSQL database (gpucloud_bench, recreated) and Redis database 14.
-Ends with {"rps", "ratio_vs_trivial", "scaling_1_to_50", "p50_ms", "p99_ms"}.
+Ends with {"rps", "ratio_vs_trivial", "scaling_1_to_50", "p50_ms", "p99_ms", "list_p99_vs_trivial"}.
 """
 
 import argparse
@@ -141,8 +143,14 @@ async def closed_loop(port: int, headers: str, path: str, clients: int, seconds:
     return done / (time.monotonic() - started)
 
 
-async def open_loop(port: int, headers: str, data: dict, rate: float, seconds: float) -> tuple[list[float], list]:
-    """Poisson arrivals at ``rate``/s of a list / detail / create / release mix; latency from the scheduled time."""
+MIX = {"list": 70, "detail": 20, "create": 5, "release": 5}
+
+
+async def open_loop(
+    port: int, headers: str, data: dict, rate: float, seconds: float, mix: dict = MIX
+) -> tuple[list[float], list]:
+    """Poisson arrivals at ``rate``/s of ``mix`` (weights of list / detail / create / release / trivial); latency
+    from the scheduled time."""
     idle: list[Connection] = []
     latencies: list[float] = []
     created: list[int] = []
@@ -152,7 +160,9 @@ async def open_loop(port: int, headers: str, data: dict, rate: float, seconds: f
 
     async def one(scheduled: float, kind: str):
         connection = idle.pop() if idle else Connection(port, headers)
-        if kind == "list":
+        if kind == "trivial":
+            status, _ = await connection.request("GET", "/api/v1/me/")
+        elif kind == "list":
             status, _ = await connection.request("GET", "/api/v1/instances/")
         elif kind == "detail":
             status, _ = await connection.request("GET", f"/api/v1/instances/{rng.choice(data['ids'])}/")
@@ -175,7 +185,7 @@ async def open_loop(port: int, headers: str, data: dict, rate: float, seconds: f
     while at < start + seconds:
         at += rng.expovariate(rate)
         await asyncio.sleep(max(0.0, at - time.monotonic()))
-        kind = rng.choices(["list", "detail", "create", "release"], weights=[70, 20, 5, 5])[0]
+        kind = rng.choices(list(mix), weights=list(mix.values()))[0]
         tasks.append(asyncio.create_task(one(at, kind)))
     await asyncio.gather(*tasks)
     if errors:
@@ -220,6 +230,13 @@ def main():
                 print(f"closed loop {path} x{clients} clients: {rps:.0f} requests/s", file=sys.stderr)
         list_rps = capacity["/api/v1/instances/", 50]
         latencies, errors = asyncio.run(open_loop(port, auth, data, list_rps / 2, args.seconds))
+        # The list alone against the trivial view alone, at the same rate (half the list's capacity), in turns.
+        alone = {"list": [], "trivial": []}
+        for _ in range(2):
+            for kind, waits in alone.items():
+                more, failed = asyncio.run(open_loop(port, auth, data, list_rps / 2, args.seconds / 2, {kind: 1}))
+                waits.extend(more)
+                errors.extend(failed)
     finally:
         server.terminate()
         server.wait(20)
@@ -234,7 +251,10 @@ def main():
         "requests": len(latencies),
         "p50_ms": round(1000 * percentile(latencies, 0.50), 1),
         "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
+        "list_p99_ms": round(1000 * percentile(alone["list"], 0.99), 1),
+        "trivial_p99_ms": round(1000 * percentile(alone["trivial"], 0.99), 1),
     }
+    result["list_p99_vs_trivial"] = round(result["list_p99_ms"] / result["trivial_p99_ms"], 2)
     _setup.report(result, errors=len(errors))
 
 

@@ -5,6 +5,7 @@ from django.utils.functional import cached_property
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.response import Response
 
 from portal.api.rows import Rows
 
@@ -42,10 +43,18 @@ def paginated(view, queryset, serializer_class):
     return pages.get_paginated_response(serializer_class(page, many=True, context={"request": view.request}).data)
 
 
-def paginated_rows(view, queryset, rows: Rows):
-    """As ``paginated``, for a hot list: the page is built from ``values()`` rows (portal.api.rows)."""
+def paginated_rows(view, rows: Rows, queryset_of, *, owner: int | None):
+    """As ``paginated``, for a hot list of ``queryset_of(owner)``: the page is built from ``values()`` rows
+    (portal.api.rows). The first page, when it holds the whole list (the common case), comes from the list's
+    query compiled once (``Rows.first``); any other page is paginated as usual."""
     pages = Pages()
-    page = pages.paginate_queryset(rows.values(queryset), view.request, view=view)
+    request = view.request
+    if request.query_params.get(pages.page_query_param, "1") == "1":
+        size = pages.get_page_size(request)
+        first = rows.first(queryset_of, owner=owner, limit=size + 1)
+        if len(first) <= size:
+            return Response({"count": len(first), "next": None, "previous": None, "results": rows.build(first)})
+    page = pages.paginate_queryset(rows.values(queryset_of(owner)), request, view=view)
     return pages.get_paginated_response(rows.build(page))
 
 

@@ -245,7 +245,7 @@ class InstanceListApi(APIView):
 
     @extend_schema(responses=page_of(InstanceOutput))
     def get(self, request):
-        return paginated_rows(self, selectors.instance_list(user=request.user), self.rows)
+        return paginated_rows(self, self.rows, selectors.instances_of, owner=selectors.seen_by(request.user))
 
     @extend_schema(request=InstanceCreateInput, responses={201: InstanceOutput}, parameters=[IDEMPOTENCY_KEY])
     def post(self, request):

@@ -38,10 +38,20 @@ def gpu_type_list():
     return sorted(types, key=lambda t: (t.capacity["cards"] == 0, t.price_per_hour))
 
 
+def seen_by(user) -> int | None:
+    """Whose work ``user`` sees in lists: their own (their id), or everyone's (None) with VIEW_ANY_WORK."""
+    return None if holds(user, VIEW_ANY_WORK) else user.pk
+
+
 def _visible(queryset, *, user, include_released: bool):
     """Only the user's own rows (all, with VIEW_ANY_WORK); released work is history, hidden unless asked for."""
-    if not holds(user, VIEW_ANY_WORK):
-        queryset = queryset.filter(owner=user)
+    return _owned_by(queryset, owner=seen_by(user), include_released=include_released)
+
+
+def _owned_by(queryset, *, owner: int | None, include_released: bool):
+    """``owner``'s rows (everyone's for None); released work is history, hidden unless asked for."""
+    if owner is not None:
+        queryset = queryset.filter(owner_id=owner)
     if not include_released:
         queryset = queryset.exclude(workload__status=WorkloadStatus.RELEASED)
     return queryset.select_related("workload", "workload__node", "image", "gpu_type")
@@ -49,6 +59,11 @@ def _visible(queryset, *, user, include_released: bool):
 
 def instance_list(*, user, include_released: bool = False):
     return _visible(Instance.objects.all(), user=user, include_released=include_released)
+
+
+def instances_of(owner: int | None):
+    """The instances a list shows to a user who sees ``owner``'s work (``seen_by``); released ones left out."""
+    return _owned_by(Instance.objects.all(), owner=owner, include_released=False)
 
 
 # What a team's admins may do to work its members charge to the team (the rest is the owner's).
