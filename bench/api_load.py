@@ -4,12 +4,12 @@ An account holds 20 instances. In one run, beside the trivial view served the
 same way (/api/v1/me/: the same token authentication, throttles and DRF stack,
 a constant answer; /healthz/, with no authentication, is shown too):
 (1) closed loop, 1 and 50 clients: capacity (requests/s) of the instance list
-    and of the trivial view;
-(2) open loop (Poisson arrivals) at half the list's measured capacity, mixed
-    list / detail / create / release, for --seconds: latency percentiles,
-    measured from each request's scheduled time (so queueing counts);
-(3) at that same rate, the list alone and the trivial view alone, in turns (two
-    of each, --seconds in all per kind): their p99s and its ratio.
+    and of the trivial view; 50 clients: of the mix below;
+(2) open loop (Poisson arrivals) at half the mix's capacity, list / detail /
+    create / release (70/20/5/5), for --seconds: latency percentiles, measured
+    from each request's scheduled time (so queueing counts);
+(3) the list alone and the trivial view alone, each at half its own capacity,
+    in turns (two of each, --seconds in all per kind): their p99s and the ratio.
 
     python bench/api_load.py [--seconds 30] [--closed-seconds 8]
 
@@ -125,8 +125,40 @@ class Connection:
         return int(status_line.split()[1]), data
 
 
-async def closed_loop(port: int, headers: str, path: str, clients: int, seconds: float) -> float:
-    """Requests per second with ``clients`` each sending its next request when the last one answered."""
+MIX = {"list": 70, "detail": 20, "create": 5, "release": 5}
+PATHS = {"healthz": "/healthz/", "trivial": "/api/v1/me/", "list": "/api/v1/instances/"}
+
+
+class Traffic:
+    """The requests the loops send, one ``kind`` at a time (a key of ``MIX`` or ``PATHS``); the instances it
+    creates are the ones it releases (a release with none left lists instead)."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self.created: list[int] = []
+        self.rng = random.Random(7)
+        self.body = json.dumps(INSTANCE_BODY | {"image": data["image"], "gpu_type": data["gpu_type"]}).encode()
+
+    def pick(self, mix: dict) -> str:
+        return self.rng.choices(list(mix), weights=list(mix.values()))[0]
+
+    async def send(self, connection: "Connection", kind: str) -> int:
+        if kind in PATHS:
+            return (await connection.request("GET", PATHS[kind]))[0]
+        if kind == "detail":
+            return (await connection.request("GET", f"/api/v1/instances/{self.rng.choice(self.data['ids'])}/"))[0]
+        if kind == "create":
+            status, answer = await connection.request("POST", "/api/v1/instances/", self.body)
+            if status == 201:
+                self.created.append(json.loads(answer)["id"])
+            return status
+        if self.created:
+            return (await connection.request("POST", f"/api/v1/instances/{self.created.pop()}/release/"))[0]
+        return (await connection.request("GET", PATHS["list"]))[0]
+
+
+async def closed_loop(port: int, headers: str, traffic: Traffic, mix: dict, clients: int, seconds: float) -> float:
+    """Requests per second with ``clients`` each sending its next request (of ``mix``) when the last one answered."""
     done = 0
     deadline = time.monotonic() + seconds
 
@@ -134,8 +166,8 @@ async def closed_loop(port: int, headers: str, path: str, clients: int, seconds:
         nonlocal done
         connection = Connection(port, headers)
         while time.monotonic() < deadline:
-            status, _ = await connection.request("GET", path)
-            assert status == 200, status
+            status = await traffic.send(connection, traffic.pick(mix))
+            assert status < 400, status
             done += 1
 
     started = time.monotonic()
@@ -143,37 +175,17 @@ async def closed_loop(port: int, headers: str, path: str, clients: int, seconds:
     return done / (time.monotonic() - started)
 
 
-MIX = {"list": 70, "detail": 20, "create": 5, "release": 5}
-
-
 async def open_loop(
-    port: int, headers: str, data: dict, rate: float, seconds: float, mix: dict = MIX
+    port: int, headers: str, traffic: Traffic, mix: dict, rate: float, seconds: float
 ) -> tuple[list[float], list]:
-    """Poisson arrivals at ``rate``/s of ``mix`` (weights of list / detail / create / release / trivial); latency
-    from the scheduled time."""
+    """Poisson arrivals at ``rate``/s of ``mix``; latency from each request's scheduled time."""
     idle: list[Connection] = []
     latencies: list[float] = []
-    created: list[int] = []
     errors = []
-    body = json.dumps(INSTANCE_BODY | {"image": data["image"], "gpu_type": data["gpu_type"]}).encode()
-    rng = random.Random(7)
 
     async def one(scheduled: float, kind: str):
         connection = idle.pop() if idle else Connection(port, headers)
-        if kind == "trivial":
-            status, _ = await connection.request("GET", "/api/v1/me/")
-        elif kind == "list":
-            status, _ = await connection.request("GET", "/api/v1/instances/")
-        elif kind == "detail":
-            status, _ = await connection.request("GET", f"/api/v1/instances/{rng.choice(data['ids'])}/")
-        elif kind == "create":
-            status, answer = await connection.request("POST", "/api/v1/instances/", body)
-            if status == 201:
-                created.append(json.loads(answer)["id"])
-        elif created:
-            status, _ = await connection.request("POST", f"/api/v1/instances/{created.pop()}/release/")
-        else:
-            status, _ = await connection.request("GET", "/api/v1/instances/")
+        status = await traffic.send(connection, kind)
         latencies.append(time.monotonic() - scheduled)
         if status >= 400:
             errors.append((kind, status))
@@ -183,10 +195,9 @@ async def open_loop(
     start = time.monotonic()
     at = start
     while at < start + seconds:
-        at += rng.expovariate(rate)
+        at += traffic.rng.expovariate(rate)
         await asyncio.sleep(max(0.0, at - time.monotonic()))
-        kind = rng.choices(list(mix), weights=list(mix.values()))[0]
-        tasks.append(asyncio.create_task(one(at, kind)))
+        tasks.append(asyncio.create_task(one(at, traffic.pick(mix))))
     await asyncio.gather(*tasks)
     if errors:
         print(f"warning: {len(errors)} error answers, e.g. {errors[:3]}", file=sys.stderr)
@@ -221,33 +232,38 @@ def main():
                 break
             except OSError:
                 time.sleep(0.2)
-        asyncio.run(closed_loop(port, auth, "/api/v1/instances/", 4, 2))  # warm every worker
+        traffic = Traffic(data)
+        asyncio.run(closed_loop(port, auth, traffic, {"list": 1}, 4, 2))  # warm every worker
         capacity = {}
-        for path in ("/healthz/", "/api/v1/me/", "/api/v1/instances/"):
+        for kind in ("healthz", "trivial", "list"):
             for clients in (1, 50):
-                rps = asyncio.run(closed_loop(port, auth, path, clients, args.closed_seconds))
-                capacity[path, clients] = rps
-                print(f"closed loop {path} x{clients} clients: {rps:.0f} requests/s", file=sys.stderr)
-        list_rps = capacity["/api/v1/instances/", 50]
-        latencies, errors = asyncio.run(open_loop(port, auth, data, list_rps / 2, args.seconds))
-        # The list alone against the trivial view alone, at the same rate (half the list's capacity), in turns.
+                rps = asyncio.run(closed_loop(port, auth, traffic, {kind: 1}, clients, args.closed_seconds))
+                capacity[kind, clients] = rps
+                print(f"closed loop {PATHS[kind]} x{clients} clients: {rps:.0f} requests/s", file=sys.stderr)
+        capacity["mix", 50] = asyncio.run(closed_loop(port, auth, traffic, MIX, 50, args.closed_seconds))
+        print(f"closed loop mix x50 clients: {capacity['mix', 50]:.0f} requests/s", file=sys.stderr)
+        latencies, errors = asyncio.run(open_loop(port, auth, traffic, MIX, capacity["mix", 50] / 2, args.seconds))
+        # The list alone against the trivial view alone, each at half its own capacity, in turns.
         alone = {"list": [], "trivial": []}
         for _ in range(2):
             for kind, waits in alone.items():
-                more, failed = asyncio.run(open_loop(port, auth, data, list_rps / 2, args.seconds / 2, {kind: 1}))
+                rate = capacity[kind, 50] / 2
+                more, failed = asyncio.run(open_loop(port, auth, traffic, {kind: 1}, rate, args.seconds / 2))
                 waits.extend(more)
                 errors.extend(failed)
     finally:
         server.terminate()
         server.wait(20)
+    list_rps = capacity["list", 50]
     result = {
         "rps": round(list_rps, 1),
-        "trivial_rps": round(capacity["/api/v1/me/", 50], 1),
-        "ratio_vs_trivial": round(list_rps / capacity["/api/v1/me/", 50], 2),
-        "healthz_rps": round(capacity["/healthz/", 50], 1),
-        "rps_1_client": round(capacity["/api/v1/instances/", 1], 1),
-        "scaling_1_to_50": round(list_rps / capacity["/api/v1/instances/", 1], 2),
-        "open_loop_rate": round(list_rps / 2, 1),
+        "trivial_rps": round(capacity["trivial", 50], 1),
+        "ratio_vs_trivial": round(list_rps / capacity["trivial", 50], 2),
+        "healthz_rps": round(capacity["healthz", 50], 1),
+        "rps_1_client": round(capacity["list", 1], 1),
+        "scaling_1_to_50": round(list_rps / capacity["list", 1], 2),
+        "mix_rps": round(capacity["mix", 50], 1),
+        "open_loop_rate": round(capacity["mix", 50] / 2, 1),
         "requests": len(latencies),
         "p50_ms": round(1000 * percentile(latencies, 0.50), 1),
         "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
