@@ -13,6 +13,7 @@ from pathlib import Path
 import environ
 
 from core.messages import ToScheduler
+from core.redis_acl import unacked_keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -392,6 +393,8 @@ NVIDIA_SMI = env.str("NVIDIA_SMI", default="nvidia-smi")
 # 1.17.8 (CVE-2025-23266, CVE-2025-23267) or unreadable, and the node agent does not start (agent/toolkit.py).
 NVIDIA_CTK = env.str("NVIDIA_CTK", default="nvidia-ctk")
 NODE_NAME = env.str("NODE_NAME", default="")
+if NODE_NAME:  # a GPU host: its unacknowledged messages in keys its own Redis user may use (core.redis_acl)
+    CELERY_BROKER_TRANSPORT_OPTIONS |= unacked_keys(NODE_NAME)
 NODE_CPUS = env.int("NODE_CPUS", default=0)  # 0: the host's own count
 NODE_MEMORY_MB = env.int("NODE_MEMORY_MB", default=0)  # 0: the host's own memory
 # Development only: several simulated hosts share one machine (config/dev/cluster.sh), so a host

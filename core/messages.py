@@ -152,7 +152,9 @@ def send(task: ToScheduler | ToNode, *args, node: str | None = None, **options) 
         queue = node_queue(node, slow=task in SLOW)
     else:
         queue = settings.SCHEDULER_QUEUE
-    app.send_task(task, args=list(args), queue=queue, **options)
+    # Declared by its consumers only: a queue is a Redis list pushed to by name, and a GPU host's Redis user may
+    # not write the scheduler's binding (core.redis_acl).
+    app.send_task(task, args=list(args), queue=queue, declare=[], **options)
 
 
 def send_to_nodes(task: ToNode, *args, nodes: list[str], producer=None) -> None:

@@ -149,7 +149,7 @@ host_env() { # host_env <i> <cards>: what host i's node agent gets (printed as N
 NODE_NAME=h$i
 NODE_ADDRESS=$(host_addr "$i")
 DATABASE_URL=postgres://${DB_OWNER}_node_h$i:$NODE_DB_PASSWORD@$CP:5432/$DB_NAME
-REDIS_URL=redis://:$REDIS_PASSWORD@$CP:6379/0
+REDIS_URL=redis://node-h$i:$(cat "$DIR/h$i/redis.password" 2>/dev/null)@$CP:6379/0
 DOCKER_BASE_URL=unix://$(host_sock "$i")
 GPU_BACKEND=$cards
 NODE_CPUS=${CLUSTER_NODE_CPUS:-16}
@@ -359,11 +359,18 @@ host_keys() { # host i's own keys folder: its own Celery pair (the control plane
   "$PY" manage.py make_signing_keys --host "h$1" --into "$mine" >/dev/null
 }
 
+host_redis_user() { # host i's own Redis user (core.redis_acl: its own queues only); its password stays in its folder
+  local file=$DIR/h$1/redis.password
+  [ -s "$file" ] || (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$file")
+  "$PY" manage.py redis_host_user --host "h$1" --password-file "$file" >/dev/null
+}
+
 host_agent_up() {
   local i=$1 cards=$2 ns
   ns=$(host_ns "$i")
   mkdir -p "$DIR/h$i/volumes"
   host_keys "$i"
+  host_redis_user "$i"
   # Its addresses and secrets are its host's own (the control plane's settings are replaced).
   local -a environment
   mapfile -t environment < <(host_env "$i" "$cards")

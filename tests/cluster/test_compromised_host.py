@@ -1,7 +1,7 @@
 """A GPU host taken by its tenant (issue 31): holding exactly that host's credentials — its agent's environment,
 keys folder and database role, from its own network namespace — every attack on other hosts' work, anyone's bill
-or the control plane's reach is refused. What a host still shares with the others (the Redis password, the
-registry login) is in the README's known limits, not here.
+or the control plane's reach is refused. What a host still shares with the others (the registry login; in Redis,
+workloads' and users' live groups) is in the README's known limits, not here.
 """
 
 import json
@@ -133,7 +133,8 @@ def test_a_taken_hosts_database_role_reaches_no_other_work_no_bill_and_not_its_o
 
 def test_a_task_signed_with_a_hosts_key_is_refused_by_other_hosts_and_a_stale_cleanup_deletes_nothing_live(cluster):
     """Each host signs with its own key and trusts only its own and the control plane's: a MOVE_CLEANUP naming the
-    move of an instance running on h2, sent with h1's environment and keys from h1, is refused by h2's agent as
+    move of an instance running on h2, sent with h1's environment and keys from h1, does not reach h2's queue (h1's
+    Redis user may not push there); put there with Redis's administrator password, it is refused by h2's agent as
     signed by a key it does not know. The same cleanup signed by the control plane (a stale or redelivered message)
     is refused too: destructive node tasks check the database before acting. Its container and data disk stay."""
     victim = cluster.wait_instance(cluster.create_instance("A100-80GB")["id"], "running")  # only on h2
@@ -151,12 +152,11 @@ def test_a_task_signed_with_a_hosts_key_is_refused_by_other_hosts_and_a_stale_cl
         )
         send = f"from core.messages import ToNode, send; send(ToNode.MOVE_CLEANUP, {move}, 'source', node='h2')"
         log = cluster.directory / "log" / "h2-agent.log"
-        for sender, environ, refusal in [
-            ("h1", agent_environ(cluster, 1), "Unknown certificate"),
-            ("the control plane", process_environ(cluster, "scheduler"), f"move {move} cleanup of its source refused"),
-        ]:
+        h1, control_plane = agent_environ(cluster, 1), process_environ(cluster, "scheduler")
+
+        def sent_as(sender: str, environ: dict) -> subprocess.CompletedProcess:
             netns = ["nsenter", f"--net={cluster.host_netns(1)}"] if sender == "h1" else []
-            sent = subprocess.run(
+            return subprocess.run(
                 [*netns, sys.executable, "manage.py", "shell", "-c", send],
                 env=environ,
                 cwd=ROOT,
@@ -164,6 +164,16 @@ def test_a_task_signed_with_a_hosts_key_is_refused_by_other_hosts_and_a_stale_cl
                 text=True,
                 timeout=60,
             )
+
+        # h1's own Redis user cannot even put it in h2's queue (core.redis_acl) ...
+        refused = sent_as("h1", h1)
+        assert refused.returncode != 0 and "no permissions" in refused.stderr, refused.stderr[-2000:]
+        # ... and put there by another way (Redis's administrator password, say), h2 refuses h1's signature.
+        for sender, environ, refusal in [
+            ("h1", h1 | {"REDIS_URL": control_plane["REDIS_URL"]}, "Unknown certificate"),
+            ("the control plane", control_plane, f"move {move} cleanup of its source refused"),
+        ]:
+            sent = sent_as(sender, environ)
             assert sent.returncode == 0, sent.stderr[-2000:]
             wait_until(
                 lambda refusal=refusal: refusal in log.read_text(errors="replace"),
@@ -220,3 +230,50 @@ def test_the_control_plane_takes_from_a_host_only_its_own_replies_and_the_tasks_
         assert cluster.sql("SELECT status, error FROM scheduler_move WHERE id = %s", (move,)) == [("copying", "")]
     finally:
         cluster.sql("DELETE FROM scheduler_move WHERE id = %s", (move,))
+
+
+# Run as the taken host: its Redis URL, from its own address. Each attempt is a Redis command; the answer is
+# "denied: <why>" or what Redis answered.
+REDIS_ATTEMPTS = r"""
+import json, sys
+import redis
+url, attempts = sys.argv[1], json.loads(sys.argv[2])
+client = redis.Redis.from_url(url, socket_timeout=10)
+answers = {}
+for name, command in attempts.items():
+    try:
+        answers[name] = repr(client.execute_command(*command))
+    except redis.RedisError as exc:
+        answers[name] = f"denied: {exc}"
+print(json.dumps(answers))
+"""
+
+
+def test_a_taken_hosts_redis_user_reaches_only_its_own_queues(cluster):
+    """h1's Redis user (core.redis_acl) from h1: no other host's queue, no read of the scheduler's, no flush, no
+    other node's live group; its own agent still takes its queue (the suite's other tests run on it)."""
+    url = agent_environ(cluster, 1)["REDIS_URL"]
+    assert url.startswith("redis://node-h1:")
+    attempts = {
+        "its own queue": ["LLEN", "node.h1"],
+        "h2's queue": ["LRANGE", "node.h2", 0, -1],
+        "h2's slow queue taken": ["RPOP", "node.h2.slow"],
+        "h2's queue deleted": ["DEL", "node.h2"],
+        "the scheduler's queue read": ["LRANGE", "scheduler", 0, -1],
+        "everything flushed": ["FLUSHALL"],
+        "every key listed": ["KEYS", "*"],
+        "others' unacknowledged messages": ["HGETALL", "unacked"],
+        "h2's live group": ["PUBLISH", "asgi__group__monitor.node.h2", "x"],
+        "the control plane as Redis's administrator": ["AUTH", "default", "guess"],
+    }
+    done = subprocess.run(
+        ["nsenter", f"--net={cluster.host_netns(1)}", sys.executable, "-c", REDIS_ATTEMPTS, url, json.dumps(attempts)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = json.loads(done.stdout)
+    assert not answers.pop("its own queue").startswith("denied"), answers
+    allowed = {name: answer for name, answer in answers.items() if not answer.startswith("denied")}
+    assert not allowed, allowed

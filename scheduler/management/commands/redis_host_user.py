@@ -1,0 +1,62 @@
+"""Give a GPU host its own Redis user (``core.redis_acl``): ``node-<name>``, limited to its own queues.
+
+    python manage.py redis_host_user --host gpu1 --password-file /run/secrets/gpu1-redis
+    python manage.py redis_host_user --host gpu1 --remove
+
+Run on the control plane (its ``REDIS_URL`` logs in as Redis's administrator). Only the password's SHA-256 is
+sent to Redis; the host's ``REDIS_URL`` then names the user: ``redis://node-gpu1:<password>@<redis>:6379/0``.
+Redis keeps the user until it restarts, or for good where it was started with an ``aclfile`` (then saved).
+"""
+
+import hashlib
+import re
+from pathlib import Path
+
+import redis
+from django.core.management.base import BaseCommand, CommandError
+
+from core.clients import redis_client
+from core.redis_acl import host_rules, username
+from scheduler.telemetry import streams
+
+
+class Command(BaseCommand):
+    help = "Create (or replace, or --remove) a GPU host's own Redis user, limited to its own queues."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", required=True, help="the node's name")
+        parser.add_argument("--password-file", help="a file holding the host's Redis password (first line)")
+        parser.add_argument("--remove", action="store_true", help="delete the host's user (its connections close)")
+
+    def handle(self, *args, host, password_file, remove, **options):
+        if not re.fullmatch(r"[-a-zA-Z0-9_]{1,63}", host):  # a node's name (Node.name: a slug)
+            raise CommandError(f"--host: '{host}' is not a node name (letters, digits, '-' and '_')")
+        client = redis_client()
+        if remove:
+            client.acl_deluser(username(host))
+            self._save(client)
+            self.stdout.write(f"Redis user {username(host)} removed")
+            return
+        if not password_file:
+            raise CommandError("--password-file: name the file holding the host's Redis password")
+        password = Path(password_file).read_text().splitlines()[0].strip() if Path(password_file).exists() else ""
+        if len(password) < 16:
+            raise CommandError(f"--password-file: {password_file} holds no password of 16 characters or more")
+        node_stream = streams.node_stream(host)
+        rules = host_rules(
+            host,
+            hashlib.sha256(password.encode()).hexdigest(),
+            streams=[node_stream, streams.backfill_stream(node_stream)],
+            stream_prefix=streams.workload_stream(0).removesuffix("0"),
+        )
+        client.execute_command("ACL", "SETUSER", username(host), *rules)
+        self._save(client)
+        self.stdout.write(f"Redis user {username(host)}: its own queues only")
+
+    def _save(self, client) -> None:
+        """ACL SAVE where Redis keeps its users in a file; elsewhere they last until Redis restarts."""
+        try:
+            client.execute_command("ACL", "SAVE")
+        except redis.ResponseError as exc:
+            if "ACL file" not in str(exc) and "aclfile" not in str(exc):
+                raise
