@@ -62,7 +62,6 @@ WEB_WORKERS=2
 NODE_NAME=gpu1
 NODE_ADDRESS=$SERVER
 NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node@127.0.0.1:5432/gpucloud
-NODE_REDIS_URL=redis://:$redis@127.0.0.1:6379/0
 GPU_BACKEND=sim:2xRTX3090
 NODE_RUNTIME=runc
 DOCKER_SOCKET=${DOCKER_HOST#unix://}
@@ -76,6 +75,12 @@ fi
 # An env file kept from before LXCFS_DIR (GPU_SERVER_CIDRS) existed gets it too.
 grep -q '^LXCFS_DIR=' "$ENV_FILE" || echo "LXCFS_DIR=$CACHE/lxcfs" >>"$ENV_FILE"
 grep -q '^GPU_SERVER_CIDRS=' "$ENV_FILE" || echo "GPU_SERVER_CIDRS=$SERVER/32" >>"$ENV_FILE"
+# The GPU server's own Redis user (core.redis_acl): its password here, only its hash in Redis (set below).
+grep -q '^NODE_REDIS_PASSWORD=' "$ENV_FILE" ||
+  echo "NODE_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')" >>"$ENV_FILE"
+node_redis=$(sed -n 's/^NODE_REDIS_PASSWORD=//p' "$ENV_FILE")
+sed -i '/^NODE_REDIS_URL=/d' "$ENV_FILE"
+echo "NODE_REDIS_URL=redis://node-gpu1:$node_redis@127.0.0.1:6379/0" >>"$ENV_FILE"
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
@@ -139,6 +144,9 @@ done
 # The catalog's framework images stay "building" here: they are built on a host with mmdebstrap
 # (python -m agent.framework_images; README "Images"), which the node agent's container is not.
 "${compose[@]}" run --rm --no-deps web python manage.py load_demo --stand-in | sed 's/API token .*//' >&2
+# The GPU server's Redis user, as the README's deployment steps make it (the password on standard input).
+printf %s "$node_redis" | "${compose[@]}" run --rm -T --no-deps web python manage.py redis_host_user --host gpu1 \
+  --password-file - >&2
 web_on_server=$(sed -n 's|^WEB_DATABASE_URL=\(.*\)@postgres:5432/\(.*\)$|\1@127.0.0.1:5432/\2|p' "$ENV_FILE")
 "${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" node-agent python manage.py build_images \
   --only gpucloud/busybox-standin:latest |
@@ -170,6 +178,21 @@ case $refused in
   *"no pg_hba.conf entry for host"*) echo "PostgreSQL from outside its allowed addresses: refused (pg_hba)" >&2 ;;
   *) echo "ERROR: PostgreSQL answered an address it should refuse: $refused" >&2; exit 1 ;;
 esac
+# The GPU server's Redis user reaches its own queue and not the scheduler's nor any other key (core.redis_acl).
+answers=$("${node_compose[@]}" exec -T node-agent python -c '
+import os, redis
+r = redis.Redis.from_url(os.environ["REDIS_URL"])
+for name, command in [("own", ["LLEN", "node.gpu1"]), ("scheduler", ["LRANGE", "scheduler", 0, -1]),
+                      ("flush", ["FLUSHALL"]), ("other", ["LLEN", "node.gpu2"])]:
+    try:
+        r.execute_command(*command)
+        print(name, "allowed")
+    except redis.exceptions.NoPermissionError:
+        print(name, "refused")
+')
+[ "$answers" = "$(printf 'own allowed\nscheduler refused\nflush refused\nother refused')" ] ||
+  { echo "ERROR: the GPU server's Redis user: $answers" >&2; exit 1; }
+echo "GPU server's Redis user: its own queue only" >&2
 # Nothing but the proxy answers from outside the server.
 for port in 8000 8001 5432 6379 5000; do
   if timeout 2 bash -c "</dev/tcp/$SERVER/$port" 2>/dev/null; then echo "ERROR: $SERVER:$port answers" >&2; exit 1; fi

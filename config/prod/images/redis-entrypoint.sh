@@ -1,12 +1,22 @@
 #!/bin/sh
-# Redis 7 from Debian's packages: append-only file in /data, a password for every client. The password goes in a
-# configuration file only the redis user reads, never on a command line (where `ps` shows it to anyone on the host).
+# Redis 7 from Debian's packages: append-only file in /data, every client logs in. Its users are kept in
+# /data/users.acl: the administrator (Redis's "default" user: the control plane) with REDIS_PASSWORD, rewritten at
+# every start, and each GPU server's own user (`manage.py redis_host_user`, which saves the file: core.redis_acl).
+# Only the password's SHA-256 is written, and never on a command line (where `ps` shows it to anyone on the host).
+# (With an ACL file Redis ignores `requirepass`: the default user's line here is what protects it.)
 set -eu
 : "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
 mkdir -p /data /run/redis && chown redis:redis /data /run/redis
 umask 077
-printf 'requirepass "%s"\n' "$(printf %s "$REDIS_PASSWORD" | sed 's/[\\"]/\\&/g')" >/run/redis/secret.conf
-chown redis:redis /run/redis/secret.conf
+acl=/data/users.acl
+touch "$acl"
+hash=$(printf %s "$REDIS_PASSWORD" | sha256sum | cut -d' ' -f1)
 unset REDIS_PASSWORD
-exec runuser -u redis -- redis-server /run/redis/secret.conf --bind 0.0.0.0 --port 6379 --protected-mode no \
+{
+  echo "user default on #$hash ~* &* +@all"
+  grep -v '^user default ' "$acl" || true
+} >"$acl.new"
+mv "$acl.new" "$acl"
+chown redis:redis "$acl"
+exec runuser -u redis -- redis-server --aclfile "$acl" --bind 0.0.0.0 --port 6379 --protected-mode no \
   --dir /data --appendonly yes "$@"

@@ -1,15 +1,18 @@
 """Give a GPU host its own Redis user (``core.redis_acl``): ``node-<name>``, limited to its own queues.
 
     python manage.py redis_host_user --host gpu1 --password-file /run/secrets/gpu1-redis
+    printf %s "$PASSWORD" | python manage.py redis_host_user --host gpu1 --password-file -
     python manage.py redis_host_user --host gpu1 --remove
 
 Run on the control plane (its ``REDIS_URL`` logs in as Redis's administrator). Only the password's SHA-256 is
 sent to Redis; the host's ``REDIS_URL`` then names the user: ``redis://node-gpu1:<password>@<redis>:6379/0``.
-Redis keeps the user until it restarts, or for good where it was started with an ``aclfile`` (then saved).
+Redis keeps the user for good where it keeps its users in a file (``aclfile``: docker-compose.yml's Redis does, and
+the command saves it), else until it restarts.
 """
 
 import hashlib
 import re
+import sys
 from pathlib import Path
 
 import redis
@@ -25,7 +28,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", required=True, help="the node's name")
-        parser.add_argument("--password-file", help="a file holding the host's Redis password (first line)")
+        parser.add_argument(
+            "--password-file", help="a file holding the host's Redis password (first line); - reads it from stdin"
+        )
         parser.add_argument("--remove", action="store_true", help="delete the host's user (its connections close)")
 
     def handle(self, *args, host, password_file, remove, **options):
@@ -39,7 +44,7 @@ class Command(BaseCommand):
             return
         if not password_file:
             raise CommandError("--password-file: name the file holding the host's Redis password")
-        password = Path(password_file).read_text().splitlines()[0].strip() if Path(password_file).exists() else ""
+        password = _first_line(password_file)
         if len(password) < 16:
             raise CommandError(f"--password-file: {password_file} holds no password of 16 characters or more")
         node_stream = streams.node_stream(host)
@@ -60,3 +65,12 @@ class Command(BaseCommand):
         except redis.ResponseError as exc:
             if "ACL file" not in str(exc) and "aclfile" not in str(exc):
                 raise
+
+
+def _first_line(path: str) -> str:
+    """The password in the file's first line ("-": standard input), "" when there is none."""
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        text = Path(path).read_text() if Path(path).is_file() else ""
+    return (text.splitlines() or [""])[0].strip()
