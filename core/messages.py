@@ -20,8 +20,10 @@ name (``tests/test_messages.py`` holds the two sides together).
                                                           hour-long commit never holds a stop back
 
     channel-layer group        written by                 read by (message type -> handler)
-    user-<id>                  any process that changes   the owner's console pages
-                               a workload's status        (instance.status -> instance_status)
+    user-<id>                  a control-plane process    the owner's console pages
+                               that changes a status (a   (instance.status -> instance_status)
+                               host asks the scheduler
+                               worker: INSTANCE_STATUS_PUSH)
     monitor.node.<name>        the host's sampler         the cluster and node monitors
     monitor.workload.<id>      the host's sampler         the instance monitor
                                                           (telemetry.sample -> telemetry_sample)
@@ -71,6 +73,8 @@ class ToScheduler(StrEnum):
     IMAGE_SAVED = "portal.tasks.image_saved"
     IMAGE_REMOVED = "portal.tasks.image_removed"
     DISK_GROWN = "portal.tasks.disk_grown"
+    # An instance on a host changed status: the control plane pushes it to its owner's pages (hosts may not).
+    INSTANCE_STATUS_PUSH = "portal.tasks.instance_status_push"
     # Saves, deletions of images and disk growths that got no answer by their deadline (beat).
     OPERATIONS_OVERDUE = "portal.tasks.operations_overdue"
     # Moving a stopped instance to another host: the agents' reports (move id, fields).
@@ -79,7 +83,8 @@ class ToScheduler(StrEnum):
 
 # What a GPU host may send the control plane (core.signing refuses the rest from a host's key): the replies about
 # operations sent to it (taken only from that host), a move's reports (only from its source or target), and
-# nudges that make the control plane look at its own records again (a gang, a tick, an array, a meter).
+# nudges that make the control plane look at its own records again (a gang, a tick, an array, a meter, an
+# instance's status to push to its owner's pages).
 HOST_MAY_SEND = frozenset(
     {
         ToScheduler.IMAGE_SAVED,
@@ -91,6 +96,7 @@ HOST_MAY_SEND = frozenset(
         ToScheduler.ARRAY_SUPERVISE,
         ToScheduler.SEGMENT_ASSIGN,
         ToScheduler.SETTLE_USAGE,
+        ToScheduler.INSTANCE_STATUS_PUSH,
     }
 )
 

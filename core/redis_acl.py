@@ -12,12 +12,12 @@ queue (a launch, a move's capability), flush the database, or publish to any gro
 - push to the scheduler's queue and never read it (Redis 7's write-only key permission): what it sends there is
   signed with its own key and checked by the control plane (``core.signing``);
 - append to its node's live history stream and to workloads' (``scheduler.telemetry.streams``), and publish to its
-  node's group, to workloads' groups and to users' groups (the sampler's documents, instance status pushes);
+  node's group and to workloads' groups (the sampler's documents); not to users' groups: an instance's status
+  change on a host is pushed by the control plane (``ToScheduler.INSTANCE_STATUS_PUSH``);
 - no command of Redis's ``@dangerous`` category (``FLUSHALL``, ``KEYS``, ``CONFIG``, ``MONITOR``, ``DEBUG`` ...).
 
-Not yet per host: workloads' streams and groups and users' groups are named by id, not by host, so a taken
-host can still write samples for other hosts' workloads and status pushes to any user's open pages (display
-only; both are said in the README's known limits).
+Not yet per host: workloads' streams and groups are named by id, not by host, so a taken host can still write
+samples for other hosts' workloads to their viewers' charts (display only; said in the README's known limits).
 """
 
 from django.conf import settings
@@ -48,7 +48,7 @@ def host_rules(node_name: str, password_sha256: str, *, streams: list[str], stre
     """``ACL SETUSER node-<name>``'s rules for host ``node_name`` logging in with the password of that SHA-256.
     ``streams``: its node's live history keys; ``stream_prefix``: what every workload's history key starts with
     (both named by ``scheduler.telemetry.streams``, which the caller asks)."""
-    from core.messages import node_group, node_queue, user_group, workload_group
+    from core.messages import node_group, node_queue, workload_group
 
     keys = []
     for queue in (node_queue(node_name), node_queue(node_name, slow=True)):
@@ -58,5 +58,5 @@ def host_rules(node_name: str, password_sha256: str, *, streams: list[str], stre
     keys += [f"%W~{scheduler}", f"%W~{scheduler}{SEP}*"]
     keys += [f"~{key}" for key in streams] + [f"~{stream_prefix}*"]
     group = "&asgi__group__"  # channels-redis's pub/sub layer publishes a group's messages on this channel
-    channels = [group + node_group(node_name)] + [group + _any(name_of) for name_of in (workload_group, user_group)]
+    channels = [group + node_group(node_name), group + _any(workload_group)]
     return ["reset", "on", f"#{password_sha256}", *keys, *channels, "+@all", "-@dangerous"]

@@ -35,12 +35,19 @@ RATE_CARD_CARRIED = [
 def push_instance_status(sender, workload_id, owner_id, kind, to_status, reason, **kwargs):
     if kind != WorkloadKind.INSTANCE:
         return  # jobs have their own page, refreshed by htmx
-    instance_id = Instance.objects.filter(workload_id=workload_id).values_list("pk", flat=True).first()
-    if instance_id is None:
+    if settings.NODE_NAME:  # a GPU host's Redis user may not publish to users' groups (core.redis_acl)
+        messages.send(messages.ToScheduler.INSTANCE_STATUS_PUSH, workload_id)
         return
+    instance_id = Instance.objects.filter(workload_id=workload_id).values_list("pk", flat=True).first()
+    if instance_id is not None:
+        instance_status_send(owner_id, instance_id, to_status, reason)
+
+
+def instance_status_send(owner_id: int, instance_id: int, status: str, reason: str) -> None:
+    """An instance's status to its owner's open pages (``portal.sockets.monitor.InstanceEventsConsumer``)."""
     async_to_sync(get_channel_layer().group_send)(
         messages.user_group(owner_id),
-        {"type": messages.INSTANCE_STATUS, "instance": instance_id, "status": to_status, "reason": reason},
+        {"type": messages.INSTANCE_STATUS, "instance": instance_id, "status": status, "reason": reason},
     )
 
 

@@ -56,3 +56,19 @@ def operations_overdue():
 @shared_task(name=ToScheduler.DISK_GROWN, ignore_result=True)
 def disk_grown(instance_id: int, size_gb: int, error: str):
     work.disk_grown(instance_id, size_gb, error, host=sent_by())
+
+
+@shared_task(name=ToScheduler.INSTANCE_STATUS_PUSH, ignore_result=True, time_limit=60, soft_time_limit=50)
+def instance_status_push(workload_id: int):
+    """A host's instance changed status: its owner's pages get the status the control plane's records hold now
+    (a host's own Redis user may not publish to users' groups: portal.receivers.push_instance_status)."""
+    from portal.models import Instance
+    from portal.receivers import instance_status_send
+
+    row = (
+        Instance.objects.filter(workload_id=workload_id)
+        .values_list("owner_id", "pk", "workload__status", "workload__status_reason")
+        .first()
+    )
+    if row is not None:
+        instance_status_send(*row)

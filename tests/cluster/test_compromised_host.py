@@ -1,7 +1,7 @@
 """A GPU host taken by its tenant (issue 31): holding exactly that host's credentials — its agent's environment,
 keys folder and database role, from its own network namespace — every attack on other hosts' work, anyone's bill
 or the control plane's reach is refused. What a host still shares with the others (the registry login; in Redis,
-workloads' and users' live groups) is in the README's known limits, not here.
+workloads' live groups and history) is in the README's known limits, not here.
 """
 
 import json
@@ -264,6 +264,7 @@ def test_a_taken_hosts_redis_user_reaches_only_its_own_queues(cluster):
         "every key listed": ["KEYS", "*"],
         "others' unacknowledged messages": ["HGETALL", "unacked"],
         "h2's live group": ["PUBLISH", "asgi__group__monitor.node.h2", "x"],
+        "a user's pages": ["PUBLISH", "asgi__group__user-1", "x"],
         "the control plane as Redis's administrator": ["AUTH", "default", "guess"],
     }
     done = subprocess.run(

@@ -66,3 +66,43 @@ def test_an_anonymous_websocket_is_refused(web_server):
     with pytest.raises(websockets.exceptions.ConnectionClosed) as refused:
         asyncio.run(connect())
     assert refused.value.rcvd.code == 4401
+
+
+def test_on_a_host_the_control_plane_pushes_the_status(api, user, catalog, sim_node, web_server, settings, monkeypatch):
+    """A GPU host's Redis user may not publish to users' groups (core.redis_acl): a status change made on a host
+    asks the scheduler worker, which pushes what its records hold then."""
+    from core import messages
+    from portal import receivers
+    from portal.tasks import instance_status_push
+
+    settings.NODE_NAME = "h1"
+    asked = []
+    monkeypatch.setattr(receivers.messages, "send", lambda task, *args, **kw: asked.append((task, *args)))
+    instance_id = create(api, catalog).data["id"]
+    workload = user.workloads.get()
+    headers = {"Origin": "http://127.0.0.1", "Cookie": session_cookie(user)}
+
+    def change_status():
+        try:
+            workload_transition(workload, to="stopped", allowed_from=["queued"], reason="stopped on the host")
+        finally:
+            connection.close()
+
+    def push():
+        try:
+            instance_status_push(workload.pk)  # as the scheduler worker runs it
+        finally:
+            connection.close()
+
+    async def scenario():
+        async with websockets.connect(f"ws://{web_server}/ws/instances/", additional_headers=headers) as mine:
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(change_status)
+            with pytest.raises(TimeoutError):  # the host itself published nothing
+                await asyncio.wait_for(mine.recv(), 1)
+            await asyncio.to_thread(push)
+            return json.loads(await asyncio.wait_for(mine.recv(), 10))
+
+    message = asyncio.run(scenario())
+    assert asked == [(messages.ToScheduler.INSTANCE_STATUS_PUSH, workload.pk)]
+    assert message == {"instance": instance_id, "status": "stopped", "reason": "stopped on the host"}

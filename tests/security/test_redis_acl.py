@@ -36,17 +36,20 @@ def host(tmp_path):
     )
     admin = redis.Redis.from_url(settings.REDIS_URL)
     yield name, client, password
-    admin.delete(node_queue(name), node_queue(name) + SEP + "3", settings.SCHEDULER_QUEUE, *unacked_keys(name).values())
+    admin.delete(node_queue(name), node_queue(name) + SEP + "3", *unacked_keys(name).values())
     admin.acl_deluser(username(name))
 
 
 def test_a_host_uses_its_own_queues_and_streams_and_nothing_else(host):
     name, as_host, _ = host
+    admin = redis.Redis.from_url(settings.REDIS_URL)
     own = node_queue(name)
     assert as_host.lpush(own, "a") == 1 and as_host.lpush(own + SEP + "3", "b") == 1  # each priority step's list
     assert as_host.rpop(own) == b"a"
     assert as_host.hset(unacked_keys(name)["unacked_key"], "tag", "m") == 1
-    assert as_host.lpush(settings.SCHEDULER_QUEUE, "reply") == 1  # its replies: pushed, never read back
+    queued = admin.llen(settings.SCHEDULER_QUEUE)
+    assert as_host.lpush(settings.SCHEDULER_QUEUE, "reply") == queued + 1  # its replies: pushed, never read back
+    assert admin.lpop(settings.SCHEDULER_QUEUE) == b"reply"
     assert as_host.publish("asgi__group__monitor.node." + name, "sample") == 0
     assert as_host.xadd(streams.node_stream(name), {"d": "{}"})
     refused = {
@@ -61,6 +64,7 @@ def test_a_host_uses_its_own_queues_and_streams_and_nothing_else(host):
         "listing keys": lambda: as_host.keys("*"),
         "the configuration": lambda: as_host.config_get("*"),
         "another node's live group": lambda: as_host.publish("asgi__group__monitor.node.other", "x"),
+        "a user's pages": lambda: as_host.publish("asgi__group__user-1", "x"),
         "another node's history": lambda: as_host.xadd(streams.node_stream("other"), {"d": "{}"}),
         "the web tier's cache": lambda: as_host.get(cache.make_key("anything")),
     }
@@ -77,6 +81,7 @@ def test_a_host_consumes_its_queue_and_replies_as_celery_does(host):
     url = redis.connection.parse_url(settings.REDIS_URL)
     host_url = f"redis://{username(name)}:{password.read_text().strip()}@{url['host']}:{url['port']}/{url['db']}"
     admin = redis.Redis.from_url(settings.REDIS_URL)
+    queued = admin.llen(settings.SCHEDULER_QUEUE)
     with Connection(settings.REDIS_URL) as control_plane:
         control_plane.SimpleQueue(node_queue(name)).put({"launch": 1})
     with Connection(host_url, transport_options=unacked_keys(name)) as connection:
@@ -90,7 +95,8 @@ def test_a_host_consumes_its_queue_and_replies_as_celery_does(host):
         app.send_task(
             "scheduler.tasks.schedule_tick", queue=settings.SCHEDULER_QUEUE, declare=[], connection=connection
         )
-    assert admin.llen(settings.SCHEDULER_QUEUE) == 1
+    assert admin.llen(settings.SCHEDULER_QUEUE) == queued + 1
+    assert b"schedule_tick" in admin.lpop(settings.SCHEDULER_QUEUE)
 
 
 def test_the_command_refuses_a_bad_name_or_password_and_removes_a_user(host, tmp_path):
