@@ -90,7 +90,9 @@ def _cursor(connection):
     threshold for preparing unasked stays out of reach. Elsewhere (SQLite), Django's cursor as it is."""
     if connection.vendor != "postgresql":
         return connection.cursor()
+    connection.close_if_health_check_failed()  # as Django's own cursor() does before it hands one out
     connection.ensure_connection()
+    connection.validate_thread_sharing()
     raw = connection.connection
     if raw.prepare_threshold is None:  # Django's default: prepared statements off
         raw.prepare_threshold = _ONLY_WHEN_ASKED
