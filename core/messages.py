@@ -43,6 +43,7 @@ grown) comes back as a ``ToScheduler`` reply naming the task to run there.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 
@@ -136,6 +137,12 @@ SLOW = frozenset(
         ToNode.MOVE_CLEANUP,
     }
 )
+
+
+def is_node_name(name: str) -> bool:
+    """Whether ``name`` can be a node's (``Node.name``: a slug, at most 63 characters): what its queues, its
+    certificate and its Redis user are named from."""
+    return re.fullmatch(r"[-a-zA-Z0-9_]{1,63}", name) is not None
 
 
 def node_queue(node_name: str, *, slow: bool = False) -> str:

@@ -44,10 +44,10 @@ def _any(name_of) -> str:
     return name_of(0).removesuffix("0") + "*"
 
 
-def host_rules(node_name: str, password_sha256: str, *, streams: list[str], stream_prefix: str) -> list[str]:
+def host_rules(node_name: str, password_sha256: str, *, streams: list[str], workload_stream) -> list[str]:
     """``ACL SETUSER node-<name>``'s rules for host ``node_name`` logging in with the password of that SHA-256.
-    ``streams``: its node's live history keys; ``stream_prefix``: what every workload's history key starts with
-    (both named by ``scheduler.telemetry.streams``, which the caller asks)."""
+    ``streams``: its node's live history keys; ``workload_stream(id)``: a workload's history key (both named by
+    ``scheduler.telemetry.streams``, which the caller passes: core imports no app)."""
     from core.messages import node_group, node_queue, workload_group
 
     keys = []
@@ -56,7 +56,7 @@ def host_rules(node_name: str, password_sha256: str, *, streams: list[str], stre
     keys += [f"~{key}" for key in unacked_keys(node_name).values()]
     scheduler = settings.SCHEDULER_QUEUE
     keys += [f"%W~{scheduler}", f"%W~{scheduler}{SEP}*"]
-    keys += [f"~{key}" for key in streams] + [f"~{stream_prefix}*"]
+    keys += [f"~{key}" for key in streams] + [f"~{_any(workload_stream)}"]
     group = "&asgi__group__"  # channels-redis's pub/sub layer publishes a group's messages on this channel
     channels = [group + node_group(node_name), group + _any(workload_group)]
     return ["reset", "on", f"#{password_sha256}", *keys, *channels, "+@all", "-@dangerous"]

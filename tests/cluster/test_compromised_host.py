@@ -45,17 +45,22 @@ def agent_environ(cluster, i: int) -> dict:
     return process_environ(cluster, f"h{i}-agent")
 
 
-def as_host(cluster, i: int, attacks: dict) -> dict:
-    """``attacks`` (name -> (SQL, params)) sent with host i's database role from its namespace: what each got."""
-    url = agent_environ(cluster, i)["DATABASE_URL"]
+def run_as_host(cluster, i: int, script: str, url: str, attempts: dict) -> dict:
+    """``script`` run from host i's namespace with ``url`` (one of its credentials) and ``attempts`` (JSON): the
+    answers it prints (JSON)."""
     done = subprocess.run(
-        ["nsenter", f"--net={cluster.host_netns(i)}", sys.executable, "-c", ATTACKS, url, json.dumps(attacks)],
+        ["nsenter", f"--net={cluster.host_netns(i)}", sys.executable, "-c", script, url, json.dumps(attempts)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
+
+
+def as_host(cluster, i: int, attacks: dict) -> dict:
+    """``attacks`` (name -> (SQL, params)) sent with host i's database role from its namespace: what each got."""
+    return run_as_host(cluster, i, ATTACKS, agent_environ(cluster, i)["DATABASE_URL"], attacks)
 
 
 def test_a_host_checks_relay_tickets_but_holds_no_key_that_makes_them(cluster):
@@ -267,14 +272,7 @@ def test_a_taken_hosts_redis_user_reaches_only_its_own_queues(cluster):
         "a user's pages": ["PUBLISH", "asgi__group__user-1", "x"],
         "the control plane as Redis's administrator": ["AUTH", "default", "guess"],
     }
-    done = subprocess.run(
-        ["nsenter", f"--net={cluster.host_netns(1)}", sys.executable, "-c", REDIS_ATTEMPTS, url, json.dumps(attempts)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    answers = json.loads(done.stdout)
+    answers = run_as_host(cluster, 1, REDIS_ATTEMPTS, url, attempts)
     assert not answers.pop("its own queue").startswith("denied"), answers
     allowed = {name: answer for name, answer in answers.items() if not answer.startswith("denied")}
     assert not allowed, allowed

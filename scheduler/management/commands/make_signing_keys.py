@@ -12,7 +12,6 @@
 """
 
 import datetime
-import re
 import shutil
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from core import signing
+from core.messages import is_node_name
 
 
 class Command(BaseCommand):
@@ -45,7 +45,7 @@ class Command(BaseCommand):
         """Host ``name``'s keys folder: its own Celery pair (``celery.key``, ``certs/celery.pem``), the control
         plane's certificate (``certs/control-plane.pem``: the only other one it trusts) and ``relay.pub``; its
         certificate goes into the control plane's store as ``host-<name>.pem``."""
-        if not re.fullmatch(r"[-a-zA-Z0-9_]{1,63}", name):  # a node's name (Node.name: a slug)
+        if not is_node_name(name):
             raise CommandError(f"--host: {name!r} is not a node name (letters, digits, '-', '_'; at most 63)")
         ours = Path(settings.CELERY_SECURITY_CERTIFICATE).parent
         if folder.resolve() == Path(settings.KEYS_DIR).resolve():

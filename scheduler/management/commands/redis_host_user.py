@@ -11,7 +11,6 @@ the command saves it), else until it restarts.
 """
 
 import hashlib
-import re
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from core.clients import redis_client
+from core.messages import is_node_name
 from core.redis_acl import host_rules, username
 from scheduler.telemetry import streams
 
@@ -34,7 +34,7 @@ class Command(BaseCommand):
         parser.add_argument("--remove", action="store_true", help="delete the host's user (its connections close)")
 
     def handle(self, *args, host, password_file, remove, **options):
-        if not re.fullmatch(r"[-a-zA-Z0-9_]{1,63}", host):  # a node's name (Node.name: a slug)
+        if not is_node_name(host):
             raise CommandError(f"--host: '{host}' is not a node name (letters, digits, '-' and '_')")
         client = redis_client()
         if remove:
@@ -52,7 +52,7 @@ class Command(BaseCommand):
             host,
             hashlib.sha256(password.encode()).hexdigest(),
             streams=[node_stream, streams.backfill_stream(node_stream)],
-            stream_prefix=streams.workload_stream(0).removesuffix("0"),
+            workload_stream=streams.workload_stream,
         )
         client.execute_command("ACL", "SETUSER", username(host), *rules)
         self._save(client)
