@@ -73,7 +73,7 @@ class RunState:
     run: int
     since_ns: int  # Docker's log is read from here (a reused container's log holds earlier runs)
     container: str = ""
-    last_ts: str = ""  # the last Docker timestamp taken (RFC 3339, nanoseconds: sorts as text)
+    last_ts: str = ""  # the newest Docker timestamp taken (RFC 3339, nanoseconds: sorts as text)
     at_last: int = 0  # lines taken with exactly that timestamp
     seq: int = 0  # the last line's number
     segment: int = 0  # first seq of the segment being written (0: none yet)

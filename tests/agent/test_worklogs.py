@@ -268,6 +268,46 @@ def frames(*texts: str) -> tuple[bytearray, list]:
     return buffer, where
 
 
+def stamped(*lines: tuple[int, int, str]) -> tuple[bytearray, list]:
+    """Docker's frames of ``(stream, nanoseconds, text)`` lines, in the order given (1 stdout, 2 stderr)."""
+    buffer, where = bytearray(), []
+    for stream, ns, text in lines:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
+        payload = f"{stamp} {text}\n".encode()
+        where.append((stream, len(buffer) + 8, len(buffer) + 8 + len(payload)))
+        buffer += bytes([stream, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+    return buffer, where
+
+
+def test_a_line_logged_after_a_later_stamped_line_of_the_other_stream_is_kept_and_a_reconnect_repeats_none():
+    """Docker stamps stdout and stderr in two racing copiers: its log is not in time order (the CI lost a
+    training script's first stdout line, logged after Lightning's stderr lines stamped later)."""
+    from agent.collector import Collector, Follower
+
+    collector = Collector("node-y", docker_client().api)
+    begin(7)
+    follower = Follower(collector, "container-id", 7, worklogs.state_read(7, 1))
+    t = time.time_ns()
+    skip = follower._take(*stamped((2, t + 2000, "GPU available: False"), (1, t + 1000, "start: fresh")), 0)
+    follower._take(*stamped((2, t + 3000, "fit begins"), (2, t + 3000, "same time")), skip)
+    follower.commit()
+    state = follower.writer.state
+    assert (state.last_ts[20:29], state.at_last) == (f"{(t + 3000) % 10**9:09d}", 2), "the newest time taken"
+    # A reconnect: Docker gives the lines from the newest time taken (its own time included), then new ones.
+    again = Follower(collector, "container-id", 7, worklogs.state_read(7, 1))
+    again._take(*stamped((2, t + 3000, "fit begins"), (2, t + 3000, "same time"), (1, t + 4000, "epoch 0")), 2)
+    again.commit()
+
+    got = [(line["stream"], line["line"]) for line in lines_of()]
+    assert got == [
+        ("stderr", "GPU available: False"),
+        ("stdout", "start: fresh"),
+        ("stderr", "fit begins"),
+        ("stderr", "same time"),
+        ("stdout", "epoch 0"),
+    ]
+
+
 def test_with_no_room_for_logs_the_collector_stores_no_output_and_says_why_then_how_much_went(monkeypatch):
     from agent.collector import Collector, Follower
 
