@@ -96,7 +96,7 @@ def main():
             times.append(time.perf_counter() - start)
         from scheduler.telemetry import streams
 
-        [workload_doc] = streams.history_read(streams.workload_stream(w.pk), count=1)
+        [workload_doc] = streams.history_read(streams.workload_stream(node.name, w.pk), count=1)
         times.sort()
         _setup.report(
             {

@@ -25,8 +25,9 @@ name (``tests/test_messages.py`` holds the two sides together).
                                host asks the scheduler
                                worker: INSTANCE_STATUS_PUSH)
     monitor.node.<name>        the host's sampler         the cluster and node monitors
-    monitor.workload.<id>      the host's sampler         the instance monitor
-                                                          (telemetry.sample -> telemetry_sample)
+    monitor.workload.<name>.<id>  host <name>'s sampler   the instance monitor, while the instance is
+                                                          on that host (telemetry.sample; it follows a
+                                                          move on the owner's instance.status)
     terminals-<id>             whatever ends a user's     the user's open terminals
                                access (a new password,    (terminal.revoke -> terminal_revoke)
                                deactivation, leaving a
@@ -239,5 +240,7 @@ def node_group(node_name: str) -> str:
     return f"monitor.node.{node_name}"
 
 
-def workload_group(workload_id: int) -> str:
-    return f"monitor.workload.{workload_id}"
+def workload_group(node_name: str, workload_id: int) -> str:
+    """A workload's live samples from host ``node_name``: named by host, so that a host's Redis user publishes to
+    its own work's groups only (``core.redis_acl``)."""
+    return f"monitor.workload.{node_name}.{workload_id}"

@@ -11,13 +11,13 @@ queue (a launch, a move's capability), flush the database, or publish to any gro
   ``unacked_mutex.<name>``: the settings give a process with a ``NODE_NAME`` these transport options);
 - push to the scheduler's queue and never read it (Redis 7's write-only key permission): what it sends there is
   signed with its own key and checked by the control plane (``core.signing``);
-- append to its node's live history stream and to workloads' (``scheduler.telemetry.streams``), and publish to its
-  node's group and to workloads' groups (the sampler's documents); not to users' groups: an instance's status
-  change on a host is pushed by the control plane (``ToScheduler.INSTANCE_STATUS_PUSH``);
+- append to its node's live history stream and to its own workloads' (``scheduler.telemetry.streams``), and
+  publish to its node's group and to its workloads' groups (the sampler's documents). A workload's stream and group
+  are named by host and id (``monitor.workload.<name>.<id>``): a host writes no sample into the charts of work on
+  another host; the instance monitor watches the host its instance is on and follows it when it moves. Not to
+  users' groups: an instance's status change on a host is pushed by the control plane
+  (``ToScheduler.INSTANCE_STATUS_PUSH``);
 - no command of Redis's ``@dangerous`` category (``FLUSHALL``, ``KEYS``, ``CONFIG``, ``MONITOR``, ``DEBUG`` ...).
-
-Not yet per host: workloads' streams and groups are named by id, not by host, so a taken host can still write
-samples for other hosts' workloads to their viewers' charts (display only; said in the README's known limits).
 """
 
 from django.conf import settings
@@ -39,15 +39,15 @@ def unacked_keys(node_name: str) -> dict[str, str]:
     }
 
 
-def _any(name_of) -> str:
-    """A pattern for every name ``name_of(id)`` gives."""
-    return name_of(0).removesuffix("0") + "*"
+def _any(node_name: str, name_of) -> str:
+    """A pattern for every name ``name_of(node_name, id)`` gives (the id last, after a separator)."""
+    return name_of(node_name, 0).removesuffix("0") + "*"
 
 
 def host_rules(node_name: str, password_sha256: str, *, streams: list[str], workload_stream) -> list[str]:
     """``ACL SETUSER node-<name>``'s rules for host ``node_name`` logging in with the password of that SHA-256.
-    ``streams``: its node's live history keys; ``workload_stream(id)``: a workload's history key (both named by
-    ``scheduler.telemetry.streams``, which the caller passes: core imports no app)."""
+    ``streams``: its node's live history keys; ``workload_stream(name, id)``: a workload's history key on a host
+    (both named by ``scheduler.telemetry.streams``, which the caller passes: core imports no app)."""
     from core.messages import node_group, node_queue, workload_group
 
     keys = []
@@ -56,7 +56,7 @@ def host_rules(node_name: str, password_sha256: str, *, streams: list[str], work
     keys += [f"~{key}" for key in unacked_keys(node_name).values()]
     scheduler = settings.SCHEDULER_QUEUE
     keys += [f"%W~{scheduler}", f"%W~{scheduler}{SEP}*"]
-    keys += [f"~{key}" for key in streams] + [f"~{_any(workload_stream)}"]
+    keys += [f"~{key}" for key in streams] + [f"~{_any(node_name, workload_stream)}"]
     group = "&asgi__group__"  # channels-redis's pub/sub layer publishes a group's messages on this channel
-    channels = [group + node_group(node_name), group + _any(workload_group)]
+    channels = [group + node_group(node_name), group + _any(node_name, workload_group)]
     return ["reset", "on", f"#{password_sha256}", *keys, *channels, "+@all", "-@dangerous"]

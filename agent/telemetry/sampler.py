@@ -94,9 +94,8 @@ class Sampler:
                 readings={uuid: r for (w, uuid), r in own.items() if w == tenant.workload_id},
                 usage=usage.get(tenant.container_id),
             )
-            outgoing.append(
-                (messages.workload_group(tenant.workload_id), streams.workload_stream(tenant.workload_id), tenant_doc)
-            )
+            group = messages.workload_group(self.node_name, tenant.workload_id)
+            outgoing.append((group, streams.workload_stream(self.node_name, tenant.workload_id), tenant_doc))
         point = streams.backfill_due(t)  # the first sample of a backfill step: also kept, cut, as a point
         # Serialized once: the history and every viewer get these bytes.
         texts = [(group, stream, _dumps(d), _dumps(charted(d)) if point else None) for group, stream, d in outgoing]

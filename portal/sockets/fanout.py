@@ -30,11 +30,17 @@ Send = Callable[[str], Awaitable[None]]
 
 
 class Watcher:
-    """One socket's hold on the groups it watches: samples go to ``send`` once it is ``open()``."""
+    """One socket's hold on the groups it watches: samples go to ``send`` once it is ``open()``; an instance's
+    status change (``messages.INSTANCE_STATUS``, in a user's group) goes to ``on_status``, if it has one."""
 
-    def __init__(self, send: Send):
-        self.send = send
+    def __init__(self, send: Send, on_status: Callable[[dict], Awaitable[None]] | None = None):
+        self.send, self.on_status = send, on_status
         self.held: list[str] | None = []  # samples that came before the backfill went out; None once open
+
+    def hold(self) -> None:
+        """Queue samples again until the next ``open()`` (a new backfill is on its way)."""
+        if self.held is None:
+            self.held = []
 
     async def deliver(self, text: str) -> None:
         if self.held is not None:
@@ -94,6 +100,9 @@ class Fanout:
                 log.exception("monitor samples of %s: receive failed", group)
                 await asyncio.sleep(1)
                 continue
+            if message.get("type") == messages.INSTANCE_STATUS:
+                await self._status(group, message)
+                continue
             if message.get("type") != messages.TELEMETRY_SAMPLE:
                 continue
             text = message["doc"]
@@ -103,6 +112,13 @@ class Fanout:
             for outcome in sent:
                 if isinstance(outcome, Exception):  # one socket gone wrong must not starve the others
                     log.error("monitor sample to a socket of %s failed", group, exc_info=outcome)
+
+    async def _status(self, group: str, message: dict) -> None:
+        watchers = [w for w in self.watchers.get(group, ()) if w.on_status is not None]
+        done = await asyncio.gather(*(watcher.on_status(message) for watcher in watchers), return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, Exception):
+                log.error("a status change to a monitor socket of %s failed", group, exc_info=outcome)
 
 
 _fanouts: dict[asyncio.AbstractEventLoop, Fanout] = {}

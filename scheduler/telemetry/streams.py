@@ -27,8 +27,9 @@ def node_stream(node_name: str) -> str:
     return f"gpucloud:{settings.DEPLOYMENT_ID}:monitor:node:{node_name}"
 
 
-def workload_stream(workload_id: int) -> str:
-    return f"gpucloud:{settings.DEPLOYMENT_ID}:monitor:workload:{workload_id}"
+def workload_stream(node_name: str, workload_id: int) -> str:
+    """A workload's history as host ``node_name`` sampled it (named by host, as its group: ``core.redis_acl``)."""
+    return f"gpucloud:{settings.DEPLOYMENT_ID}:monitor:workload:{node_name}:{workload_id}"
 
 
 def backfill_stream(key: str) -> str:

@@ -259,8 +259,10 @@ def test_a_taken_hosts_redis_user_reaches_only_its_own_queues(cluster):
     other node's live group; its own agent still takes its queue (the suite's other tests run on it)."""
     url = agent_environ(cluster, 1)["REDIS_URL"]
     assert url.startswith("redis://node-h1:")
+    work_history = f"gpucloud:{agent_environ(cluster, 1)['DEPLOYMENT_ID']}:monitor:workload"  # streams.py's names
     attempts = {
         "its own queue": ["LLEN", "node.h1"],
+        "its own work's history": ["XADD", f"{work_history}:h1:1", "MAXLEN", "1", "*", "d", "{}"],
         "h2's queue": ["LRANGE", "node.h2", 0, -1],
         "h2's slow queue taken": ["RPOP", "node.h2.slow"],
         "h2's queue deleted": ["DEL", "node.h2"],
@@ -269,10 +271,13 @@ def test_a_taken_hosts_redis_user_reaches_only_its_own_queues(cluster):
         "every key listed": ["KEYS", "*"],
         "others' unacknowledged messages": ["HGETALL", "unacked"],
         "h2's live group": ["PUBLISH", "asgi__group__monitor.node.h2", "x"],
+        "the charts of h2's work": ["PUBLISH", "asgi__group__monitor.workload.h2.1", "x"],
+        "the history of h2's work": ["XADD", f"{work_history}:h2:1", "*", "d", "{}"],
         "a user's pages": ["PUBLISH", "asgi__group__user-1", "x"],
         "the control plane as Redis's administrator": ["AUTH", "default", "guess"],
     }
     answers = run_as_host(cluster, 1, REDIS_ATTEMPTS, url, attempts)
     assert not answers.pop("its own queue").startswith("denied"), answers
+    assert not answers.pop("its own work's history").startswith("denied"), answers
     allowed = {name: answer for name, answer in answers.items() if not answer.startswith("denied")}
     assert not allowed, allowed

@@ -340,7 +340,7 @@ def test_a_node_agent_runs_its_whole_lifecycle_on_its_least_privilege_database_r
     instance = cluster.create_instance(catalog)
     job = cluster.create_job(catalog, "sleep 1; echo done")
     wait_status(instance, "running", timeout=30)
-    stream = streams.workload_stream(instance.pk)
+    stream = streams.workload_stream(cluster.node_name, instance.pk)
     wait_for(lambda: cluster.redis().xlen(stream) >= 2, timeout=20, what="GPU samples taken as the node role")
     wait_status(job, "succeeded", timeout=30)
     assert cluster.api("post", f"instances/{instance.instance.pk}/stop/").status_code == 202

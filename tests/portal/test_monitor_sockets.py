@@ -133,3 +133,76 @@ def test_a_backfill_that_cannot_be_read_opens_the_socket_empty_and_samples_still
     sampler.close()
     assert connected and backfill == {"type": "history", "samples": []}
     assert live["t"] == t
+
+
+def test_an_instance_monitor_watches_the_host_its_instance_is_on_and_follows_it(user, catalog):
+    """Samples are named by host (a host's Redis user publishes to its own work's groups only): the socket of a
+    queued instance waits for its placement, then follows it to another host on the control plane's status push."""
+    from channels.layers import get_channel_layer
+    from channels.testing import WebsocketCommunicator
+    from django.db import connection
+
+    from config.asgi import application
+    from core import messages
+    from portal.models import Instance
+    from portal.receivers import instance_status_send
+    from scheduler.models import Allocation, Workload, WorkloadStatus
+    from scheduler.services.allocation import Share, allocation_create
+    from tests.scheduler.factories import workload
+
+    first, second = make_node("sim:1xRTX3090"), make_node("sim:1xRTX3090")
+    queued = workload(user, gpu_model=first.gpus.get().model)
+    instance = Instance.objects.create(
+        owner=user, name="i", image=catalog["image"], gpu_type=catalog["rtx3090"], gpus=1, cpu_cores=1,
+        memory_gb=1, disk_gb=10, workload=queued,
+    )  # fmt: skip
+    samplers = {n.name: Sampler(n, backend=SimulatedBackend(), docker_client=None) for n in (first, second)}
+
+    def place(node) -> None:
+        """The control plane puts the instance on ``node`` (its card whole) and pushes its status."""
+        Allocation.objects.filter(workload=queued).delete()
+        Workload.objects.filter(pk=queued.pk).update(status=WorkloadStatus.QUEUED, node=None)
+        queued.refresh_from_db()
+        card = node.gpus.get()
+        assert allocation_create(workload=queued, node_id=node.pk, shares=[Share(card.pk, 1000, card.memory_mb)])
+        Workload.objects.filter(pk=queued.pk).update(status=WorkloadStatus.RUNNING)
+        instance_status_send(user.pk, instance.pk, "running", "")
+        connection.close()
+
+    async def next_live(socket) -> dict:
+        while True:
+            message = json.loads(await socket.receive_from(timeout=10))
+            if message.get("v") == 1:
+                return message
+
+    cookie = session_cookie(user).encode()
+    forged = json.dumps({"v": 1, "t": time.time(), "node": first.name, "workload": queued.pk, "gpus": []})
+
+    async def scenario():
+        headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1"), (b"cookie", cookie)]
+        socket = WebsocketCommunicator(application, f"/ws/monitor/instances/{instance.pk}/", headers=headers)
+        connected, _ = await socket.connect(timeout=10)
+        opened = json.loads(await socket.receive_from(timeout=10))
+        await asyncio.to_thread(place, first)
+        placed = json.loads(await socket.receive_from(timeout=10))  # the first host's history (none yet)
+        on_first = await asyncio.to_thread(sample, samplers[first.name])
+        live_first = await next_live(socket)
+        await asyncio.to_thread(place, second)
+        moved = json.loads(await socket.receive_from(timeout=10))
+        # The first host, no longer the instance's, publishes for it: the socket left that host's group.
+        await get_channel_layer().group_send(
+            messages.workload_group(first.name, queued.pk), {"type": messages.TELEMETRY_SAMPLE, "doc": forged}
+        )
+        on_second = await asyncio.to_thread(sample, samplers[second.name])
+        live_second = await next_live(socket)
+        await socket.disconnect()
+        return connected, opened, placed, on_first, live_first, moved, on_second, live_second
+
+    connected, opened, placed, on_first, live_first, moved, on_second, live_second = asyncio.run(scenario())
+    for sampler in samplers.values():
+        sampler.close()
+    assert connected and opened == {"type": "history", "samples": []}, "queued: no host, no samples"
+    assert placed["type"] == "history"
+    assert (live_first["node"], live_first["workload"], live_first["t"]) == (first.name, queued.pk, on_first["t"])
+    assert moved["type"] == "history" and all(s["node"] == second.name for s in moved["samples"])
+    assert (live_second["node"], live_second["t"]) == (second.name, on_second["t"]), "not the first host's"

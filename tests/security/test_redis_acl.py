@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 from kombu import Connection
 
 from config.celery import app
-from core.messages import node_queue
+from core.messages import node_queue, workload_group
 from core.redis_acl import SEP, unacked_keys, username
 from scheduler.telemetry import streams
 
@@ -36,7 +36,9 @@ def host(tmp_path):
     )
     admin = redis.Redis.from_url(settings.REDIS_URL)
     yield name, client, password
+    stream = streams.workload_stream(name, 5)
     admin.delete(node_queue(name), node_queue(name) + SEP + "3", *unacked_keys(name).values())
+    admin.delete(streams.node_stream(name), stream, streams.backfill_stream(stream))
     admin.acl_deluser(username(name))
 
 
@@ -52,6 +54,9 @@ def test_a_host_uses_its_own_queues_and_streams_and_nothing_else(host):
     assert admin.lpop(settings.SCHEDULER_QUEUE) == b"reply"
     assert as_host.publish("asgi__group__monitor.node." + name, "sample") == 0
     assert as_host.xadd(streams.node_stream(name), {"d": "{}"})
+    assert as_host.publish("asgi__group__" + workload_group(name, 5), "sample") == 0  # its work's charts
+    assert as_host.xadd(streams.workload_stream(name, 5), {"d": "{}"})
+    assert as_host.xadd(streams.backfill_stream(streams.workload_stream(name, 5)), {"d": "{}"})
     refused = {
         "a name that starts with its own": lambda: as_host.lpush(own + "0", "x"),
         "another host's queue": lambda: as_host.lrange(node_queue("other"), 0, -1),
@@ -66,6 +71,11 @@ def test_a_host_uses_its_own_queues_and_streams_and_nothing_else(host):
         "another node's live group": lambda: as_host.publish("asgi__group__monitor.node.other", "x"),
         "a user's pages": lambda: as_host.publish("asgi__group__user-1", "x"),
         "another node's history": lambda: as_host.xadd(streams.node_stream("other"), {"d": "{}"}),
+        "the charts of work on another host": lambda: as_host.publish("asgi__group__" + workload_group("o", 5), "x"),
+        "of a host whose name starts with its own": lambda: as_host.publish(
+            "asgi__group__" + workload_group(name + "0", 5), "x"
+        ),
+        "the history of work on another host": lambda: as_host.xadd(streams.workload_stream("o", 5), {"d": "{}"}),
         "the web tier's cache": lambda: as_host.get(cache.make_key("anything")),
     }
     for what, attempt in refused.items():

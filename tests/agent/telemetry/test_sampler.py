@@ -106,7 +106,7 @@ def test_the_sampler_publishes_each_workloads_own_document(user, base_image, con
     sampler.sample_once()
     from scheduler.telemetry import streams
 
-    [text] = streams.history_read(streams.workload_stream(w.pk), count=1)
+    [text] = streams.history_read(streams.workload_stream(node.name, w.pk), count=1)
     assert f'"workload":{w.pk}' in text and '"share":0.3' in text and f'"mem_cap":{card.memory_mb * 3 // 10}' in text
     assert streams.history_read(streams.node_stream(node.name), count=5)
     sampler.close()
