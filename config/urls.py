@@ -7,12 +7,13 @@ from django.views.decorators.cache import cache_control
 from django.views.i18n import JavaScriptCatalog
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from portal.api import metrics
+from portal.api import metrics, registry_token
 from portal.console import work
 
 urlpatterns = [
     path("healthz/", work.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),  # Prometheus's default path
+    path("registry/token/", registry_token.registry_token, name="registry-token"),  # the registry's token server
     path("", include("portal.console.urls")),
     path("login/", work.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

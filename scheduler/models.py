@@ -624,3 +624,18 @@ class WorkloadGpuMinute(MinuteRollup):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["workload", "gpu", "minute"], name="workload_gpu_minute_once")]
         indexes = [models.Index(fields=["minute"])]
+
+
+class RegistryCredential(models.Model):
+    """A GPU host's own registry login (``manage.py registry_host_user``): the SHA-256 of its password.
+
+    The token server (``portal.services.registry_tokens``) checks it. Hosts' database roles are granted nothing
+    of this table (``db_roles``): a host reads no other host's login. Keyed by the host's name, so that it may be
+    made before the host first registers."""
+
+    host = models.CharField(max_length=63, unique=True)
+    password_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"registry login of {self.host}"

@@ -3,16 +3,26 @@
 Docker engines push and pull through their own client, given the credentials by
 ``agent.launcher``; the control plane talks to the registry's HTTP API (v2)
 only to ask whether an image is there and to delete one, from a worker task, never
-from a web request. Every host and the control plane share one registry user
-(REGISTRY_USERNAME / REGISTRY_PASSWORD); tenants never see it: they name images by
-catalog id, and the portal decides which ones they may use.
+from a web request. Tenants never see the registry's credentials: they name images by catalog id,
+and the portal decides which ones they may use. With token authentication (``REGISTRY_TOKEN_REALM``)
+each host logs in as itself and the web tier's token server (``portal.services.registry_tokens``)
+grants what it may do; the control plane signs its own tokens here (``token_signed``). Without it,
+every host and the control plane share the registry's one user (REGISTRY_USERNAME / REGISTRY_PASSWORD).
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import secrets
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import jwt
 import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from django.conf import settings
 
 from core.errors import ServiceError
@@ -99,16 +109,60 @@ def manifest_delete(name: ImageName) -> bool:
     return True
 
 
+def token_signed(subject: str, access: list[dict], *, now: float | None = None) -> dict:
+    """Distribution's token document granting ``subject`` the ``access`` entries ({type, name, actions}): a JWT
+    (RS256) signed with the control plane's key, its certificate in the header (``x5c``: the registry checks it
+    against the certificate it trusts, ``rootcertbundle``)."""
+    now = int(now or time.time())
+    ttl = settings.REGISTRY_TOKEN_TTL_S
+    claims = {
+        "iss": settings.REGISTRY_TOKEN_ISSUER,
+        "sub": subject,
+        "aud": settings.REGISTRY_TOKEN_SERVICE,
+        "exp": now + ttl,
+        "nbf": now - 1,
+        "iat": now,
+        "jti": secrets.token_hex(16),
+        "access": access,
+    }
+    key, chain = _token_key()
+    token = jwt.encode(claims, key, algorithm="RS256", headers={"x5c": chain})
+    issued = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    return {"token": token, "access_token": token, "expires_in": ttl, "issued_at": issued}
+
+
+def _token_key() -> tuple[object, list[str]]:
+    key_path, cert_path = Path(settings.REGISTRY_TOKEN_KEY), Path(settings.REGISTRY_TOKEN_CERTIFICATE)
+    try:
+        return _key_load(str(key_path), str(cert_path), key_path.stat().st_mtime_ns, cert_path.stat().st_mtime_ns)
+    except FileNotFoundError as exc:
+        raise RegistryError(f"no registry token key: {exc.filename} (python manage.py make_signing_keys)") from exc
+
+
+@functools.lru_cache(maxsize=2)
+def _key_load(key_path: str, cert_path: str, *_mtimes: int) -> tuple[object, list[str]]:
+    """The signing key and its certificate chain as ``x5c`` wants it (DER, base64)."""
+    key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+    certificate = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+    return key, [base64.b64encode(certificate.public_bytes(serialization.Encoding.DER)).decode()]
+
+
 def _request(method: str, name: ImageName, path: str, **kwargs) -> requests.Response:
     if not name.registry:
         raise RegistryError(f"image {name} names no registry")
     scheme = "https" if settings.REGISTRY_CA_FILE else "http"
-    auth = credentials(name.registry)
+    auth, headers = None, kwargs.pop("headers", {})
+    if settings.REGISTRY_TOKEN_REALM and name.registry == settings.REGISTRY:  # the control plane's own token
+        access = [{"type": "repository", "name": name.repository, "actions": ["pull", "delete"]}]
+        headers = headers | {"Authorization": f"Bearer {token_signed(settings.REGISTRY_USERNAME, access)['token']}"}
+    elif given := credentials(name.registry):
+        auth = (given["username"], given["password"])
     try:
         return requests.request(
             method,
             f"{scheme}://{name.registry}/v2/{name.repository}/{path}",
-            auth=(auth["username"], auth["password"]) if auth else None,
+            auth=auth,
+            headers=headers,
             verify=settings.REGISTRY_CA_FILE or True,
             timeout=TIMEOUT_S,
             **kwargs,

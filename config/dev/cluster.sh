@@ -116,12 +116,16 @@ secrets() { # random passwords and keys, made once per cluster directory (mode 6
 # The image registry (Debian's docker-registry, TLS with a CA of its own that every engine here trusts)
 # and the users' file storage (JuiceFS: metadata and data in this PostgreSQL, mounted on every host).
 REGISTRY=$CP:5000
+# Token mode: each host logs in to the registry as itself (portal/services/registry_tokens.py: it pulls any image,
+# pushes only what it saves); the engines get their tokens from the web tier on the control plane's address.
+REGISTRY_TOKEN_REALM=http://$CP:8000/registry/token/
 shared_env() { # what every part gets for the registry and the file storage (printed as NAME=value lines)
   cat <<ENV
 REGISTRY=$REGISTRY
 REGISTRY_USERNAME=gpucloud
 REGISTRY_PASSWORD=$REGISTRY_PASSWORD
 REGISTRY_CA_FILE=$DIR/registry/ca.crt
+REGISTRY_TOKEN_REALM=$REGISTRY_TOKEN_REALM
 SHARED_FS_META=postgres://gpucloud_fs@$CP:5432/gpucloud_fs_meta?sslmode=disable
 META_PASSWORD=$FS_DB_PASSWORD
 SHARED_FS_STORAGE=postgres
@@ -172,6 +176,9 @@ SHARED_FS_CACHE_DIR=$DIR/h$i/sharedfs/cache
 SHARED_FS_CACHE_MB=512
 ENV
   shared_env
+  # Its own registry login, after the control plane's (the last of a name wins): host_registry_login.
+  echo "REGISTRY_USERNAME=node-h$i"
+  echo "REGISTRY_PASSWORD=$(cat "$DIR/h$i/registry.password" 2>/dev/null)"
 }
 
 psql_admin() { # SQL as the instance's superuser, over its own unix socket
@@ -250,8 +257,8 @@ registry_answers() {
 
 start_registry() { # TLS: every engine here trusts its CA through /etc/docker/certs.d (shared by the namespaces)
   need docker-registry docker-registry
-  need htpasswd apache2-utils
-  REGISTRY_USERNAME=gpucloud REGISTRY_PASSWORD=$REGISTRY_PASSWORD REGISTRY_TLS_NAMES=$CP \
+  REGISTRY_TLS_NAMES=$CP REGISTRY_TOKEN_REALM=$REGISTRY_TOKEN_REALM REGISTRY_TOKEN_ISSUER=gpucloud-$DEPLOYMENT_ID \
+    REGISTRY_TOKEN_CERTIFICATE=$ROOT/var/keys/registry-token.pem \
     bash config/dev/registry.sh write "$DIR/registry" "$REGISTRY" >/dev/null
   install -D -m 644 "$DIR/registry/ca.crt" "/etc/docker/certs.d/$REGISTRY/ca.crt"
   spawn registry bash config/dev/registry.sh serve "$DIR/registry"
@@ -365,12 +372,19 @@ host_redis_user() { # host i's own Redis user (core.redis_acl: its own queues on
   "$PY" manage.py redis_host_user --host "h$1" --password-file "$file" >/dev/null
 }
 
+host_registry_login() { # host i's own registry login (pull any image, push what it saves); its password in its folder
+  local file=$DIR/h$1/registry.password
+  [ -s "$file" ] || (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$file")
+  DATABASE_URL=$(owner_url) "$PY" manage.py registry_host_user --host "h$1" --password-file "$file" >/dev/null
+}
+
 host_agent_up() {
   local i=$1 cards=$2 ns
   ns=$(host_ns "$i")
   mkdir -p "$DIR/h$i/volumes"
   host_keys "$i"
   host_redis_user "$i"
+  host_registry_login "$i"
   # Its addresses and secrets are its host's own (the control plane's settings are replaced).
   local -a environment
   mapfile -t environment < <(host_env "$i" "$cards")

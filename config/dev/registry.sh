@@ -11,6 +11,12 @@
 # same the scheduler worker and the node agents are given. LISTEN is the address:port it
 # listens on (default: REGISTRY, e.g. 127.0.0.1:5000; 0.0.0.0:5000 in a container).
 #
+# Token mode: with REGISTRY_TOKEN_REALM (the web tier's /registry/token/ URL, as the engines reach
+# it) and REGISTRY_TOKEN_CERTIFICATE (the control plane's registry-token.pem: make_signing_keys),
+# the registry takes bearer tokens from that token server instead of its one user: each host logs
+# in as itself there (portal/services/registry_tokens.py). REGISTRY_TOKEN_SERVICE and
+# REGISTRY_TOKEN_ISSUER must be the control plane's (defaults: gpucloud-registry, gpucloud-$DEPLOYMENT_ID).
+#
 # TLS: with REGISTRY_TLS_NAMES="10.231.0.1 registry.example" it serves HTTPS with a
 # certificate for those addresses/names, signed by a CA made here once (DIR/ca.crt, kept
 # when rewritten). Docker engines trust it per registry, no daemon flag or restart:
@@ -25,14 +31,25 @@ die() { echo "ERROR: $*" >&2; exit 1; }
 write() {
   local dir=$1 listen=${2:-${REGISTRY:-}}
   [ -n "$listen" ] || die "say where to listen: registry.sh write DIR HOST:PORT (or set REGISTRY)"
-  [ -n "${REGISTRY_USERNAME:-}" ] && [ -n "${REGISTRY_PASSWORD:-}" ] ||
-    die "set REGISTRY_USERNAME and REGISTRY_PASSWORD (the registry's one user)"
-  command -v htpasswd >/dev/null || die "htpasswd is missing: apt-get install apache2-utils"
   mkdir -p "$dir/storage"
   dir=$(cd "$dir" && pwd)
-  # bcrypt is the only hash the registry accepts; the password goes through stdin, not argv.
-  printf '%s\n' "$REGISTRY_PASSWORD" | htpasswd -iBc "$dir/htpasswd" "$REGISTRY_USERNAME" 2>/dev/null
-  chmod 600 "$dir/htpasswd"
+  local auth
+  if [ -n "${REGISTRY_TOKEN_REALM:-}" ]; then
+    [ -f "${REGISTRY_TOKEN_CERTIFICATE:-}" ] ||
+      die "REGISTRY_TOKEN_CERTIFICATE: name the control plane's registry-token.pem (make_signing_keys makes it)"
+    [ -n "${REGISTRY_TOKEN_ISSUER:-}" ] || die "set REGISTRY_TOKEN_ISSUER (the control plane's: gpucloud-\$DEPLOYMENT_ID)"
+    cp "$REGISTRY_TOKEN_CERTIFICATE" "$dir/token-issuer.pem"
+    auth=$(printf '  token:\n    realm: %s\n    service: %s\n    issuer: %s\n    rootcertbundle: %s\n' \
+      "$REGISTRY_TOKEN_REALM" "${REGISTRY_TOKEN_SERVICE:-gpucloud-registry}" "$REGISTRY_TOKEN_ISSUER" "$dir/token-issuer.pem")
+  else
+    [ -n "${REGISTRY_USERNAME:-}" ] && [ -n "${REGISTRY_PASSWORD:-}" ] ||
+      die "set REGISTRY_USERNAME and REGISTRY_PASSWORD (the registry's one user), or REGISTRY_TOKEN_REALM"
+    command -v htpasswd >/dev/null || die "htpasswd is missing: apt-get install apache2-utils"
+    # bcrypt is the only hash the registry accepts; the password goes through stdin, not argv.
+    printf '%s\n' "$REGISTRY_PASSWORD" | htpasswd -iBc "$dir/htpasswd" "$REGISTRY_USERNAME" 2>/dev/null
+    chmod 600 "$dir/htpasswd"
+    auth=$(printf '  htpasswd:\n    realm: gpucloud-registry\n    path: %s\n' "$dir/htpasswd")
+  fi
   local tls=""
   if [ -n "${REGISTRY_TLS_NAMES:-}" ]; then
     tls_files "$dir" "$REGISTRY_TLS_NAMES"
@@ -62,11 +79,9 @@ http:
     X-Content-Type-Options: [nosniff]
 ${tls:+$tls
 }auth:
-  htpasswd:
-    realm: gpucloud-registry
-    path: $dir/htpasswd
+$auth
 YAML
-  echo "wrote $dir/config.yml (listening on $listen${tls:+, TLS for $REGISTRY_TLS_NAMES})"
+  echo "wrote $dir/config.yml (listening on $listen${tls:+, TLS for $REGISTRY_TLS_NAMES}${REGISTRY_TOKEN_REALM:+, tokens from $REGISTRY_TOKEN_REALM})"
 }
 
 tls_files() {  # tls_files DIR "NAMES": a CA (made once) and a server certificate for NAMES signed by it

@@ -76,7 +76,9 @@ def image_save(*, instance: Instance, name: str, by=None) -> Image:
             node=node,
             source_instance=instance,
         )
-        image.docker_ref = registry.registry_ref(f"{REPOSITORY}:{settings.DEPLOYMENT_ID}-{image.pk}")
+        # In a registry each saved image has a repository of its own: a host's push grant names one image.
+        repository = f"{REPOSITORY}/u{instance.owner_id}-i{image.pk}" if settings.REGISTRY else REPOSITORY
+        image.docker_ref = registry.registry_ref(f"{repository}:{settings.DEPLOYMENT_ID}-{image.pk}")
         image.save(update_fields=["docker_ref"])
         audit.power_used(by=by, owner_id=instance.owner_id, action="save-image", target=f"instance {instance.pk}")
         send_after_commit(

@@ -109,8 +109,9 @@ def _disk_room_check(workload: Workload, target: Node) -> None:
 
 
 def move_snapshot_ref(move: Move) -> str:
-    """Where the source pushes the system disk of ``move``: the one snapshot the move may name."""
-    return registry.registry_ref(f"gpucloud-move:{settings.DEPLOYMENT_ID}-{move.workload.uid}-{move.pk}")
+    """Where the source pushes the system disk of ``move``: the one snapshot the move may name (a repository of
+    its own: the token server lets the source push there alone, ``portal.services.registry_tokens``)."""
+    return registry.registry_ref(f"gpucloud-move/m{move.pk}:{settings.DEPLOYMENT_ID}-{move.workload.uid}-{move.pk}")
 
 
 def move_report(move_id: int, report: dict, *, host: str | None = None) -> None:

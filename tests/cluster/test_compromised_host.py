@@ -1,7 +1,6 @@
 """A GPU host taken by its tenant (issue 31): holding exactly that host's credentials — its agent's environment,
 keys folder and database role, from its own network namespace — every attack on other hosts' work, anyone's bill
-or the control plane's reach is refused. What a host still shares with the others (the registry login; in Redis,
-workloads' live groups and history) is in the README's known limits, not here.
+or the control plane's reach is refused. What a taken host can still do is in the README's known limits.
 """
 
 import json
@@ -281,3 +280,21 @@ def test_a_taken_hosts_redis_user_reaches_only_its_own_queues(cluster):
     assert not answers.pop("its own work's history").startswith("denied"), answers
     allowed = {name: answer for name, answer in answers.items() if not answer.startswith("denied")}
     assert not allowed, allowed
+
+
+def test_a_taken_hosts_registry_login_pulls_any_image_and_pushes_over_none(cluster):
+    """h1's own registry login (its agent's environment), through h1's engine: the token server lets it pull the
+    catalog's image and not push over it (nor over any image it is not saving)."""
+    env = agent_environ(cluster, 1)
+    assert env["REGISTRY_USERNAME"] == "node-h1" and env["REGISTRY_TOKEN_REALM"]
+    auth = {"username": env["REGISTRY_USERNAME"], "password": env["REGISTRY_PASSWORD"]}
+    engine = cluster.engine(1)
+    repository = f"{env['REGISTRY']}/gpucloud/busybox-standin"
+    engine.images.pull(repository, tag="latest", auth_config=auth)  # raises if refused
+    pushed = engine.api.push(repository, tag="latest", auth_config=auth, stream=True, decode=True)
+    errors = [line["error"] for line in pushed if "error" in line]
+    assert errors, "h1 pushed over the catalog's image"
+    saved = f"{env['REGISTRY']}/gpucloud-saved/u1-i999999"
+    engine.images.get(f"{repository}:latest").tag(saved, "x")
+    pushed = engine.api.push(saved, tag="x", auth_config=auth, stream=True, decode=True)
+    assert [line for line in pushed if "error" in line], "h1 pushed an image it is not saving"

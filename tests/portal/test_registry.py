@@ -39,13 +39,15 @@ def free_port() -> int:
 
 
 class RegistryServer:
-    def __init__(self, folder: Path, *, tls: bool = False):
+    def __init__(self, folder: Path, *, tls: bool = False, env: dict | None = None):
         for tool, package in (("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils")):
             if shutil.which(tool) is None:
                 pytest.fail(f"{tool} is missing: apt-get install {package} (make test installs it)")
         self.address = f"127.0.0.1:{free_port()}"
         self.folder = folder
+        given = env or {}
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "REGISTRY_USERNAME": USERNAME, "REGISTRY_PASSWORD": PASSWORD}
+        env |= given
         if tls:
             env["REGISTRY_TLS_NAMES"] = "127.0.0.1"
         subprocess.run(["bash", str(SCRIPT), "write", str(folder), self.address], env=env, check=True)
@@ -185,7 +187,8 @@ def test_a_saved_image_starts_on_another_host_and_deleting_it_removes_it_from_th
     saved = api.post(f"/api/v1/instances/{instance.pk}/save-image/", {"name": "my-env"}, format="json")
     assert saved.status_code == 202, saved.data
     image = image_status(saved.data["id"], "ready")
-    assert image.docker_ref == f"{registry.address}/gpucloud-saved:{settings.DEPLOYMENT_ID}-{image.pk}"
+    repository = f"gpucloud-saved/u{instance.owner_id}-i{image.pk}"  # its own: a host's push grant is one image
+    assert image.docker_ref == f"{registry.address}/{repository}:{settings.DEPLOYMENT_ID}-{image.pk}"
     assert image.node is None and image.size_bytes > 0
     assert registry.manifest_status(image.docker_ref) == 200
 

@@ -142,6 +142,9 @@ MATRIX = {
     "console-array-action": ("post", {"action": "cancel"}, "", OWNED),
     "healthz": ("get", {}, "", OPEN),
     "metrics": ("get", {}, "", STAFF_ONLY),  # or a bearer token: tests/monitoring/test_metrics.py
+    # The registry's token server: basic credentials only, never a session (token mode is off here: 404 to all;
+    # with it on, a session gets 401): tests/portal/test_registry_tokens.py.
+    "registry-token": ("get", {}, "", (HIDDEN, HIDDEN, HIDDEN, HIDDEN)),
     "login": ("get", {}, "", OPEN),
     "logout": ("post", {}, "", SIGNS_OUT),
     "api-me": ("get", {}, "", MINE),

@@ -7,6 +7,8 @@
   ``relay.pub``), and puts the host's certificate in the control plane's store (``core.signing``).
 - Relay tickets: ``relay.key`` (Ed25519) stays on the control plane (web servers, scheduler worker), which
   signs them; ``relay.pub`` goes to every GPU host, whose relay checks them. A host cannot make a ticket.
+- Registry tokens: ``registry-token.key`` (RSA) stays on the control plane, which signs the registry's bearer
+  tokens with it; the registry trusts ``registry-token.pem`` (``portal.services.registry_tokens``).
 
 ``make run`` and ``make test`` run this; production copies the files to the hosts that need them (README).
 """
@@ -36,6 +38,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         self._celery()
         self._relay()
+        self._registry()
         if options["host"] or options["into"]:
             if not (options["host"] and options["into"]):
                 raise CommandError("--host and --into go together: the host's name and its keys folder")
@@ -82,6 +85,16 @@ class Command(BaseCommand):
             key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
         self.stdout.write(f"created relay keys: {key_path} (control plane only), {public_path} (every host)")
+
+    def _registry(self):
+        key_path, cert_path = Path(settings.REGISTRY_TOKEN_KEY), Path(settings.REGISTRY_TOKEN_CERTIFICATE)
+        if key_path.exists() and cert_path.exists():
+            self.stdout.write(f"registry token keys present: {key_path}, {cert_path}")
+            return
+        if Path(settings.RELAY_VERIFY_KEY).exists() and not Path(settings.RELAY_SIGNING_KEY).exists():
+            return  # a host's keys folder: it asks for tokens, it never makes one
+        _pair_write(key_path, cert_path, f"gpucloud {settings.DEPLOYMENT_ID} registry tokens")
+        self.stdout.write(f"created registry token keys: {key_path} (control plane only), {cert_path} (the registry)")
 
     def _celery(self):
         key_path, cert_path = Path(settings.CELERY_SECURITY_KEY), Path(settings.CELERY_SECURITY_CERTIFICATE)

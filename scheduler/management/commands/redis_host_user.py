@@ -11,14 +11,13 @@ the command saves it), else until it restarts.
 """
 
 import hashlib
-import sys
-from pathlib import Path
 
 import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from core.clients import redis_client
 from core.messages import is_node_name
+from core.password_files import first_line
 from core.redis_acl import host_rules, username
 from scheduler.telemetry import streams
 
@@ -44,7 +43,7 @@ class Command(BaseCommand):
             return
         if not password_file:
             raise CommandError("--password-file: name the file holding the host's Redis password")
-        password = _first_line(password_file)
+        password = first_line(password_file)
         if len(password) < 16:
             raise CommandError(f"--password-file: {password_file} holds no password of 16 characters or more")
         node_stream = streams.node_stream(host)
@@ -65,12 +64,3 @@ class Command(BaseCommand):
         except redis.ResponseError as exc:
             if "ACL file" not in str(exc) and "aclfile" not in str(exc):
                 raise
-
-
-def _first_line(path: str) -> str:
-    """The password in the file's first line ("-": standard input), "" when there is none."""
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        text = Path(path).read_text() if Path(path).is_file() else ""
-    return (text.splitlines() or [""])[0].strip()
