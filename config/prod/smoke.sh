@@ -81,6 +81,14 @@ grep -q '^NODE_REDIS_PASSWORD=' "$ENV_FILE" ||
 node_redis=$(sed -n 's/^NODE_REDIS_PASSWORD=//p' "$ENV_FILE")
 sed -i '/^NODE_REDIS_URL=/d' "$ENV_FILE"
 echo "NODE_REDIS_URL=redis://node-gpu1:$node_redis@127.0.0.1:6379/0" >>"$ENV_FILE"
+# The registry in token mode: the GPU server logs in as itself (registry_host_user, below); its password here.
+grep -q '^REGISTRY_TOKEN_REALM=' "$ENV_FILE" || cat >>"$ENV_FILE" <<ENV
+REGISTRY_TOKEN_REALM=https://$SERVER/registry/token/
+REGISTRY_TOKEN_ISSUER_CERT=$CACHE/keys/registry-token.pem
+NODE_REGISTRY_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
+ENV
+node_registry=$(sed -n 's/^NODE_REGISTRY_PASSWORD=//p' "$ENV_FILE")
+control_registry=$(sed -n 's/^REGISTRY_PASSWORD=//p' "$ENV_FILE")
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
@@ -106,7 +114,10 @@ CERTS_D=/etc/docker/certs.d/$SERVER
 install -D -m 644 "$CACHE/tls/cert.pem" "$CERTS_D/ca.crt"
 
 compose=(docker-compose --env-file "$ENV_FILE" -p gpprod -f docker-compose.yml)
+# The GPU server's own: keys folder, SECRET_KEY and registry login (its node.env would hold them; the shell's
+# values win over the env file's).
 node_compose=(env KEYS_DIR="$CACHE/node-keys" SECRET_KEY="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+  REGISTRY_USERNAME=node-gpu1 REGISTRY_PASSWORD="$node_registry"
   docker-compose --env-file "$ENV_FILE" -p gpprod-node -f docker-compose.node.yml)
 finish() {
   status=$?
@@ -147,9 +158,13 @@ done
 # The GPU server's Redis user, as the README's deployment steps make it (the password on standard input).
 printf %s "$node_redis" | "${compose[@]}" run --rm -T --no-deps web python manage.py redis_host_user --host gpu1 \
   --password-file - >&2
+# Its own registry login, the same way: it pulls any image and pushes only what it saves.
+printf %s "$node_registry" | "${compose[@]}" run --rm -T --no-deps web python manage.py registry_host_user \
+  --host gpu1 --password-file - >&2
+# The catalog is pushed with the control plane's registry login (a GPU server's may not push it).
 web_on_server=$(sed -n 's|^WEB_DATABASE_URL=\(.*\)@postgres:5432/\(.*\)$|\1@127.0.0.1:5432/\2|p' "$ENV_FILE")
-"${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" node-agent python manage.py build_images \
-  --only gpucloud/busybox-standin:latest |
+"${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" -e REGISTRY_USERNAME=gpucloud \
+  -e REGISTRY_PASSWORD="$control_registry" node-agent python manage.py build_images --only gpucloud/busybox-standin:latest |
   tail -2 >&2
 docker images --format '{{.Repository}}:{{.Tag}}' | grep "^$SERVER/" | xargs -r docker rmi >/dev/null  # pulled back on use
 phase "compose up (node agent)"
@@ -193,6 +208,20 @@ for name, command in [("own", ["LLEN", "node.gpu1"]), ("scheduler", ["LRANGE", "
 [ "$answers" = "$(printf 'own allowed\nscheduler refused\nflush refused\nother refused')" ] ||
   { echo "ERROR: the GPU server's Redis user: $answers" >&2; exit 1; }
 echo "GPU server's Redis user: its own queue only" >&2
+# The GPU server's registry login (token mode): it pulls the catalog's image and cannot push over it.
+answers=$("${node_compose[@]}" exec -T node-agent python -c '
+import os, docker
+repository = os.environ["REGISTRY"] + "/gpucloud/busybox-standin"
+auth = {"username": os.environ["REGISTRY_USERNAME"], "password": os.environ["REGISTRY_PASSWORD"]}
+api = docker.from_env().api
+api.pull(repository, tag="latest", auth_config=auth)
+print("pull allowed")
+pushed = api.push(repository, tag="latest", auth_config=auth, stream=True, decode=True)
+print("push", "refused" if any("error" in line for line in pushed) else "allowed")
+')
+[ "$answers" = "$(printf 'pull allowed\npush refused')" ] ||
+  { echo "ERROR: the GPU server's registry login: $answers" >&2; exit 1; }
+echo "GPU server's registry login (node-gpu1): pulls the catalog, cannot push over it" >&2
 # Nothing but the proxy answers from outside the server.
 for port in 8000 8001 5432 6379 5000; do
   if timeout 2 bash -c "</dev/tcp/$SERVER/$port" 2>/dev/null; then echo "ERROR: $SERVER:$port answers" >&2; exit 1; fi
