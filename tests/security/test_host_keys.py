@@ -34,6 +34,8 @@ def keys(tmp_path, settings):
     settings.CELERY_SECURITY_KEY = str(plane / "celery.key")
     settings.CELERY_SECURITY_CERTIFICATE = str(plane / "certs" / "celery.pem")
     settings.RELAY_SIGNING_KEY, settings.RELAY_VERIFY_KEY = str(plane / "relay.key"), str(plane / "relay.pub")
+    settings.REGISTRY_TOKEN_KEY = str(plane / "registry-token.key")
+    settings.REGISTRY_TOKEN_CERTIFICATE = str(plane / "registry-token.pem")
     for host in ("h1", "h2"):
         call_command("make_signing_keys", "--host", host, "--into", str(tmp_path / host), stdout=open("/dev/null", "w"))
     return tmp_path
@@ -60,6 +62,8 @@ def test_the_control_plane_hears_which_host_signed_and_the_control_planes_own_me
     assert plane.deserialize(plane.serialize(task_body()))[1] == {}
     assert sorted(p.name for p in (keys / "h1" / "certs").iterdir()) == ["celery.pem", "control-plane.pem"]
     assert not (keys / "h1" / "relay.key").exists() and (keys / "h1" / "relay.pub").exists()
+    assert (keys / "plane" / "registry-token.key").exists(), "the control plane signs the registry's tokens"
+    assert not list((keys / "h1").glob("registry-token*")), "a host asks for tokens, it never makes one"
 
 
 def test_a_host_cannot_pass_a_message_off_as_the_control_planes_in_another_shape(keys):

@@ -29,7 +29,7 @@ from core.messages import is_node_name
 
 
 class Command(BaseCommand):
-    help = "Create the keys that sign Celery messages and relay tickets (each kept if it exists)."
+    help = "Create the keys that sign Celery messages, relay tickets and registry tokens (each kept if it exists)."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", help="make this GPU host's own signing pair (its certificate names it)")
