@@ -6,7 +6,7 @@ only to ask whether an image is there and to delete one, from a worker task, nev
 from a web request. Tenants never see the registry's credentials: they name images by catalog id,
 and the portal decides which ones they may use. With token authentication (``REGISTRY_TOKEN_REALM``)
 each host logs in as itself and the web tier's token server (``portal.services.registry_tokens``)
-grants what it may do; the control plane signs its own tokens here (``token_signed``). Without it,
+grants what it may do (the token server signs them here: ``token_signed``). Without it,
 every host and the control plane share the registry's one user (REGISTRY_USERNAME / REGISTRY_PASSWORD).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -148,27 +149,40 @@ def _key_load(key_path: str, cert_path: str, *_mtimes: int) -> tuple[object, lis
 
 
 def _request(method: str, name: ImageName, path: str, **kwargs) -> requests.Response:
+    """One call to the registry's API with this process's login: basic credentials, or — where the registry asks for
+    a bearer token (token mode) — the token its realm grants that login for the scope the registry names."""
     if not name.registry:
         raise RegistryError(f"image {name} names no registry")
     scheme = "https" if settings.REGISTRY_CA_FILE else "http"
-    auth, headers = None, kwargs.pop("headers", {})
-    if settings.REGISTRY_TOKEN_REALM and name.registry == settings.REGISTRY:  # the control plane's own token
-        access = [{"type": "repository", "name": name.repository, "actions": ["pull", "delete"]}]
-        headers = headers | {"Authorization": f"Bearer {token_signed(settings.REGISTRY_USERNAME, access)['token']}"}
-    elif given := credentials(name.registry):
-        auth = (given["username"], given["password"])
+    given = credentials(name.registry)
+    auth = (given["username"], given["password"]) if given else None
+    url = f"{scheme}://{name.registry}/v2/{name.repository}/{path}"
+    verify = settings.REGISTRY_CA_FILE or True
     try:
-        return requests.request(
-            method,
-            f"{scheme}://{name.registry}/v2/{name.repository}/{path}",
-            auth=auth,
-            headers=headers,
-            verify=settings.REGISTRY_CA_FILE or True,
-            timeout=TIMEOUT_S,
-            **kwargs,
-        )
+        response = requests.request(method, url, auth=auth, verify=verify, timeout=TIMEOUT_S, **kwargs)
+        challenge = response.headers.get("WWW-Authenticate", "")
+        if response.status_code != 401 or not challenge.lower().startswith("bearer "):
+            return response
+        token = _bearer_token(dict(_CHALLENGE_PARAM.findall(challenge)), auth, verify)
+        if token is None:
+            return response
+        headers = kwargs.pop("headers", {}) | {"Authorization": f"Bearer {token}"}
+        return requests.request(method, url, headers=headers, verify=verify, timeout=TIMEOUT_S, **kwargs)
     except requests.RequestException as exc:
         raise RegistryError(f"the registry {name.registry} cannot be reached: {_first_line(exc)}") from exc
+
+
+_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _bearer_token(challenge: dict, auth, verify) -> str | None:
+    """The token the challenge's realm grants ``auth`` for its service and scope (None: refused)."""
+    params = {key: challenge[key] for key in ("service", "scope") if key in challenge}
+    response = requests.get(challenge.get("realm", ""), params=params, auth=auth, verify=verify, timeout=TIMEOUT_S)
+    if response.status_code != 200:
+        return None
+    answer = response.json()
+    return answer.get("token") or answer.get("access_token")
 
 
 def _check(response: requests.Response, name: ImageName) -> None:
