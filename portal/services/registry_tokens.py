@@ -68,7 +68,7 @@ def password_sha256(password: str) -> str:
 def caller_of(username: str, password: str) -> Caller | None:
     """The caller these basic credentials name, or None (unknown, wrong password)."""
     control = settings.REGISTRY_USERNAME
-    if control and username == control:
+    if control and username == control and not username.startswith(USER_PREFIX):  # never a host's name
         if settings.REGISTRY_PASSWORD and hmac.compare_digest(password.encode(), settings.REGISTRY_PASSWORD.encode()):
             return Caller(subject=username)
         return None

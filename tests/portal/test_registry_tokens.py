@@ -156,3 +156,21 @@ def test_a_host_cannot_delete_and_the_control_plane_deletes_with_its_own_token(r
     )
     assert refused.status_code == 401, "its token grants no delete"
     assert manifest_delete(name) and manifest_digest(name) is None
+
+
+def test_a_hosts_api_calls_follow_the_challenge_with_its_own_login(registry, user, base_image, tmp_path, monkeypatch):
+    """``scheduler.registry`` on a GPU host (``build_images`` asks whether the registry has an image): it answers the
+    registry's bearer challenge with the token its own login gets, which reads but does not delete. (Only the
+    caller's login is the host's: the token server, in this process, keeps the control plane's settings.)"""
+    from scheduler import registry as calls
+    from scheduler.registry import RegistryError
+
+    ref = tagged(base_image, f"{registry.address}/gpucloud/busybox-standin:challenge")
+    assert push(ref, {"username": USERNAME, "password": PASSWORD}) == ""
+    host = host_login(make_node("sim:1xRTX3090").name, tmp_path)
+    with monkeypatch.context() as patched:
+        patched.setattr(calls, "credentials", lambda registry: host)
+        assert manifest_digest(image_name(ref)).startswith("sha256:")
+        with pytest.raises(RegistryError, match="refused"):
+            manifest_delete(image_name(ref))
+    assert manifest_digest(image_name(ref)).startswith("sha256:"), "still there"
