@@ -276,9 +276,10 @@ class Follower:
             if buffer[start : start + TS] != last:
                 break
             same += 1
-        if last.decode() > state.last_ts:  # the newest time taken only grows (a reconnect reads from it)
-            state.last_ts, state.at_last = last.decode(), same
-        elif last.decode() == state.last_ts:
+        newest = last.decode()
+        if newest > state.last_ts:  # the newest time taken only grows (a reconnect reads from it)
+            state.last_ts, state.at_last = newest, same
+        elif newest == state.last_ts:
             state.at_last += same
         newest, held = [], 0
         for frame in reversed(frames):

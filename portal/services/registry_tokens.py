@@ -21,7 +21,6 @@ specification has it.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from core.errors import InvalidInput
+from core.host_logins import password_sha256
 from core.messages import is_node_name
 from core.redis_acl import USER_PREFIX
 from portal.models import Image, ImageStatus
@@ -56,13 +56,6 @@ class Scope:
     type: str
     name: str
     actions: tuple[str, ...]
-
-    def __str__(self) -> str:
-        return f"{self.type}:{self.name}:{','.join(self.actions)}"
-
-
-def password_sha256(password: str) -> str:
-    return hashlib.sha256(password.encode()).hexdigest()
 
 
 def caller_of(username: str, password: str) -> Caller | None:

@@ -33,8 +33,9 @@ class Watcher:
     """One socket's hold on the groups it watches: samples go to ``send`` once it is ``open()``; an instance's
     status change (``messages.INSTANCE_STATUS``, in a user's group) goes to ``on_status``, if it has one."""
 
-    def __init__(self, send: Send, on_status: Callable[[dict], Awaitable[None]] | None = None):
-        self.send, self.on_status = send, on_status
+    def __init__(self, send: Send):
+        self.send = send
+        self.on_status: Callable[[dict], Awaitable[None]] | None = None  # set by a socket that follows its instance
         self.held: list[str] | None = []  # samples that came before the backfill went out; None once open
 
     def hold(self) -> None:

@@ -10,46 +10,31 @@ Redis keeps the user for good where it keeps its users in a file (``aclfile``: d
 the command saves it), else until it restarts.
 """
 
-import hashlib
-
 import redis
-from django.core.management.base import BaseCommand, CommandError
 
 from core.clients import redis_client
-from core.messages import is_node_name
-from core.password_files import first_line
+from core.host_logins import HostLoginCommand
 from core.redis_acl import host_rules, username
 from scheduler.telemetry import streams
 
 
-class Command(BaseCommand):
+class Command(HostLoginCommand):
     help = "Create (or replace, or --remove) a GPU host's own Redis user, limited to its own queues."
+    service = "Redis"
+    remove_help = "delete the host's user (its connections close)"
 
-    def add_arguments(self, parser):
-        parser.add_argument("--host", required=True, help="the node's name")
-        parser.add_argument(
-            "--password-file", help="a file holding the host's Redis password (first line); - reads it from stdin"
-        )
-        parser.add_argument("--remove", action="store_true", help="delete the host's user (its connections close)")
-
-    def handle(self, *args, host, password_file, remove, **options):
-        if not is_node_name(host):
-            raise CommandError(f"--host: '{host}' is not a node name (letters, digits, '-' and '_')")
+    def login_remove(self, host: str) -> None:
         client = redis_client()
-        if remove:
-            client.acl_deluser(username(host))
-            self._save(client)
-            self.stdout.write(f"Redis user {username(host)} removed")
-            return
-        if not password_file:
-            raise CommandError("--password-file: name the file holding the host's Redis password")
-        password = first_line(password_file)
-        if len(password) < 16:
-            raise CommandError(f"--password-file: {password_file} holds no password of 16 characters or more")
+        client.acl_deluser(username(host))
+        self._save(client)
+        self.stdout.write(f"Redis user {username(host)} removed")
+
+    def login_set(self, host: str, sha256: str) -> None:
+        client = redis_client()
         node_stream = streams.node_stream(host)
         rules = host_rules(
             host,
-            hashlib.sha256(password.encode()).hexdigest(),
+            sha256,
             streams=[node_stream, streams.backfill_stream(node_stream)],
             workload_stream=streams.workload_stream,
         )
