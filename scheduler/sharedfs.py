@@ -10,8 +10,9 @@ one host is read on another.
 
 What the control plane and the node agents both do with the volume lives here,
 through the ``juicefs`` command line: format it once, give a user a directory
-with its quota, and read every user's usage (billing). Nothing here talks to
-Docker or runs inside a database transaction.
+with its quota, and read every user's usage (billing); with the metadata in
+PostgreSQL, also one setting of the metadata role there (``metadata_idle_limit``).
+Nothing here talks to Docker or runs inside a database transaction.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+import psycopg
 from django.conf import settings
+from psycopg import sql
 
 from core.errors import ServiceError
 
@@ -137,6 +141,7 @@ def volume_format() -> bool:
             )
         if existing.get("TrashDays", 1) != 0:
             juicefs("config", settings.SHARED_FS_META, "--trash-days", "0", "--yes")
+        metadata_idle_limit()
         return False
     if settings.SHARED_FS_STORAGE == "file":
         Path(settings.SHARED_FS_BUCKET).mkdir(parents=True, exist_ok=True)
@@ -157,6 +162,55 @@ def volume_format() -> bool:
         settings.SHARED_FS_NAME,
         env={k: v for k, v in keys.items() if v},
     )
+    metadata_idle_limit()
+    return True
+
+
+# libpq's own keys in a JuiceFS PostgreSQL URL's query (JuiceFS takes others, such as search_path, itself).
+_LIBPQ_KEYS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "connect_timeout", "target_session_attrs"}
+
+
+def metadata_idle_limit() -> bool:
+    """Have PostgreSQL end a metadata session left idle in a transaction for ``SHARED_FS_META_IDLE_TX_S``.
+
+    JuiceFS's metadata transactions lock rows (a directory's row, ``FOR UPDATE``,
+    while a name is made or renamed in it). A host cut off from the network in
+    the middle of one leaves its session there, holding the lock: the server
+    hears nothing more, and without a limit keeps it until TCP gives up on the
+    peer (two hours and more by default) — every other host's writes in that
+    directory (the checkpoint folder of a job requeued from the lost host) wait
+    that long. With the limit the session ends and its transaction rolls back
+    (nothing the lost host was writing lands). JuiceFS's own transactions are
+    never idle for more than milliseconds. Set for the metadata role in the
+    metadata database only (``ALTER ROLE CURRENT_USER IN DATABASE``, which any
+    role may do for itself), for the sessions that start after; True when set,
+    False for metadata that is not in PostgreSQL.
+    """
+    url = urlsplit(settings.SHARED_FS_META)
+    if url.scheme not in ("postgres", "postgresql"):
+        return False
+    options = {key: value for key, value in parse_qsl(url.query) if key in _LIBPQ_KEYS}
+    dbname = unquote(url.path.lstrip("/"))
+    password = unquote(url.password) if url.password is not None else os.environ.get("META_PASSWORD", "")
+    limit = f"{int(settings.SHARED_FS_META_IDLE_TX_S * 1000)}ms"
+    try:
+        with psycopg.connect(
+            host=url.hostname or "",
+            port=url.port or 5432,
+            user=unquote(url.username or ""),
+            password=password,
+            dbname=dbname,
+            autocommit=True,
+            **options,
+        ) as conn:
+            conn.execute(
+                sql.SQL("ALTER ROLE CURRENT_USER IN DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
+                    sql.Identifier(dbname), sql.Literal(limit)
+                )
+            )
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SharedFsError(f"the shared storage's metadata database could not be set up: {reason}") from exc
     return True
 
 

@@ -433,3 +433,32 @@ def test_a_mount_that_stops_answering_loses_its_client_and_nothing_it_held_lands
     host_fs.mount_ensure()
     assert os.listdir(point) is not None
     host_fs.unmount(point)
+
+
+def test_a_host_cut_off_inside_a_metadata_transaction_holds_its_files_no_longer_than_the_limit(volume, settings):
+    """JuiceFS changes a file's metadata in a transaction (its row updated, then its chunks, then COMMIT). A host
+    cut off in the middle leaves its session idle in that transaction, the row locked: PostgreSQL ends it after
+    SHARED_FS_META_IDLE_TX_S (set by formatting), so another host's write to the file (a requeued job's
+    checkpoint) waits that long, not the hours TCP takes to give up on the lost host."""
+    settings.SHARED_FS_META_IDLE_TX_S = 2
+    assert sharedfs.metadata_idle_limit() is True  # as `manage.py sharedfs_format` does
+    step = Path(volume["mounts"]["host1"]) / f"step-{uuid.uuid4().hex}"
+    step.write_text("7\n")
+    writer = None
+    # The lost host's session, as a truncate leaves it after its first statement.
+    lost = psycopg.connect(volume["settings"]["SHARED_FS_META"])
+    try:
+        held = lost.execute("UPDATE jfs_node SET length = 0 WHERE inode = %s", (step.stat().st_ino,))
+        assert held.rowcount == 1
+        on_host2 = Path(volume["mounts"]["host2"]) / step.name
+        writer = subprocess.Popen(["sh", "-c", f"echo 8 > {on_host2}"], stderr=subprocess.PIPE, text=True)
+        assert writer.wait(timeout=30) == 0, writer.stderr.read()  # hours without the limit
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            lost.execute("SELECT 1")
+        wait_for(lambda: step.read_text() == "8\n", what="host1 to read host2's write", timeout=10)
+    finally:
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+        lost.close()
+        settings.SHARED_FS_META_IDLE_TX_S = 10
+        sharedfs.metadata_idle_limit()

@@ -317,3 +317,23 @@ def test_the_passwords_can_come_from_the_environment_and_not_the_command_line(ro
     for role, password in ((roles.web, "web-pw-2"), (f"{roles.prefix}_node_gpu8", "eight-pw")):
         with psycopg.connect(url_as(role, password)) as conn:
             assert conn.execute("SELECT current_user").fetchone() == (role,)
+
+
+def test_a_host_cut_off_inside_a_transaction_holds_its_works_rows_no_longer_than_the_limit(roles, user, settings):
+    """An agent's transaction locks its work's row (a status change). A host cut off before its COMMIT leaves the
+    session idle in it, and the server hears nothing more: after NODE_DB_IDLE_TX_S it ends the session, so the
+    control plane's settling of the lost host's work waits that long, not until TCP gives up on the host."""
+    settings.NODE_DB_IDLE_TX_S = 1
+    mine = make_node()
+    work = running_on(mine, user)
+    lost = psycopg.connect(url_as(roles.node(mine.name), "node-pw"))  # db_roles sets the limit for it
+    try:
+        assert lost.execute("SELECT id FROM scheduler_workload WHERE id = %s FOR UPDATE", [work.pk]).fetchone()
+        with psycopg.connect(url_as(roles.web, "web-pw"), autocommit=True) as web:
+            web.execute("SET lock_timeout = '20s'")  # hours without the limit
+            requeued = web.execute("UPDATE scheduler_workload SET status = 'queued' WHERE id = %s", [work.pk])
+            assert requeued.rowcount == 1
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            lost.execute("SELECT 1")
+    finally:
+        lost.close()

@@ -17,7 +17,9 @@
     (never back-dated), and ends once, never in the future (``EVENT_TIME``, ``SEGMENT_OPENED``).
 
   Which node a session is comes from the role it logged in as (``current_user``), which the
-  session cannot change: a host holding its own password cannot act as another host.
+  session cannot change: a host holding its own password cannot act as another host. A host's
+  session left idle inside a transaction for ``NODE_DB_IDLE_TX_S`` is ended by the server (the
+  host was cut off mid-transaction: its locks go with it).
 
     python manage.py db_roles --prefix gpucloud --web-password ... --node gpu1=... --node gpu2=...
     python manage.py db_roles --node gpu3=...          # a host added later (the others are kept)
@@ -36,6 +38,7 @@ DATABASE_URL at its role: the web tier at ``<prefix>_web``, host ``<name>``'s ag
 import os
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from psycopg import sql
@@ -289,6 +292,16 @@ class Command(BaseCommand):
                 [group],
             )
             members = [row[0] for row in cursor.fetchall()]
+            # A host cut off in the middle of a transaction (its work's rows locked) leaves its session idle in it:
+            # without a limit the server keeps it, and the control plane's settling of that host's work waits on
+            # the locks until TCP gives up on the host (hours). Agents never wait inside a transaction (STYLE).
+            limit = sql.Literal(f"{int(settings.NODE_DB_IDLE_TX_S * 1000)}ms")
+            for role in members:
+                cursor.execute(
+                    sql.SQL("ALTER ROLE {} IN DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
+                        sql.Identifier(role), database, limit
+                    )
+                )
         self.stdout.write(
             f"roles ready: {web} (all application tables); {group} ({len(NODE_ACCESS)} tables, own rows only) "
             f"for {', '.join(members) or 'no host yet (add one with --node NAME=PASSWORD)'}"
