@@ -61,7 +61,7 @@ REGISTRY_CA_FILE=$CACHE/tls/cert.pem
 WEB_WORKERS=2
 NODE_NAME=gpu1
 NODE_ADDRESS=$SERVER
-NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node@127.0.0.1:5432/gpucloud
+NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node@localhost:5432/gpucloud
 GPU_BACKEND=sim:2xRTX3090
 NODE_RUNTIME=runc
 DOCKER_SOCKET=${DOCKER_HOST#unix://}
@@ -74,7 +74,17 @@ ENV
 fi
 # An env file kept from before LXCFS_DIR (GPU_SERVER_CIDRS) existed gets it too.
 grep -q '^LXCFS_DIR=' "$ENV_FILE" || echo "LXCFS_DIR=$CACHE/lxcfs" >>"$ENV_FILE"
-grep -q '^GPU_SERVER_CIDRS=' "$ENV_FILE" || echo "GPU_SERVER_CIDRS=$SERVER/32" >>"$ENV_FILE"
+# The GPU servers' addresses (TLS only, pg_hba): this server's, and a network the smoke plays a GPU server from.
+GPU_NET=172.31.78.0/24
+sed -i '/^GPU_SERVER_CIDRS=/d' "$ENV_FILE"
+echo "GPU_SERVER_CIDRS=$SERVER/32 $GPU_NET" >>"$ENV_FILE"
+# The GPU server reaches PostgreSQL over TLS, checking its certificate (issued for localhost here).
+node_db=$(sed -n 's/^NODE_DATABASE_URL=postgres:\/\/gpucloud_node_gpu1:\([^@]*\)@.*/\1/p' "$ENV_FILE")
+sed -i '/^NODE_DATABASE_URL=/d;/^DATABASE_CA_FILE=/d' "$ENV_FILE"
+cat >>"$ENV_FILE" <<ENV
+NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node_db@localhost:5432/gpucloud?sslmode=verify-full&sslrootcert=/etc/gpucloud/database-ca.pem
+DATABASE_CA_FILE=$CACHE/tls/cert.pem
+ENV
 # The GPU server's own Redis user (core.redis_acl): its password here, only its hash in Redis (set below).
 grep -q '^NODE_REDIS_PASSWORD=' "$ENV_FILE" ||
   echo "NODE_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')" >>"$ENV_FILE"
@@ -193,6 +203,32 @@ case $refused in
   *"no pg_hba.conf entry for host"*) echo "PostgreSQL from outside its allowed addresses: refused (pg_hba)" >&2 ;;
   *) echo "ERROR: PostgreSQL answered an address it should refuse: $refused" >&2; exit 1 ;;
 esac
+# A GPU server's address (GPU_NET, in GPU_SERVER_CIDRS) is refused without TLS and asked its password over TLS.
+docker network create --subnet "$GPU_NET" gpprod-gpuserver >/dev/null
+docker network connect gpprod-gpuserver "$postgres"
+db_ip=$(docker inspect -f '{{(index .NetworkSettings.Networks "gpprod-gpuserver").IPAddress}}' "$postgres")
+as_gpu_server() {
+  docker run --rm --network gpprod-gpuserver -v "$CACHE/tls/cert.pem:/ca.pem:ro" --entrypoint psql gpucloud/postgres:15 \
+    "postgresql://nobody:x@$db_ip:5432/gpucloud?connect_timeout=10&$1" -c 'select 1' 2>&1 || true
+}
+plain=$(as_gpu_server sslmode=disable)
+over_tls=$(as_gpu_server "sslmode=verify-ca&sslrootcert=/ca.pem")
+docker network disconnect gpprod-gpuserver "$postgres" && docker network rm gpprod-gpuserver >/dev/null
+case $plain in
+  *"rejects connection"*"no encryption"*) ;;
+  *) echo "ERROR: PostgreSQL let a GPU server's address in without TLS: $plain" >&2; exit 1 ;;
+esac
+case $over_tls in
+  *"password authentication failed"*) ;;
+  *) echo "ERROR: PostgreSQL over TLS from a GPU server's address: $over_tls" >&2; exit 1 ;;
+esac
+echo "PostgreSQL from a GPU server's address: refused without TLS, asked its password over TLS" >&2
+# The node agent's own sessions are encrypted (its URL: sslmode=verify-full, the certificate checked).
+ssl=$("${compose[@]}" exec -T -u postgres postgres psql -d gpucloud -tAc \
+  "SELECT string_agg(DISTINCT s.ssl::text, ',') FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+   WHERE a.usename = 'gpucloud_node_gpu1'")
+[ "$ssl" = true ] || { echo "ERROR: the node agent's database sessions over TLS: '$ssl'" >&2; exit 1; }
+echo "node agent's database sessions: TLS (certificate verified)" >&2
 # The GPU server's Redis user reaches its own queue and not the scheduler's nor any other key (core.redis_acl).
 answers=$("${node_compose[@]}" exec -T node-agent python -c '
 import os, redis

@@ -3,10 +3,13 @@
 # cluster, and the platform's database owned by POSTGRES_USER (a login role that may create roles,
 # not a superuser: `manage.py db_roles` runs as it to make each part's own role). The superuser
 # `postgres` logs in only over the local socket inside this container. Over TCP, only the addresses in
-# POSTGRES_ALLOWED_CIDRS (the control plane's network, the GPU servers) may try a password: the client
-# authentication file is written from it at every start (hba_file), so changing the list needs a restart only.
+# POSTGRES_ALLOWED_CIDRS (the control plane's own network) and POSTGRES_TLS_CIDRS (the GPU servers, over TLS
+# only: their passwords and rows cross the LAN) may try a password: the client authentication file is written
+# from them at every start (hba_file), so changing a list needs a restart only. TLS: the certificate and key
+# mounted at /tls (cert.pem, key.pem: the deployment's TLS_DIR), copied where only postgres reads the key.
 set -eu
 : "${POSTGRES_ALLOWED_CIDRS:?set POSTGRES_ALLOWED_CIDRS to the addresses that may connect (CIDRs, space-separated)}"
+POSTGRES_TLS_CIDRS=${POSTGRES_TLS_CIDRS:-}
 : "${PGDATA:=/var/lib/postgresql/data}"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   : "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}" "${POSTGRES_USER:=gpucloud}" "${POSTGRES_DB:=gpucloud}"
@@ -34,17 +37,36 @@ SQL
   echo "database $POSTGRES_DB created, owned by $POSTGRES_USER"
 fi
 mkdir -p /run/postgresql && chown postgres:postgres /run/postgresql
+tls=""
+if [ -s /tls/cert.pem ] && [ -s /tls/key.pem ]; then
+  install -o postgres -g postgres -m 644 /tls/cert.pem /run/postgresql/server.crt
+  install -o postgres -g postgres -m 600 /tls/key.pem /run/postgresql/server.key
+  tls="-c ssl=on -c ssl_cert_file=/run/postgresql/server.crt -c ssl_key_file=/run/postgresql/server.key"
+elif [ -n "$POSTGRES_TLS_CIDRS" ]; then
+  echo "POSTGRES_TLS_CIDRS needs a certificate: mount cert.pem and key.pem at /tls" >&2
+  exit 1
+fi
+cidr_checked() {
+  case $1 in
+    */*) ;;
+    *) echo "$2: '$1' is not an address with its prefix length (10.0.0.0/24, 10.0.0.5/32)" >&2; exit 1 ;;
+  esac
+}
 hba=/run/postgresql/pg_hba.conf
 {
-  echo "# written at start from POSTGRES_ALLOWED_CIDRS; anything else is refused before its password is asked"
+  echo "# written at start from POSTGRES_ALLOWED_CIDRS and POSTGRES_TLS_CIDRS; anything else is refused before"
+  echo "# its password is asked, and a GPU server without TLS too"
   echo "local all all peer"
+  for cidr in $POSTGRES_TLS_CIDRS; do
+    cidr_checked "$cidr" POSTGRES_TLS_CIDRS
+    echo "hostnossl all all $cidr reject"
+    echo "hostssl all all $cidr scram-sha-256"
+  done
   for cidr in $POSTGRES_ALLOWED_CIDRS; do
-    case $cidr in
-      */*) ;;
-      *) echo "POSTGRES_ALLOWED_CIDRS: '$cidr' is not an address with its prefix length (10.0.0.0/24, 10.0.0.5/32)" >&2; exit 1 ;;
-    esac
+    cidr_checked "$cidr" POSTGRES_ALLOWED_CIDRS
     echo "host all all $cidr scram-sha-256"
   done
 } >"$hba"
 chown postgres:postgres "$hba"
-exec runuser -u postgres -- postgres -D "$PGDATA" -c hba_file="$hba" "$@"
+# shellcheck disable=SC2086 # $tls: separate arguments
+exec runuser -u postgres -- postgres -D "$PGDATA" -c hba_file="$hba" $tls "$@"
