@@ -80,17 +80,18 @@ sed -i '/^GPU_SERVER_CIDRS=/d' "$ENV_FILE"
 echo "GPU_SERVER_CIDRS=$SERVER/32 $GPU_NET" >>"$ENV_FILE"
 # The GPU server reaches PostgreSQL over TLS, checking its certificate (issued for localhost here).
 node_db=$(sed -n 's/^NODE_DATABASE_URL=postgres:\/\/gpucloud_node_gpu1:\([^@]*\)@.*/\1/p' "$ENV_FILE")
-sed -i '/^NODE_DATABASE_URL=/d;/^DATABASE_CA_FILE=/d' "$ENV_FILE"
+sed -i '/^NODE_DATABASE_URL=/d;/^DATA_CA_FILE=/d;/^DATA_TLS_DIR=/d' "$ENV_FILE"
 cat >>"$ENV_FILE" <<ENV
-NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node_db@localhost:5432/gpucloud?sslmode=verify-full&sslrootcert=/etc/gpucloud/database-ca.pem
-DATABASE_CA_FILE=$CACHE/tls/cert.pem
+DATA_TLS_DIR=$CACHE/tls
+NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node_db@localhost:5432/gpucloud?sslmode=verify-full&sslrootcert=/etc/gpucloud/data-ca.pem
+DATA_CA_FILE=$CACHE/tls/cert.pem
 ENV
 # The GPU server's own Redis user (core.redis_acl): its password here, only its hash in Redis (set below).
 grep -q '^NODE_REDIS_PASSWORD=' "$ENV_FILE" ||
   echo "NODE_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')" >>"$ENV_FILE"
 node_redis=$(sed -n 's/^NODE_REDIS_PASSWORD=//p' "$ENV_FILE")
 sed -i '/^NODE_REDIS_URL=/d' "$ENV_FILE"
-echo "NODE_REDIS_URL=redis://node-gpu1:$node_redis@127.0.0.1:6379/0" >>"$ENV_FILE"
+echo "NODE_REDIS_URL=rediss://node-gpu1:$node_redis@localhost:6379/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/gpucloud/data-ca.pem" >>"$ENV_FILE"
 # The registry in token mode: the GPU server logs in as itself (registry_host_user, below); its password here.
 grep -q '^REGISTRY_TOKEN_REALM=' "$ENV_FILE" || cat >>"$ENV_FILE" <<ENV
 REGISTRY_TOKEN_REALM=https://$SERVER/registry/token/
@@ -240,10 +241,17 @@ for name, command in [("own", ["LLEN", "node.gpu1"]), ("scheduler", ["LRANGE", "
         print(name, "allowed")
     except redis.exceptions.NoPermissionError:
         print(name, "refused")
+plain = redis.Redis(host="localhost", port=6379, username="node-gpu1", socket_timeout=10,
+                    password=r.connection_pool.connection_kwargs["password"])
+try:
+    plain.ping()
+    print("plain allowed")
+except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+    print("plain refused")
 ')
-[ "$answers" = "$(printf 'own allowed\nscheduler refused\nflush refused\nother refused')" ] ||
+[ "$answers" = "$(printf 'own allowed\nscheduler refused\nflush refused\nother refused\nplain refused')" ] ||
   { echo "ERROR: the GPU server's Redis user: $answers" >&2; exit 1; }
-echo "GPU server's Redis user: its own queue only" >&2
+echo "GPU server's Redis user: over TLS (certificate verified; without TLS refused), its own queue only" >&2
 # The GPU server's registry login (token mode): it pulls the catalog's image and cannot push over it.
 answers=$("${node_compose[@]}" exec -T node-agent python -c '
 import os, docker

@@ -5,7 +5,9 @@
     python manage.py redis_host_user --host gpu1 --remove
 
 Run on the control plane (its ``REDIS_URL`` logs in as Redis's administrator). Only the password's SHA-256 is
-sent to Redis; the host's ``REDIS_URL`` then names the user: ``redis://node-gpu1:<password>@<redis>:6379/0``.
+sent to Redis; the host's ``REDIS_URL`` then names the user:
+``rediss://node-gpu1:<password>@<redis>:6379/0?ssl_cert_reqs=required&ssl_ca_certs=<CA>`` (the production
+stack publishes Redis to the GPU servers over TLS only).
 Redis keeps the user for good where it keeps its users in a file (``aclfile``: docker-compose.yml's Redis does, and
 the command saves it), else until it restarts.
 """
