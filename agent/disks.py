@@ -82,7 +82,8 @@ def disk_grow(volume: str, size_gb: int) -> bool:
     Online first (its container may be running): the loop device re-reads the file's new
     size and ext4 grows in place. That needs CAP_SYS_RESOURCE on the host; without it
     (some containerised hosts) the volume is unmounted, checked, grown and mounted again,
-    which works while no running container uses it.
+    which works while no running container uses it. Either way the filesystem is then looked at: a disk
+    that did not grow raises (the size is not recorded, nor charged, as grown).
     """
     image, mount = _paths(volume)
     if not image.exists():
@@ -95,16 +96,32 @@ def disk_grow(volume: str, size_gb: int) -> bool:
         device = subprocess.run(
             ["findmnt", "-n", "-o", "SOURCE", str(mount)], check=True, capture_output=True, text=True
         ).stdout.strip()
-        _run("losetup", "-c", device)
-        if subprocess.run(["resize2fs", device], capture_output=True, timeout=600).returncode == 0:
-            return True
+        said = ""
+        for _ in range(2):  # resize2fs that finds the old size says "Nothing to do!" and succeeds: look, once more
+            _run("losetup", "-c", device)
+            done = subprocess.run(["resize2fs", device], capture_output=True, text=True, timeout=600)
+            said = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
+            if done.returncode != 0:
+                break
+            if _holds(mount, size_gb):
+                return True
+        else:
+            raise RuntimeError(f"the disk did not grow to {size_gb} GB in place ({device}: {said[0][:120]})")
         if subprocess.run(["umount", str(mount)], capture_output=True, timeout=120).returncode != 0:
             raise DiskBusy("this host cannot grow a disk in use: stop the instance, then grow it")
     _run("e2fsck", "-f", "-y", str(image))
     _run("resize2fs", str(image))
     mount.mkdir(exist_ok=True)
     _run("mount", "-o", "loop", str(image), str(mount))
+    if not _holds(mount, size_gb):
+        raise RuntimeError(f"the disk did not grow to {size_gb} GB")
     return True
+
+
+def _holds(mount: Path, size_gb: int) -> bool:
+    """Whether the filesystem mounted at ``mount`` has (about) ``size_gb``: ext4 keeps a few percent for itself."""
+    stat = os.statvfs(mount)
+    return stat.f_blocks * stat.f_frsize >= 0.9 * size_gb * 1024**3
 
 
 def disk_delete(volume: str) -> None:
