@@ -451,8 +451,9 @@ def _short(exc: Exception) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:200]
 
 
-def agent_register(node_name: str, *, relay_url: str = "") -> Node:
-    """Register this host and its cards (NVML, or the simulated spec), and where its relay listens.
+def agent_register(node_name: str, *, relay_url: str = "", relay_tls_sha256: str = "") -> Node:
+    """Register this host and its cards (NVML, or the simulated spec), and where its relay listens (with the
+    SHA-256 of the certificate it serves there over TLS).
 
     Real cards need an NVIDIA Container Toolkit of at least ``toolkit.MINIMUM``: ToolkitError, and the node
     does not register (agent/toolkit.py says why)."""
@@ -470,6 +471,7 @@ def agent_register(node_name: str, *, relay_url: str = "") -> Node:
         hostname=socket.gethostname(),
         address=settings.NODE_ADDRESS,
         relay_url=relay_url,
+        relay_tls_sha256=relay_tls_sha256,
         # NODE_CPUS / NODE_MEMORY_MB may hold some back for the host, never promise more than it has
         # (but simulated hosts sharing one development machine may, when told so).
         cpu_cores=_at_most(settings.NODE_CPUS or simulated_cpus, host_cpus, "NODE_CPUS", may_exceed=overcommit),

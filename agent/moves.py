@@ -22,13 +22,13 @@ import posixpath
 import time
 
 import docker
-import requests
 from django.conf import settings
 from django.db.models import Q
 
 from agent import disks, launcher
 from core.messages import ToScheduler, send
 from core.relay import Op, relay_base
+from core.relay_tls import pin_check, relay_http
 from scheduler.models import Move, MoveStatus, Node, Workload
 from scheduler.services.moves import move_snapshot_ref
 
@@ -106,10 +106,11 @@ def _fetch_into(move: Move, helper_id: str, capability: str) -> tuple[int, str]:
     if not source.relay_url:
         raise RuntimeError(f"{source.name} has no relay registered")
     base = relay_base(node=source.name, address=source.address, relay_url=source.relay_url)  # ValueError: not its own
+    pin_check(node=source.name, relay_url=source.relay_url, tls_sha256=source.relay_tls_sha256)
     headers = {"Authorization": f"Bearer {capability}"}
     url = f"{base}/v1/{Op.VOLUME}"
     digest, counted = hashlib.sha256(), 0
-    with requests.get(url, headers=headers, stream=True, timeout=(5, 60)) as response:
+    with relay_http(source.relay_tls_sha256).get(url, headers=headers, stream=True, timeout=(5, 60)) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{move.source.name}'s relay answered {response.status_code}: {response.text[:150]}")
 

@@ -433,6 +433,9 @@ if "RELAY_SECRET" in os.environ:
     )
 # Terminal and file sessions one user may hold open at once, across every web server and host.
 RELAY_MAX_SESSIONS_PER_USER = env.int("RELAY_MAX_SESSIONS_PER_USER", default=8)
+# The relay serves TLS with a certificate of the host's own, which callers pin to what the host registered
+# (core/relay_tls.py); false: plain HTTP on the LAN (terminals, files and data disks readable on the wire).
+RELAY_TLS = env.bool("RELAY_TLS", default=True)
 # Time limits: a file transfer (upload or download) and a terminal session.
 RELAY_TRANSFER_TIMEOUT_S = env.int("RELAY_TRANSFER_TIMEOUT_S", default=30 * 60)
 RELAY_TERMINAL_MAX_S = env.int("RELAY_TERMINAL_MAX_S", default=12 * 3600)

@@ -41,6 +41,11 @@ class Node(models.Model):
     relay_url = models.CharField(
         max_length=255, blank=True, help_text="The agent's relay service: terminal, files and logs of its containers."
     )
+    relay_tls_sha256 = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="SHA-256 of the certificate its relay serves over TLS (hex): what callers pin. Empty: plain HTTP.",
+    )
     status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.ACTIVE)
     simulated = models.BooleanField(default=False, help_text="GPUs are simulated (no NVML on this host).")
     nvidia_runtime = models.BooleanField(default=False)

@@ -134,8 +134,8 @@ def node_relay(sim_node):
     from agent.relay.server import RelayServer
 
     relay = RelayServer(sim_node.name, api=docker_client().api, host="127.0.0.1", port=0)
-    sim_node.relay_url = relay.start()
-    sim_node.save(update_fields=["relay_url"])
+    sim_node.relay_url, sim_node.relay_tls_sha256 = relay.start(), relay.tls_sha256
+    sim_node.save(update_fields=["relay_url", "relay_tls_sha256"])
     yield relay
     relay.stop()
 

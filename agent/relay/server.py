@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 from aiohttp import web
@@ -23,6 +25,7 @@ from django.conf import settings
 
 from agent.relay import files, logs, terminal, volume
 from agent.relay.guard import STARTED, THREADS, Call, Guard, Refused, Threads
+from agent.relay.tls import relay_tls
 from core.errors import ServiceError
 from core.relay import Op
 
@@ -83,13 +86,17 @@ async def _shaped_errors(request: web.Request, handler) -> web.StreamResponse:
 
 
 class RelayServer:
-    """The relay on a daemon thread: ``start()`` binds, serves and returns its URL; ``stop()`` ends it."""
+    """The relay on a daemon thread: ``start()`` binds, serves and returns its URL; ``stop()`` ends it.
+
+    Over TLS with ``RELAY_TLS`` (the default): its own key and certificate (``agent.relay.tls``), whose
+    SHA-256 (``tls_sha256``) the agent registers beside the URL for callers to pin."""
 
     def __init__(self, node: str, *, api: docker.APIClient, host: str | None = None, port: int | None = None):
         self.node, self.api = node, api
         self.host = host if host is not None else settings.RELAY_BIND
         self.port = port if port is not None else settings.RELAY_PORT
         self.url = ""
+        self.tls_sha256 = ""  # the certificate's SHA-256, registered with the URL (core.relay_tls); "" without TLS
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -100,8 +107,12 @@ class RelayServer:
         sock = socket.create_server((self.host, self.port), reuse_port=False)
         port = sock.getsockname()[1]
         address = settings.NODE_ADDRESS if self.host in ("0.0.0.0", "::", "") else self.host
-        self.url = f"http://{f'[{address}]' if ':' in address else address}:{port}"
-        self._thread = threading.Thread(target=self._run, args=(sock,), name="relay", daemon=True)
+        context = None
+        if settings.RELAY_TLS:
+            context, self.tls_sha256 = relay_tls(Path(settings.AGENT_STATE_DIR) / self.node, self.node)
+        scheme = "https" if context else "http"
+        self.url = f"{scheme}://{f'[{address}]' if ':' in address else address}:{port}"
+        self._thread = threading.Thread(target=self._run, args=(sock, context), name="relay", daemon=True)
         self._thread.start()
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"the relay did not start: {self._error}")
@@ -114,10 +125,10 @@ class RelayServer:
         if self._thread is not None:
             self._thread.join(30)
 
-    def _run(self, sock: socket.socket) -> None:
+    def _run(self, sock: socket.socket, context: ssl.SSLContext | None) -> None:
         self._loop = asyncio.new_event_loop()
         try:
-            self._loop.run_until_complete(self._serve(sock))
+            self._loop.run_until_complete(self._serve(sock, context))
         except BaseException as exc:  # noted for start(), which is waiting
             self._error = exc
             self._ready.set()
@@ -125,12 +136,12 @@ class RelayServer:
         finally:
             self._loop.close()
 
-    async def _serve(self, sock: socket.socket) -> None:
+    async def _serve(self, sock: socket.socket, context: ssl.SSLContext | None) -> None:
         self._stopping = asyncio.Event()
         with ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="relay") as executor:
             runner = web.AppRunner(relay_app(node=self.node, api=self.api, executor=executor), access_log=None)
             await runner.setup()
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=context).start()
             self._ready.set()
             try:
                 await self._stopping.wait()

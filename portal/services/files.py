@@ -25,6 +25,7 @@ from django.conf import settings
 
 from core.errors import Conflict, InvalidInput
 from core.relay import FILE_ROOTS, HOME, Op, file_root
+from core.relay_tls import relay_http
 from portal.services.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_target, unreachable
 
 ROOTS = FILE_ROOTS
@@ -46,10 +47,12 @@ def listing(workload, path: str, *, user) -> tuple[list[dict], bool]:
     """(entries of the folder, folders first, and whether the relay cut the list at its cap)."""
     directory = safe_path(path)
     with SessionSlot(user.pk):
-        url, headers = relay_target(workload=workload, user=user, op=Op.LIST, root=file_root(directory), path=directory)
+        url, headers, pin = relay_target(
+            workload=workload, user=user, op=Op.LIST, root=file_root(directory), path=directory
+        )
         entries, last = [], {}
         try:
-            with requests.get(url, headers=headers, stream=True, timeout=(CONNECT_S, IDLE_S)) as response:
+            with relay_http(pin).get(url, headers=headers, stream=True, timeout=(CONNECT_S, IDLE_S)) as response:
                 _check(response, 200)
                 for line in response.iter_lines(chunk_size=CHUNK):
                     item = json.loads(line)
@@ -80,9 +83,11 @@ def download(workload, path: str, *, user):
     target = safe_path(path)
     slot = SessionSlot(user.pk).take()
     try:
-        url, headers = relay_target(workload=workload, user=user, op=Op.DOWNLOAD, root=file_root(target), path=target)
+        url, headers, pin = relay_target(
+            workload=workload, user=user, op=Op.DOWNLOAD, root=file_root(target), path=target
+        )
         try:
-            response = requests.get(url, headers=headers, stream=True, timeout=(CONNECT_S, IDLE_S))
+            response = relay_http(pin).get(url, headers=headers, stream=True, timeout=(CONNECT_S, IDLE_S))
         except requests.RequestException as exc:
             raise unreachable(exc) from exc
         try:
@@ -126,11 +131,13 @@ def upload(workload, directory: str, name: str, source, *, user) -> str:
     if source.size > settings.FILE_TRANSFER_MAX_MB * 1024 * 1024:
         raise InvalidInput(f"at most {settings.FILE_TRANSFER_MAX_MB} MB per file", field="file")
     with SessionSlot(user.pk) as slot:
-        url, headers = relay_target(
+        url, headers, pin = relay_target(
             workload=workload, user=user, op=Op.UPLOAD, root=file_root(folder), path=folder, name=name, size=source.size
         )
         try:
-            response = requests.put(url, data=_chunks(source, slot), headers=headers, timeout=(CONNECT_S, IDLE_S))
+            response = relay_http(pin).put(
+                url, data=_chunks(source, slot), headers=headers, timeout=(CONNECT_S, IDLE_S)
+            )
         except requests.RequestException as exc:
             raise unreachable(exc) from exc
         with response:

@@ -41,6 +41,7 @@ from django.utils.dateparse import parse_datetime
 
 from core.errors import InvalidInput, NotFound, ServiceError
 from core.relay import Op, Ticket, ticket_sign
+from core.relay_tls import relay_http
 from portal.models import Instance, Job
 from portal.services.relay import CONNECT_S, IDLE_S, RENEW_S, SessionSlot, refusal, relay_base_of, unreachable
 from scheduler.models import NodeStatus, Workload, WorkloadKind, WorkloadRun, WorkloadStatus
@@ -279,7 +280,9 @@ class _Reader:
             headers = {"Authorization": f"Bearer {ticket_sign(ticket)}"}
             timeout = (CONNECT_S, FOLLOW_IDLE_S if follow else IDLE_S)
             try:
-                with requests.get(url, headers=headers, stream=True, timeout=timeout) as response:
+                with relay_http(node.relay_tls_sha256).get(
+                    url, headers=headers, stream=True, timeout=timeout
+                ) as response:
                     if response.status_code == 404:  # nothing collected there (yet: a launch in progress)
                         if not (last_run and self.workload.status in ACTIVE):
                             self.complete.add(k)

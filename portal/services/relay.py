@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from typing import NamedTuple
 
 import redis
 from asgiref.sync import async_to_sync
@@ -27,6 +28,7 @@ from core import messages
 from core.clients import redis_client
 from core.errors import Conflict, InvalidInput, ServiceError, TooMany
 from core.relay import Op, Ticket, relay_base, ticket_sign, within
+from core.relay_tls import pin_check, wrong_certificate
 from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
 
 log = logging.getLogger(__name__)
@@ -36,8 +38,16 @@ LEASE_S = 60  # a session slot not renewed for this long is free again
 RENEW_S = LEASE_S / 3
 
 
-def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, dict]:
-    """(URL, headers) of one relay call for ``workload``'s container; Conflict if it cannot be made now."""
+class RelayTarget(NamedTuple):
+    """One relay call: where, its ticket's header, and the relay's registered certificate (``core.relay_tls``)."""
+
+    url: str
+    headers: dict
+    tls_sha256: str
+
+
+def relay_target(*, workload: Workload, user, op: Op, **params) -> RelayTarget:
+    """One relay call for ``workload``'s container; Conflict if it cannot be made now."""
     ended = False
     if workload.status != WorkloadStatus.RUNNING:
         # A job that has ended keeps its disk until it is released: its files can be listed and downloaded.
@@ -57,7 +67,7 @@ def relay_target(*, workload: Workload, user, op: Op, **params) -> tuple[str, di
     base = relay_base_of(node)
     ticket = Ticket(op=op, container=workload.container_name, workload=workload.pk, user=user.pk, ended=ended, **params)
     token = ticket_sign(ticket)
-    return f"{base}/v1/{op}", {"Authorization": f"Bearer {token}"}
+    return RelayTarget(f"{base}/v1/{op}", {"Authorization": f"Bearer {token}"}, node.relay_tls_sha256)
 
 
 def terminals_revoke(*, user_id: int, reason: str, team: str | None = None) -> None:
@@ -72,9 +82,11 @@ def terminals_revoke(*, user_id: int, reason: str, team: str | None = None) -> N
 
 
 def relay_base_of(node: Node) -> str:
-    """Where ``node``'s relay answers; Conflict if its relay URL is not at its registered address (nothing is
-    called: a host writes its own relay URL, and a compromised one could point the web tier anywhere)."""
+    """Where ``node``'s relay answers; Conflict if its relay URL is not at its registered address, or it serves
+    TLS without a registered certificate (nothing is called: a host writes its own relay URL, and a compromised
+    one could point the web tier anywhere)."""
     try:
+        pin_check(node=node.name, relay_url=node.relay_url, tls_sha256=node.relay_tls_sha256)
         return relay_base(node=node.name, address=node.address, relay_url=node.relay_url)
     except ValueError as exc:
         log.error("relay refused before the call: %s", exc)
@@ -123,6 +135,9 @@ def refusal(status: int, body: bytes) -> ServiceError:
 
 
 def unreachable(exc: Exception) -> Conflict:
+    if wrong_certificate(exc):  # someone else answered at the host's address, or the host was re-keyed behind us
+        log.error("relay refused: %s", exc)
+        return Conflict("the instance's host did not present the certificate it registered; tell an operator")
     log.warning("relay unreachable: %s", exc)
     return Conflict("the instance's host does not answer; try again in a moment")
 

@@ -56,7 +56,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.group = messages.terminals_group(user.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         try:
-            url, headers = await database_sync_to_async(self._target)(user)
+            url, headers, pin = await database_sync_to_async(self._target)(user)
         except NotFound:
             await refuse(self, NOT_FOUND)
             return
@@ -70,7 +70,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_S))
         try:
-            self.relay = await self.http.ws_connect(url, headers=headers, heartbeat=30, max_msg_size=1 << 20)
+            # Over TLS, the host's registered certificate and no other (core/relay_tls.py).
+            pinned = aiohttp.Fingerprint(bytes.fromhex(pin)) if pin else True
+            self.relay = await self.http.ws_connect(
+                url, headers=headers, heartbeat=30, max_msg_size=1 << 20, ssl=pinned
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.info("terminal relay %s refused: %s", url.split("?")[0], exc)
             await self._end()

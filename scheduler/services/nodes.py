@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from core.clock import db_now
 from core.errors import Conflict, InvalidInput
 from core.relay import relay_base
+from core.relay_tls import pin_check
 from scheduler.models import Gpu, MeterChange, Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services.lifecycle import workload_meter_change, workload_transition
 
@@ -37,6 +38,7 @@ def node_register(
     hostname: str,
     address: str = "",
     relay_url: str = "",
+    relay_tls_sha256: str = "",
     cpu_cores: int,
     memory_mb: int,
     disk_gb: int | None = None,
@@ -50,11 +52,13 @@ def node_register(
 
     Call after the agent has fenced the host (``agent_reconcile``): nothing may run
     there that the database does not assign to it. A ``relay_url`` not at ``address``
-    (``core.relay.relay_base``) is refused: InvalidInput, and nothing is stored.
+    (``core.relay.relay_base``), or served over TLS without its certificate's ``relay_tls_sha256``
+    (``core.relay_tls.pin_check``), is refused: InvalidInput, and nothing is stored.
     """
     if relay_url:
         try:
             relay_base(node=name, address=address, relay_url=relay_url)
+            pin_check(node=name, relay_url=relay_url, tls_sha256=relay_tls_sha256)
         except ValueError as exc:
             raise InvalidInput(str(exc), field="relay_url") from None
     with transaction.atomic():
@@ -70,6 +74,7 @@ def node_register(
                 hostname=hostname,
                 address=address,
                 relay_url=relay_url,
+                relay_tls_sha256=relay_tls_sha256 if relay_url else "",
                 cpu_cores=cpu_cores,
                 memory_mb=memory_mb,
                 disk_gb=disk_gb,

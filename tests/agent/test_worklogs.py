@@ -8,12 +8,12 @@ import shutil
 import time
 
 import pytest
-import requests
 
 from agent import worklogs
 from agent.launcher import docker_client
 from agent.relay.server import RelayServer
 from core.relay import Op, Ticket, ticket_sign
+from core.relay_tls import relay_http
 from tests.conftest import wait_for
 
 
@@ -130,7 +130,9 @@ def test_the_relay_serves_a_log_to_its_owners_ticket_only(settings, db):
         def get(**fields):
             ticket = Ticket(**{"op": Op.LOGS, "container": "gone", "workload": 9, "user": 3, "run": 1, **fields})
             token = ticket_sign(ticket)
-            return requests.get(f"{url}/v1/logs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+            return relay_http(relay.tls_sha256).get(
+                f"{url}/v1/logs", headers={"Authorization": f"Bearer {token}"}, timeout=10
+            )
 
         answer = get()
         assert answer.status_code == 200
@@ -416,7 +418,9 @@ def test_the_relay_serves_a_log_of_many_pages_whole(reads, settings, db):
     try:
         ticket = Ticket(op=Op.LOGS, container="gone", workload=9, user=3, run=1)
         token = ticket_sign(ticket)
-        answer = requests.get(f"{url}/v1/logs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        answer = relay_http(relay.tls_sha256).get(
+            f"{url}/v1/logs", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
     finally:
         relay.stop()
     *lines, piece = [json.loads(x) for x in answer.content.splitlines()]

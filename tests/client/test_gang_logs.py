@@ -42,8 +42,8 @@ def hosts(monkeypatch, settings, tmp_path):
     for node in (a, b):
         collectors.append(log_collector.Collector(node.name, launcher.docker_client().api).start())
         relay = RelayServer(node.name, api=launcher.docker_client().api, host="127.0.0.1", port=0)
-        node.relay_url = relay.start()
-        node.save(update_fields=["relay_url"])
+        node.relay_url, node.relay_tls_sha256 = relay.start(), relay.tls_sha256
+        node.save(update_fields=["relay_url", "relay_tls_sha256"])
         relays.append(relay)
 
     def settle(name, timeout=log_collector.SETTLE_S):

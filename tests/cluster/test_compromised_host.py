@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from core.relay import Op, Ticket, ticket_sign
+from core.relay_tls import relay_http
 from tests.cluster.harness import ROOT, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -74,10 +74,12 @@ def test_a_host_checks_relay_tickets_but_holds_no_key_that_makes_them(cluster):
         [sys.executable, "manage.py", "shell", "-c", make], env=environ, cwd=ROOT, capture_output=True, text=True
     )
     assert made.returncode != 0 and "RELAY_SIGNING_KEY" in made.stderr, made.stderr[-2000:]
-    ((relay_url,),) = cluster.sql("SELECT relay_url FROM scheduler_node WHERE name = 'h2'")
+    ((relay_url, pin),) = cluster.sql("SELECT relay_url, relay_tls_sha256 FROM scheduler_node WHERE name = 'h2'")
+    assert relay_url.startswith("https://") and len(pin) == 64  # over TLS, its certificate registered
     ticket = Ticket(op=Op.LIST, container="c", workload=1, user=1, root="/root/autodl-tmp", path="/root/autodl-tmp")
     forged = ticket_sign(ticket, key=Ed25519PrivateKey.generate())
-    answer = requests.get(f"{relay_url}/v1/list", headers={"Authorization": f"Bearer {forged}"}, timeout=10)
+    headers = {"Authorization": f"Bearer {forged}"}
+    answer = relay_http(pin).get(f"{relay_url}/v1/list", headers=headers, timeout=10)
     assert answer.status_code == 401 and answer.json() == {"detail": "the ticket is not valid"}
 
 

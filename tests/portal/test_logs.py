@@ -334,8 +334,8 @@ def test_pieces_on_two_hosts_are_read_in_order_each_from_its_own_hosts_relay(
     hosts, relays = [make_node(), make_node()], []
     for host in hosts:
         relay = RelayServer(host.name, api=docker_client().api, host="127.0.0.1", port=0)
-        host.relay_url = relay.start()
-        host.save(update_fields=["relay_url"])
+        host.relay_url, host.relay_tls_sha256 = relay.start(), relay.tls_sha256
+        host.save(update_fields=["relay_url", "relay_tls_sha256"])
         relays.append(relay)
     try:
         for number, host in ((1, hosts[0]), (2, hosts[1])):

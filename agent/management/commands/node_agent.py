@@ -32,7 +32,7 @@ from scheduler import sharedfs
 log = logging.getLogger(__name__)
 
 
-def agent_start(name: str, relay_url: str, *, wait=time.sleep):
+def agent_start(name: str, relay_url: str, *, relay_tls_sha256: str = "", wait=time.sleep):
     """Fence the host, mount the shared storage, register: the node and where the storage is mounted.
 
     A host with real cards and an NVIDIA Container Toolkit older than 1.17.8, or one whose version cannot be
@@ -53,7 +53,7 @@ def agent_start(name: str, relay_url: str, *, wait=time.sleep):
                 fence_install()  # tenants' network fenced off before any of them runs here
             # The users' shared storage mounted before any work is placed here (it says why it cannot be).
             shared = mount_ensure() if sharedfs.enabled() else None
-            node = agent_register(name, relay_url=relay_url)
+            node = agent_register(name, relay_url=relay_url, relay_tls_sha256=relay_tls_sha256)
             agent_clock.measure()
             return node, shared
         except (OperationalError, InterfaceError) as exc:
@@ -93,7 +93,7 @@ class Command(BaseCommand):
         except OSError as exc:  # the port is taken, or the address is not this host's
             raise CommandError(f"the relay cannot listen on {relay.host}:{relay.port}: {exc}") from exc
         try:
-            node, shared = agent_start(name, relay_url)
+            node, shared = agent_start(name, relay_url, relay_tls_sha256=relay.tls_sha256)
         except ServiceError as exc:
             raise CommandError(exc.message) from exc
         except IptablesError as exc:

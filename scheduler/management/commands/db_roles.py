@@ -135,6 +135,7 @@ NODE_ACCESS = {
             "hostname",
             "address",
             "relay_url",
+            "relay_tls_sha256",
             "status",
             "simulated",
             "nvidia_runtime",
