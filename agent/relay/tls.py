@@ -8,7 +8,6 @@ Remove the file to re-key; the next start registers the new certificate.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import os
 import ssl
@@ -16,9 +15,10 @@ import tempfile
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from core.certificates import self_signed
 
 VALID_DAYS = 10 * 365
 FILE = "relay-tls.pem"
@@ -40,18 +40,7 @@ def _make(path: Path, node: str) -> None:
     """Write a new key and certificate at ``path``, unless another process got there first (theirs is kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpucloud relay {node}"[:64])])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-        .sign(key, hashes.SHA256())
-    )
+    cert = self_signed(key, f"gpucloud relay {node}", days=VALID_DAYS)
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ) + cert.public_bytes(serialization.Encoding.PEM)

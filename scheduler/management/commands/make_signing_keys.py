@@ -13,18 +13,17 @@
 ``make run`` and ``make test`` run this; production copies the files to the hosts that need them (README).
 """
 
-import datetime
 import shutil
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
-from cryptography.x509.oid import NameOID
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from core import signing
+from core.certificates import self_signed
 from core.messages import is_node_name
 
 
@@ -113,18 +112,7 @@ def _named(cert_path: Path) -> str:
 def _pair_write(key_path: Path, cert_path: Path, common_name: str) -> None:
     """A new RSA key and its self-signed certificate naming ``common_name`` (ten years)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=3650))
-        .sign(key, hashes.SHA256())
-    )
+    certificate = self_signed(key, common_name)
     _private_write(key_path, key)
     cert_path.parent.mkdir(parents=True, exist_ok=True)
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
