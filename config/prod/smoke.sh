@@ -224,12 +224,14 @@ case $over_tls in
   *) echo "ERROR: PostgreSQL over TLS from a GPU server's address: $over_tls" >&2; exit 1 ;;
 esac
 echo "PostgreSQL from a GPU server's address: refused without TLS, asked its password over TLS" >&2
-# The node agent's own sessions are encrypted (its URL: sslmode=verify-full, the certificate checked).
-ssl=$("${compose[@]}" exec -T -u postgres postgres psql -d gpucloud -tAc \
-  "SELECT string_agg(DISTINCT s.ssl::text, ',') FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
-   WHERE a.usename = 'gpucloud_node_gpu1'")
-[ "$ssl" = true ] || { echo "ERROR: the node agent's database sessions over TLS: '$ssl'" >&2; exit 1; }
-echo "node agent's database sessions: TLS (certificate verified)" >&2
+# The node agent's database connection, made from its own environment (its URL: sslmode=verify-full), is encrypted.
+ssl=$("${node_compose[@]}" exec -T node-agent python -c '
+import os, psycopg
+with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
+    print(conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0])
+')
+[ "$ssl" = True ] || { echo "ERROR: the node agent's database connection over TLS: '$ssl'" >&2; exit 1; }
+echo "node agent's database connection: TLS (certificate verified)" >&2
 # The GPU server's Redis user reaches its own queue and not the scheduler's nor any other key (core.redis_acl).
 answers=$("${node_compose[@]}" exec -T node-agent python -c '
 import os, redis
