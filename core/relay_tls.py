@@ -6,28 +6,14 @@ over TLS. Callers (the web tier; a moving instance's target host) accept that ce
 certificate authority to run, and nobody on the LAN can stand in for a relay or read a terminal, a file or a
 data disk on the wire (they cannot write the node's row). A host can only re-key its own relay.
 
-A relay URL ``https://`` with no fingerprint, or ``http://`` with one, is refused (``pin_check``): a host
-that serves TLS always says with which certificate, and one that registered a certificate is never called
-in the clear.
+A relay URL ``https://`` with no fingerprint, or ``http://`` with one, is refused where it is checked
+(``core.relay.relay_base``).
 """
 
 from __future__ import annotations
 
-import re
-
 import requests
 from requests.adapters import HTTPAdapter
-
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-def pin_check(*, node: str, relay_url: str, tls_sha256: str) -> None:
-    """ValueError naming the node unless its relay URL and certificate fingerprint go together."""
-    https = relay_url.startswith("https://")
-    if https and not SHA256_HEX.fullmatch(tls_sha256 or ""):
-        raise ValueError(f"host {node}'s relay serves TLS but registered no certificate fingerprint")
-    if not https and tls_sha256:
-        raise ValueError(f"host {node}'s relay registered a certificate but is not called over TLS ({relay_url})")
 
 
 class _Pinned(HTTPAdapter):
@@ -60,4 +46,4 @@ def relay_http(tls_sha256: str) -> requests.Session:
 
 def wrong_certificate(exc: Exception) -> bool:
     """Whether a failed relay call met a certificate other than the registered one."""
-    return isinstance(exc, requests.exceptions.SSLError) and "ingerprint" in str(exc)
+    return isinstance(exc, requests.exceptions.SSLError) and "Fingerprints did not match" in str(exc)  # urllib3's

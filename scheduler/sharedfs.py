@@ -32,6 +32,7 @@ from django.conf import settings
 from psycopg import sql
 
 from core.errors import ServiceError
+from core.pg_settings import idle_in_transaction_limit
 
 GIB = 1024**3
 USERS_DIR = "users"
@@ -173,13 +174,13 @@ _LIBPQ_KEYS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "co
 def metadata_idle_limit() -> bool:
     """Have PostgreSQL end a metadata session left idle in a transaction for ``SHARED_FS_META_IDLE_TX_S``.
 
-    JuiceFS's metadata transactions lock rows (a directory's row, ``FOR UPDATE``,
-    while a name is made or renamed in it). A host cut off from the network in
-    the middle of one leaves its session there, holding the lock: the server
-    hears nothing more, and without a limit keeps it until TCP gives up on the
-    peer (two hours and more by default) — every other host's writes in that
-    directory (the checkpoint folder of a job requeued from the lost host) wait
-    that long. With the limit the session ends and its transaction rolls back
+    JuiceFS's metadata transactions lock the rows they change (a file's while it
+    is truncated or written, a directory's while a name is made or renamed in
+    it). A host cut off from the network in the middle of one leaves its session
+    there, holding the locks: the server hears nothing more, and without a limit
+    keeps it until TCP gives up on the peer (two hours and more by default) —
+    every other host's writes to those files (the checkpoints of a job requeued
+    from the lost host) wait that long. With the limit the session ends and its transaction rolls back
     (nothing the lost host was writing lands). JuiceFS's own transactions are
     never idle for more than milliseconds. Set for the metadata role in the
     metadata database only (``ALTER ROLE CURRENT_USER IN DATABASE``, which any
@@ -192,7 +193,6 @@ def metadata_idle_limit() -> bool:
     options = {key: value for key, value in parse_qsl(url.query) if key in _LIBPQ_KEYS}
     dbname = unquote(url.path.lstrip("/"))
     password = unquote(url.password) if url.password is not None else os.environ.get("META_PASSWORD", "")
-    limit = f"{int(settings.SHARED_FS_META_IDLE_TX_S * 1000)}ms"
     try:
         with psycopg.connect(
             host=url.hostname or "",
@@ -203,11 +203,7 @@ def metadata_idle_limit() -> bool:
             autocommit=True,
             **options,
         ) as conn:
-            conn.execute(
-                sql.SQL("ALTER ROLE CURRENT_USER IN DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
-                    sql.Identifier(dbname), sql.Literal(limit)
-                )
-            )
+            conn.execute(idle_in_transaction_limit(sql.SQL("CURRENT_USER"), dbname, settings.SHARED_FS_META_IDLE_TX_S))
     except psycopg.Error as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SharedFsError(f"the shared storage's metadata database could not be set up: {reason}") from exc

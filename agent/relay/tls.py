@@ -20,7 +20,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from core.certificates import self_signed
 
-VALID_DAYS = 10 * 365
 FILE = "relay-tls.pem"
 
 
@@ -40,7 +39,7 @@ def _make(path: Path, node: str) -> None:
     """Write a new key and certificate at ``path``, unless another process got there first (theirs is kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = self_signed(key, f"gpucloud relay {node}", days=VALID_DAYS)
+    cert = self_signed(key, f"gpucloud relay {node}")  # ten years: a re-key is a file removed
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ) + cert.public_bytes(serialization.Encoding.PEM)

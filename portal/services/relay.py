@@ -28,7 +28,7 @@ from core import messages
 from core.clients import redis_client
 from core.errors import Conflict, InvalidInput, ServiceError, TooMany
 from core.relay import Op, Ticket, relay_base, ticket_sign, within
-from core.relay_tls import pin_check, wrong_certificate
+from core.relay_tls import wrong_certificate
 from scheduler.models import Node, Workload, WorkloadKind, WorkloadStatus
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,9 @@ def relay_base_of(node: Node) -> str:
     TLS without a registered certificate (nothing is called: a host writes its own relay URL, and a compromised
     one could point the web tier anywhere)."""
     try:
-        pin_check(node=node.name, relay_url=node.relay_url, tls_sha256=node.relay_tls_sha256)
-        return relay_base(node=node.name, address=node.address, relay_url=node.relay_url)
+        return relay_base(
+            node=node.name, address=node.address, relay_url=node.relay_url, tls_sha256=node.relay_tls_sha256
+        )
     except ValueError as exc:
         log.error("relay refused before the call: %s", exc)
         raise Conflict(str(exc)) from None

@@ -15,7 +15,6 @@ from django.db.models.functions import Now
 from core.clock import db_now
 from core.errors import Conflict, InvalidInput
 from core.relay import relay_base
-from core.relay_tls import pin_check
 from scheduler.models import Gpu, MeterChange, Node, NodeStatus, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus
 from scheduler.services.lifecycle import workload_meter_change, workload_transition
 
@@ -52,13 +51,12 @@ def node_register(
 
     Call after the agent has fenced the host (``agent_reconcile``): nothing may run
     there that the database does not assign to it. A ``relay_url`` not at ``address``
-    (``core.relay.relay_base``), or served over TLS without its certificate's ``relay_tls_sha256``
-    (``core.relay_tls.pin_check``), is refused: InvalidInput, and nothing is stored.
+    (``core.relay.relay_base``), or served over TLS without its certificate's ``relay_tls_sha256``,
+    is refused: InvalidInput, and nothing is stored.
     """
     if relay_url:
         try:
-            relay_base(node=name, address=address, relay_url=relay_url)
-            pin_check(node=name, relay_url=relay_url, tls_sha256=relay_tls_sha256)
+            relay_base(node=name, address=address, relay_url=relay_url, tls_sha256=relay_tls_sha256)
         except ValueError as exc:
             raise InvalidInput(str(exc), field="relay_url") from None
     with transaction.atomic():

@@ -35,8 +35,6 @@ from core.relay import Op, Ticket, ticket_sign
 from core.relay_tls import relay_http, wrong_certificate
 from portal.models import Instance
 from portal.services import files
-from portal.services.relay import relay_base_of
-from scheduler.services.nodes import node_register
 from tests.conftest import wait_for, wait_status
 from tests.portal.test_instance_api import create
 
@@ -289,22 +287,3 @@ def test_a_caller_refuses_a_relay_that_does_not_present_the_registered_certifica
     assert wrong_certificate(refused.value)
     with pytest.raises(Conflict, match="did not present the certificate it registered"):
         files.listing(workload, "/root/autodl-tmp", user=workload.owner)
-
-
-def test_a_relay_over_tls_without_its_certificate_registered_is_neither_registered_nor_called(sim_node):
-    with pytest.raises(InvalidInput) as refused:
-        node_register(
-            name="tls-unpinned",
-            hostname="h",
-            relay_url="https://127.0.0.1:8470",
-            cpu_cores=1,
-            memory_mb=1024,
-            gpus=[],
-            simulated=True,
-            nvidia_runtime=False,
-        )
-    assert refused.value.field == "relay_url" and "no certificate fingerprint" in refused.value.message
-    sim_node.relay_tls_sha256 = ""
-    sim_node.relay_url = "https://127.0.0.1:8470"
-    with pytest.raises(Conflict, match="no certificate fingerprint"):
-        relay_base_of(sim_node)

@@ -11,7 +11,7 @@ from core.errors import Conflict, InvalidInput
 from core.relay import Op, relay_base
 from portal.services import files
 from portal.services.logs import Query, log_lines
-from portal.services.relay import relay_target
+from portal.services.relay import relay_base_of, relay_target
 from scheduler.models import Move, Node, WorkloadKind, WorkloadRun, WorkloadStatus
 from scheduler.services.nodes import node_register
 from tests.conftest import make_node
@@ -19,6 +19,7 @@ from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db
 S = WorkloadStatus
+PIN = "ab" * 32  # a certificate's SHA-256 (hex)
 
 
 class Listener:
@@ -55,7 +56,8 @@ def listener():
     ],
 )
 def test_a_relay_at_the_nodes_address_with_a_port_is_called_there(address, relay_url, base):
-    assert relay_base(node="gpu1", address=address, relay_url=relay_url) == base
+    pin = PIN if relay_url.startswith("https") else ""  # a relay over TLS registers its certificate
+    assert relay_base(node="gpu1", address=address, relay_url=relay_url, tls_sha256=pin) == base
 
 
 @pytest.mark.parametrize(
@@ -91,22 +93,36 @@ def test_a_name_and_an_address_are_not_taken_for_each_other():
         relay_base(node="gpu1", address="gpu1.lan", relay_url="http://10.0.0.11:8470")
 
 
+def registered(name: str, **relay) -> Node:
+    """Node ``name`` registered with no cards and the relay fields given."""
+    return node_register(
+        name=name,
+        hostname="testhost",
+        cpu_cores=8,
+        memory_mb=16384,
+        gpus=[],
+        simulated=True,
+        nvidia_runtime=False,
+        **relay,
+    )
+
+
 def test_registration_refuses_a_relay_url_not_at_the_nodes_address_and_stores_nothing():
     node = make_node()
     with pytest.raises(InvalidInput, match=f"host {node.name}'s relay address") as refused:
-        node_register(
-            name=node.name,
-            hostname="testhost",
-            address="10.0.0.11",
-            relay_url="http://169.254.169.254/latest/meta-data#",
-            cpu_cores=8,
-            memory_mb=16384,
-            gpus=[],
-            simulated=True,
-            nvidia_runtime=False,
-        )
+        registered(node.name, address="10.0.0.11", relay_url="http://169.254.169.254/latest/meta-data#")
     assert refused.value.field == "relay_url"
     assert Node.objects.filter(pk=node.pk).values_list("address", "relay_url").get() == ("", "")
+
+
+def test_a_relay_over_tls_without_its_certificate_registered_is_neither_registered_nor_called():
+    with pytest.raises(InvalidInput) as refused:
+        registered("tls-unpinned", relay_url="https://127.0.0.1:8470")
+    assert refused.value.field == "relay_url" and "no certificate fingerprint" in refused.value.message
+    node = make_node()
+    node.relay_url, node.relay_tls_sha256 = "https://127.0.0.1:8470", ""
+    with pytest.raises(Conflict, match="no certificate fingerprint"):
+        relay_base_of(node)
 
 
 def _on_forged_relay(user, listener, **fields):

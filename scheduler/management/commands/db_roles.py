@@ -44,6 +44,7 @@ from django.db import connection, transaction
 from psycopg import sql
 
 from billing.models import MeterSegment
+from core.pg_settings import idle_in_transaction_limit
 from portal.models import Image, Instance
 from scheduler.models import (
     Allocation,
@@ -262,7 +263,8 @@ class Command(BaseCommand):
             nodes = [*nodes, *os.environ.get("DB_NODE_ROLES", "").split()]
         web, group = f"{prefix}_web", f"{prefix}_node"
         hosts = dict(self._parse_node(prefix, item) for item in nodes)
-        database = sql.Identifier(connection.settings_dict["NAME"])
+        db_name = connection.settings_dict["NAME"]
+        database = sql.Identifier(db_name)
         with connection.cursor() as cursor:
             if web_password is not None:
                 self._login_role(cursor, web, web_password)
@@ -296,13 +298,8 @@ class Command(BaseCommand):
             # A host cut off in the middle of a transaction (its work's rows locked) leaves its session idle in it:
             # without a limit the server keeps it, and the control plane's settling of that host's work waits on
             # the locks until TCP gives up on the host (hours). Agents never wait inside a transaction (STYLE).
-            limit = sql.Literal(f"{int(settings.NODE_DB_IDLE_TX_S * 1000)}ms")
             for role in members:
-                cursor.execute(
-                    sql.SQL("ALTER ROLE {} IN DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
-                        sql.Identifier(role), database, limit
-                    )
-                )
+                cursor.execute(idle_in_transaction_limit(sql.Identifier(role), db_name, settings.NODE_DB_IDLE_TX_S))
         self.stdout.write(
             f"roles ready: {web} (all application tables); {group} ({len(NODE_ACCESS)} tables, own rows only) "
             f"for {', '.join(members) or 'no host yet (add one with --node NAME=PASSWORD)'}"
