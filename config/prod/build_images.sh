@@ -82,7 +82,7 @@ rootfs_image gpucloud/debian:bookworm "$BASE_PACKAGES" -- \
   'ENV LANG=C.UTF-8' 'CMD ["python3"]'
 
 rootfs_image gpucloud/postgres:15 postgresql-15,ca-certificates \
-  "$IMAGES/postgres-entrypoint.sh:/usr/local/bin/entrypoint" -- \
+  "$IMAGES/postgres-entrypoint.sh:/usr/local/bin/entrypoint" "$IMAGES/postgres-roles.sh:/usr/local/bin/gpucloud-roles" -- \
   'ENV LANG=C.UTF-8 PGDATA=/var/lib/postgresql/data PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   'EXPOSE 5432' 'VOLUME /var/lib/postgresql/data' 'ENTRYPOINT ["/usr/local/bin/entrypoint"]'
 

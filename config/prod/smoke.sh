@@ -191,6 +191,13 @@ for service in web websocket worker beat; do
   [ "$uid" = 10001 ] || { echo "ERROR: $service runs as uid $uid, not 10001" >&2; exit 1; }
 done
 echo "web, websocket, worker, beat: uid 10001" >&2
+# No role the platform logs in as may make roles (the owner included: the server's superuser made them at start).
+makers=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
+  "SELECT string_agg(rolname, ' ') FROM pg_roles WHERE rolcanlogin AND rolname <> 'postgres' AND (rolcreaterole OR rolsuper)")
+[ -z "$makers" ] || { echo "ERROR: these login roles may make roles: $makers" >&2; exit 1; }
+logins=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
+  "SELECT string_agg(rolname, ' ' ORDER BY rolname) FROM pg_roles WHERE rolcanlogin AND rolname <> 'postgres'")
+echo "PostgreSQL login roles ($logins): none may make roles" >&2
 # PostgreSQL refuses an address outside POSTGRES_ALLOWED_CIDRS before any password: a container on a network of
 # its own, given a way to the database (the database joins that network too), is turned away by pg_hba.
 docker network create --subnet 172.31.77.0/24 gpprod-outsider >/dev/null

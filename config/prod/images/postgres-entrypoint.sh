@@ -1,8 +1,10 @@
 #!/bin/sh
 # PostgreSQL 15 from Debian's packages. On first start (an empty data directory) it creates the
-# cluster, and the platform's database owned by POSTGRES_USER (a login role that may create roles,
-# not a superuser: `manage.py db_roles` runs as it to make each part's own role). The superuser
-# `postgres` logs in only over the local socket inside this container. Over TCP, only the addresses in
+# cluster, and the platform's database owned by POSTGRES_USER (a login role, neither a superuser nor
+# able to make roles: `manage.py db_roles` runs as it to grant each part's role its tables). The superuser
+# `postgres` logs in only over the local socket inside this container: at every start, before the server
+# listens, it makes the login roles (gpucloud-roles: the web tier's and each GPU server's, from
+# DB_WEB_PASSWORD and DB_NODE_ROLES). Over TCP, only the addresses in
 # POSTGRES_ALLOWED_CIDRS (the control plane's own network) and POSTGRES_TLS_CIDRS (the GPU servers, over TLS
 # only: their passwords and rows cross the LAN) may try a password: the client authentication file is written
 # from them at every start (hba_file), so changing a list needs a restart only. TLS: the certificate and key
@@ -29,7 +31,7 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 \getenv user POSTGRES_USER
 \getenv password POSTGRES_PASSWORD
 \getenv db POSTGRES_DB
-CREATE ROLE :"user" LOGIN CREATEROLE PASSWORD :'password';
+CREATE ROLE :"user" LOGIN PASSWORD :'password';
 CREATE DATABASE :"db" OWNER :"user";
 REVOKE ALL ON DATABASE :"db" FROM PUBLIC;
 SQL
@@ -68,5 +70,12 @@ hba=/run/postgresql/pg_hba.conf
   done
 } >"$hba"
 chown postgres:postgres "$hba"
+# The login roles, made by the superuser on a server that listens on nothing yet (only its socket here).
+runuser -u postgres -- pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
+if ! gpucloud-roles; then
+  runuser -u postgres -- pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
+  exit 1
+fi
+runuser -u postgres -- pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
 # shellcheck disable=SC2086 # $tls: separate arguments
 exec runuser -u postgres -- postgres -D "$PGDATA" -c hba_file="$hba" $tls "$@"

@@ -266,11 +266,21 @@ class Command(BaseCommand):
         db_name = connection.settings_dict["NAME"]
         database = sql.Identifier(db_name)
         with connection.cursor() as cursor:
+            makes_roles = self._may_make_roles(cursor)
+            if not makes_roles and (web_password is not None or hosts or drop_nodes):
+                raise CommandError(
+                    "this database role may not make roles (no CREATEROLE, as in production): the database server "
+                    "makes the login roles itself (config/prod/images/postgres-roles.sh, from DB_WEB_PASSWORD and "
+                    "DB_NODE_ROLES); run db_roles without passwords to grant them their tables"
+                )
             if web_password is not None:
                 self._login_role(cursor, web, web_password)
             elif not self._exists(cursor, web):
                 raise CommandError(f"role {web} does not exist yet: give --web-password")
-            if self._exists(cursor, group):
+            if not makes_roles:
+                if not self._exists(cursor, group):
+                    raise CommandError(f"role {group} does not exist yet: the database server makes it at its start")
+            elif self._exists(cursor, group):
                 cursor.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(group)))
             else:
                 cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
@@ -291,14 +301,15 @@ class Command(BaseCommand):
                     cursor.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
             cursor.execute(
                 "SELECT r.rolname FROM pg_roles r JOIN pg_auth_members m ON m.member = r.oid "
-                "JOIN pg_roles g ON g.oid = m.roleid WHERE g.rolname = %s ORDER BY 1",
+                "JOIN pg_roles g ON g.oid = m.roleid WHERE g.rolname = %s AND r.rolcanlogin ORDER BY 1",
                 [group],
             )
             members = [row[0] for row in cursor.fetchall()]
             # A host cut off in the middle of a transaction (its work's rows locked) leaves its session idle in it:
             # without a limit the server keeps it, and the control plane's settling of that host's work waits on
             # the locks until TCP gives up on the host (hours). Agents never wait inside a transaction (STYLE).
-            for role in members:
+            # (Where this role may not make roles, the server's postgres-roles.sh sets the same limit.)
+            for role in members if makes_roles else ():
                 cursor.execute(idle_in_transaction_limit(sql.Identifier(role), db_name, settings.NODE_DB_IDLE_TX_S))
         self.stdout.write(
             f"roles ready: {web} (all application tables); {group} ({len(NODE_ACCESS)} tables, own rows only) "
@@ -318,6 +329,13 @@ class Command(BaseCommand):
         if len(node_role(prefix, name).encode()) > MAX_ROLE_NAME:
             raise CommandError(f"role {node_role(prefix, name)} is longer than {MAX_ROLE_NAME} bytes: a shorter name")
         return name, password
+
+    @staticmethod
+    def _may_make_roles(cursor) -> bool:
+        """Whether this session's role may create roles: in production it may not (the database server's
+        superuser makes the login roles, postgres-roles.sh); in development and tests it is a superuser."""
+        cursor.execute("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
+        return cursor.fetchone()[0]
 
     @staticmethod
     def _exists(cursor, role: str) -> bool:
