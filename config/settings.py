@@ -14,17 +14,33 @@ import environ
 
 from core.messages import ToScheduler
 from core.redis_acl import unacked_keys
+from core.url_secrets import url_with_password
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-env = environ.Env()
+
+class _SecretFiles(environ.FileAwareMapping):
+    """The environment, where NAME_FILE names a file holding NAME's value (a Docker or systemd secret, the
+    production stack's SECRETS_DIR): secrets stay out of ``docker inspect`` and process environments. One
+    trailing newline, as ``echo`` leaves, is not part of the value."""
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        return value[:-1] if value.endswith("\n") and self.env.get(f"{key}_FILE") else value
+
+
+class _Env(environ.Env):
+    ENVIRON = _SecretFiles()
+
+
+env = _Env()
 
 # A command typed in a `make run` checkout (manage.py shell, node drain, ...) with no settings of its own runs
 # as that stack does: config/dev/run.sh writes them to var/run.env (RUN_ENV_FILE names another file). Read only
 # where neither SECRET_KEY nor DEBUG is set: never by tests, production or make run's own processes.
 RUN_ENV_FILE = Path(os.environ.get("RUN_ENV_FILE", VAR_DIR / "run.env"))
-if not {"SECRET_KEY", "DEBUG"} & os.environ.keys() and RUN_ENV_FILE.is_file():
+if not {"SECRET_KEY", "SECRET_KEY_FILE", "DEBUG"} & os.environ.keys() and RUN_ENV_FILE.is_file():
     environ.Env.read_env(RUN_ENV_FILE)
 
 # Off unless the environment turns it on (make run does); production never runs with it.
@@ -100,6 +116,9 @@ TEMPLATES = [
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 # Keep connections between requests (a new PostgreSQL connection costs milliseconds per request),
 # checked before reuse so a restarted database costs one failed check, not a failed request.
+# The password apart from the URL (DATABASE_PASSWORD_FILE: the production stack's secrets): it wins over the URL's.
+if env.str("DATABASE_PASSWORD", default=""):
+    DATABASES["default"]["PASSWORD"] = env.str("DATABASE_PASSWORD")
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -183,6 +202,9 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# The password of REDIS_URL's login apart from the URL (REDIS_PASSWORD_FILE: the production stack's secrets).
+if env.str("REDIS_PASSWORD", default=""):
+    REDIS_URL = url_with_password(REDIS_URL, env.str("REDIS_PASSWORD"))
 
 # Shared by every web worker: request throttles count across all of them.
 CACHES = {

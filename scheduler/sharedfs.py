@@ -33,6 +33,7 @@ from psycopg import sql
 
 from core.errors import ServiceError
 from core.pg_settings import idle_in_transaction_limit
+from core.url_secrets import password_apart
 
 GIB = 1024**3
 USERS_DIR = "users"
@@ -89,7 +90,15 @@ def juicefs_bin() -> str:
 
 
 def juicefs(*args: str, timeout: float = 60, env: dict | None = None, check: bool = True):
-    """Run ``juicefs --quiet ARGS``; a failure raises SharedFsError with juicefs's own last words."""
+    """Run ``juicefs --quiet ARGS``; a failure raises SharedFsError with juicefs's own last words. The metadata
+    URL's password goes to juicefs in META_PASSWORD, never on its command line (``ps`` shows command lines to
+    anyone on the host; juicefs masks its own only once it runs, and a mount runs for the host's lifetime).
+    JuiceFS reads META_PASSWORD for every engine (tried with PostgreSQL, a password holding ``@ : / %``)."""
+    meta = settings.SHARED_FS_META
+    bare, password = password_apart(meta) if meta in args else (meta, None)
+    if password is not None:
+        args = tuple(bare if arg == meta else arg for arg in args)
+        env = {**(env or {}), "META_PASSWORD": password}
     command = [juicefs_bin(), "--quiet", "--no-color", *args]
     try:
         done = subprocess.run(

@@ -1,7 +1,14 @@
 """Reading what juicefs prints: sizes, the quota table, its log lines; URLs without passwords."""
 
-import pytest
+import socket
+import subprocess
+import time
+from urllib.parse import quote
 
+import pytest
+import redis
+
+from scheduler import sharedfs
 from scheduler.sharedfs import GIB, Quota, SharedFsError, last_words, parse_quota_table, parse_size, redact
 
 TABLE = """\
@@ -50,3 +57,53 @@ def test_passwords_never_reach_a_message():
     assert redact("postgres://fs:s3cret@10.231.0.1:5432/fs") == "postgres://fs:***@10.231.0.1:5432/fs"
     assert redact("redis://:pw@host:6379/2") == "redis://:***@host:6379/2"
     assert redact("sqlite3:///var/meta.db") == "sqlite3:///var/meta.db"
+
+
+@pytest.fixture
+def redis_with_password():
+    """A Redis of its own on a free loopback port that asks for a password (given on its standard input)."""
+    password = "s3c:r@t/%pw"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    server.stdin.write(f'port {port}\nbind 127.0.0.1\nsave ""\nrequirepass "{password}"\n')
+    server.stdin.close()
+    client = redis.Redis(port=port, password=password)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                pytest.fail("the test's redis-server did not start")
+            time.sleep(0.05)
+    yield port, password
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def test_the_metadata_password_goes_to_juicefs_in_its_environment_never_on_a_command_line(
+    settings, tmp_path, redis_with_password, monkeypatch
+):
+    """A real juicefs formats a volume on a Redis that asks for a password: it got the password (else the format
+    fails), and no command line it ran with carried it (``ps`` shows command lines to anyone on the host)."""
+    port, password = redis_with_password
+    settings.SHARED_FS_META = f"redis://:{quote(password, safe='')}@127.0.0.1:{port}/1"
+    settings.SHARED_FS_STORAGE, settings.SHARED_FS_BUCKET = "file", f"{tmp_path}/data/"
+    settings.SHARED_FS_NAME = "gs-meta-password"
+    runs = []
+    real_run = subprocess.run
+
+    def recorded(command, **kwargs):
+        runs.append((command, kwargs.get("env") or {}))
+        return real_run(command, **kwargs)
+
+    monkeypatch.setattr(sharedfs.subprocess, "run", recorded)
+    assert sharedfs.volume_format() is True
+    assert sharedfs.volume_settings()["Name"] == "gs-meta-password"
+    assert len(runs) >= 3  # status, format, status
+    for command, env in runs:
+        assert not any(password in part or quote(password, safe="") in part for part in command), command
+        assert env.get("META_PASSWORD") == password

@@ -24,7 +24,8 @@ if [ -n "${REGISTRY_TOKEN_REALM:-}" ]; then
 else
   : "${REGISTRY_USERNAME:?set REGISTRY_USERNAME}" "${REGISTRY_PASSWORD:?set REGISTRY_PASSWORD}"
   mkdir -p /etc/docker/registry/auth
-  htpasswd -Bbn "$REGISTRY_USERNAME" "$REGISTRY_PASSWORD" >/etc/docker/registry/auth/htpasswd
+  # The password on htpasswd's standard input (-i), never on its command line, where `ps` shows it.
+  printf %s "$REGISTRY_PASSWORD" | htpasswd -iBn "$REGISTRY_USERNAME" >/etc/docker/registry/auth/htpasswd
 fi
 chown -R docker-registry /var/lib/docker-registry
 exec runuser -u docker-registry -- docker-registry serve "$config"
