@@ -33,12 +33,21 @@ phase "images"
 config/prod/build_images.sh
 
 # --- this bring-up's configuration: secrets made once and kept in CACHE --------------------------
+# Every secret a file of SECRETS_DIR (the control plane's) or NODE_SECRETS_DIR (the GPU server's), as the README's
+# deployment steps make them (config/prod/make_secrets.sh); prod.env holds addresses only. An env file from before
+# SECRETS_DIR existed is made again.
 ENV_FILE=$CACHE/prod.env
+grep -q '^SECRETS_DIR=' "$ENV_FILE" 2>/dev/null || rm -f "$ENV_FILE"
+SECRETS=$CACHE/secrets NODE_SECRETS=$CACHE/node-secrets
+config/prod/make_secrets.sh control "$SECRETS" gpu1 >&2
+mkdir -p "$NODE_SECRETS"
+for name in database_password redis_password registry_password; do
+  [ -s "$NODE_SECRETS/$name" ] || install -m 400 "$SECRETS/hosts/gpu1/$name" "$NODE_SECRETS/$name"
+done
+config/prod/make_secrets.sh node "$NODE_SECRETS" >&2
 if [ ! -s "$ENV_FILE" ]; then
-  secret() { python3 -c 'import secrets; print(secrets.token_hex(24))'; }
-  pg=$(secret) web=$(secret) node=$(secret) redis=$(secret)
   cat >"$ENV_FILE" <<ENV
-SECRET_KEY=$(secret)$(secret)
+SECRETS_DIR=$SECRETS
 DEPLOYMENT_ID=gpprod
 ALLOWED_HOSTS=$SERVER,localhost
 CSRF_TRUSTED_ORIGINS=https://$SERVER
@@ -47,21 +56,15 @@ TLS_DIR=$CACHE/tls
 HTTPS_BIND=0.0.0.0
 HTTPS_PORT=443
 DATA_BIND=127.0.0.1
-POSTGRES_PASSWORD=$pg
-OWNER_DATABASE_URL=postgres://gpucloud:$pg@postgres:5432/gpucloud
-DB_WEB_PASSWORD=$web
-WEB_DATABASE_URL=postgres://gpucloud_web:$web@postgres:5432/gpucloud
-DB_NODE_ROLES=gpu1=$node
-REDIS_PASSWORD=$redis
-REDIS_URL=redis://:$redis@redis:6379/0
+OWNER_DATABASE_URL=postgres://gpucloud@postgres:5432/gpucloud
+WEB_DATABASE_URL=postgres://gpucloud_web@postgres:5432/gpucloud
+REDIS_URL=redis://redis:6379/0
 REGISTRY=$SERVER
 REGISTRY_USERNAME=gpucloud
-REGISTRY_PASSWORD=$(secret)
 REGISTRY_CA_FILE=$CACHE/tls/cert.pem
 WEB_WORKERS=2
 NODE_NAME=gpu1
 NODE_ADDRESS=$SERVER
-NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node@localhost:5432/gpucloud
 GPU_BACKEND=sim:2xRTX3090
 NODE_RUNTIME=runc
 DOCKER_SOCKET=${DOCKER_HOST#unix://}
@@ -72,34 +75,24 @@ SHARED_FS_CACHE_DIR=$CACHE/juicefs-cache
 INSTANCE_SUBNET=$NET.64.0/20
 ENV
 fi
-# An env file kept from before LXCFS_DIR (GPU_SERVER_CIDRS) existed gets it too.
-grep -q '^LXCFS_DIR=' "$ENV_FILE" || echo "LXCFS_DIR=$CACHE/lxcfs" >>"$ENV_FILE"
 # The GPU servers' addresses (TLS only, pg_hba): this server's, and a network the smoke plays a GPU server from.
 GPU_NET=172.31.78.0/24
 sed -i '/^GPU_SERVER_CIDRS=/d' "$ENV_FILE"
 echo "GPU_SERVER_CIDRS=$SERVER/32 $GPU_NET" >>"$ENV_FILE"
-# The GPU server reaches PostgreSQL over TLS, checking its certificate (issued for localhost here).
-node_db=$(sed -n 's/^NODE_DATABASE_URL=postgres:\/\/gpucloud_node_gpu1:\([^@]*\)@.*/\1/p' "$ENV_FILE")
-sed -i '/^NODE_DATABASE_URL=/d;/^DATA_CA_FILE=/d;/^DATA_TLS_DIR=/d' "$ENV_FILE"
+# The GPU server reaches PostgreSQL and Redis over TLS, checking their certificate (issued for localhost here), as
+# its own database role and its own Redis user (core.redis_acl); their passwords are NODE_SECRETS_DIR's.
+sed -i '/^NODE_DATABASE_URL=/d;/^NODE_REDIS_URL=/d;/^DATA_CA_FILE=/d;/^DATA_TLS_DIR=/d' "$ENV_FILE"
 cat >>"$ENV_FILE" <<ENV
 DATA_TLS_DIR=$CACHE/tls
-NODE_DATABASE_URL=postgres://gpucloud_node_gpu1:$node_db@localhost:5432/gpucloud?sslmode=verify-full&sslrootcert=/etc/gpucloud/data-ca.pem
+NODE_DATABASE_URL=postgres://gpucloud_node_gpu1@localhost:5432/gpucloud?sslmode=verify-full&sslrootcert=/etc/gpucloud/data-ca.pem
+NODE_REDIS_URL=rediss://node-gpu1@localhost:6379/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/gpucloud/data-ca.pem
 DATA_CA_FILE=$CACHE/tls/cert.pem
 ENV
-# The GPU server's own Redis user (core.redis_acl): its password here, only its hash in Redis (set below).
-grep -q '^NODE_REDIS_PASSWORD=' "$ENV_FILE" ||
-  echo "NODE_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')" >>"$ENV_FILE"
-node_redis=$(sed -n 's/^NODE_REDIS_PASSWORD=//p' "$ENV_FILE")
-sed -i '/^NODE_REDIS_URL=/d' "$ENV_FILE"
-echo "NODE_REDIS_URL=rediss://node-gpu1:$node_redis@localhost:6379/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/gpucloud/data-ca.pem" >>"$ENV_FILE"
-# The registry in token mode: the GPU server logs in as itself (registry_host_user, below); its password here.
+# The registry in token mode: the GPU server logs in as itself (registry_host_user, below).
 grep -q '^REGISTRY_TOKEN_REALM=' "$ENV_FILE" || cat >>"$ENV_FILE" <<ENV
 REGISTRY_TOKEN_REALM=https://$SERVER/registry/token/
 REGISTRY_TOKEN_ISSUER_CERT=$CACHE/keys/registry-token.pem
-NODE_REGISTRY_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
 ENV
-node_registry=$(sed -n 's/^NODE_REGISTRY_PASSWORD=//p' "$ENV_FILE")
-control_registry=$(sed -n 's/^REGISTRY_PASSWORD=//p' "$ENV_FILE")
 config/prod/make_tls.sh "$CACHE/tls" "$SERVER" localhost
 docker run --rm --network none -v "$CACHE/keys:/keys" -e KEYS_DIR=/keys -e SECRET_KEY="$(printf 'k%.0s' {1..40})" \
   gpucloud/app:latest python manage.py make_signing_keys >/dev/null
@@ -125,10 +118,9 @@ CERTS_D=/etc/docker/certs.d/$SERVER
 install -D -m 644 "$CACHE/tls/cert.pem" "$CERTS_D/ca.crt"
 
 compose=(docker-compose --env-file "$ENV_FILE" -p gpprod -f docker-compose.yml)
-# The GPU server's own: keys folder, SECRET_KEY and registry login (its node.env would hold them; the shell's
-# values win over the env file's).
-node_compose=(env KEYS_DIR="$CACHE/node-keys" SECRET_KEY="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
-  REGISTRY_USERNAME=node-gpu1 REGISTRY_PASSWORD="$node_registry"
+# The GPU server's own: keys folder, secrets and registry login (its node.env would hold them; the shell's values
+# win over the env file's).
+node_compose=(env KEYS_DIR="$CACHE/node-keys" NODE_SECRETS_DIR="$NODE_SECRETS" REGISTRY_USERNAME=node-gpu1
   docker-compose --env-file "$ENV_FILE" -p gpprod-node -f docker-compose.node.yml)
 finish() {
   status=$?
@@ -167,15 +159,17 @@ done
 # (python -m agent.framework_images; README "Images"), which the node agent's container is not.
 "${compose[@]}" run --rm --no-deps web python manage.py load_demo --stand-in | sed 's/API token .*//' >&2
 # The GPU server's Redis user, as the README's deployment steps make it (the password on standard input).
-printf %s "$node_redis" | "${compose[@]}" run --rm -T --no-deps web python manage.py redis_host_user --host gpu1 \
-  --password-file - >&2
+"${compose[@]}" run --rm -T --no-deps web python manage.py redis_host_user --host gpu1 \
+  --password-file - <"$SECRETS/hosts/gpu1/redis_password" >&2
 # Its own registry login, the same way: it pulls any image and pushes only what it saves.
-printf %s "$node_registry" | "${compose[@]}" run --rm -T --no-deps web python manage.py registry_host_user \
-  --host gpu1 --password-file - >&2
+"${compose[@]}" run --rm -T --no-deps web python manage.py registry_host_user \
+  --host gpu1 --password-file - <"$SECRETS/hosts/gpu1/registry_password" >&2
 # The catalog is pushed with the control plane's registry login (a GPU server's may not push it).
-web_on_server=$(sed -n 's|^WEB_DATABASE_URL=\(.*\)@postgres:5432/\(.*\)$|\1@127.0.0.1:5432/\2|p' "$ENV_FILE")
-"${node_compose[@]}" run --rm -e DATABASE_URL="$web_on_server" -e REGISTRY_USERNAME=gpucloud \
-  -e REGISTRY_PASSWORD="$control_registry" node-agent python manage.py build_images --only gpucloud/busybox-standin:latest |
+# (The smoke's shortcut, as the web tier on the server: its role and its registry login, their files mounted.)
+"${node_compose[@]}" run --rm -e DATABASE_URL=postgres://gpucloud_web@127.0.0.1:5432/gpucloud \
+  -v "$SECRETS/db_web_password:/run/control/database_password:ro" -e DATABASE_PASSWORD_FILE=/run/control/database_password \
+  -v "$SECRETS/registry_password:/run/control/registry_password:ro" -e REGISTRY_PASSWORD_FILE=/run/control/registry_password \
+  -e REGISTRY_USERNAME=gpucloud node-agent python manage.py build_images --only gpucloud/busybox-standin:latest |
   tail -2 >&2
 docker images --format '{{.Repository}}:{{.Tag}}' | grep "^$SERVER/" | xargs -r docker rmi >/dev/null  # pulled back on use
 phase "compose up (node agent)"
@@ -191,6 +185,15 @@ for service in web websocket worker beat; do
   [ "$uid" = 10001 ] || { echo "ERROR: $service runs as uid $uid, not 10001" >&2; exit 1; }
 done
 echo "web, websocket, worker, beat: uid 10001" >&2
+# No secret in any container's configuration (`docker inspect`: its environment, command and labels): each is a
+# file of SECRETS_DIR or NODE_SECRETS_DIR, mounted where it is needed.
+inspected=$(docker inspect $("${compose[@]}" ps -q) $("${node_compose[@]}" ps -q))
+leaked=$(find "$SECRETS" "$NODE_SECRETS" -type f ! -name db_node_roles | while read -r file; do
+  value=$(cat "$file")
+  case $inspected in *"$value"*) echo "$file" ;; esac
+done)
+[ -z "$leaked" ] || { echo "ERROR: docker inspect shows the secrets of: $leaked" >&2; exit 1; }
+echo "no secret in docker inspect ($(find "$SECRETS" "$NODE_SECRETS" -type f | wc -l) files checked)" >&2
 # No role the platform logs in as may make roles (the owner included: the server's superuser made them at start).
 makers=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
   "SELECT string_agg(rolname, ' ') FROM pg_roles WHERE rolcanlogin AND rolname <> 'postgres' AND (rolcreaterole OR rolsuper)")
@@ -232,17 +235,19 @@ case $over_tls in
 esac
 echo "PostgreSQL from a GPU server's address: refused without TLS, asked its password over TLS" >&2
 # The node agent's database connection, made from its own environment (its URL: sslmode=verify-full), is encrypted.
-ssl=$("${node_compose[@]}" exec -T node-agent python -c '
-import os, psycopg
-with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
-    print(conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0])
-')
+ssl=$("${node_compose[@]}" exec -T node-agent python manage.py shell --no-imports -c '
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+    print(cursor.fetchone()[0])
+' | tail -1)
 [ "$ssl" = True ] || { echo "ERROR: the node agent's database connection over TLS: '$ssl'" >&2; exit 1; }
 echo "node agent's database connection: TLS (certificate verified)" >&2
 # The GPU server's Redis user reaches its own queue and not the scheduler's nor any other key (core.redis_acl).
-answers=$("${node_compose[@]}" exec -T node-agent python -c '
-import os, redis
-r = redis.Redis.from_url(os.environ["REDIS_URL"])
+answers=$("${node_compose[@]}" exec -T node-agent python manage.py shell --no-imports -c '
+import redis
+from django.conf import settings
+r = redis.Redis.from_url(settings.REDIS_URL)
 for name, command in [("own", ["LLEN", "node.gpu1"]), ("scheduler", ["LRANGE", "scheduler", 0, -1]),
                       ("flush", ["FLUSHALL"]), ("other", ["LLEN", "node.gpu2"])]:
     try:
@@ -262,10 +267,11 @@ except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
   { echo "ERROR: the GPU server's Redis user: $answers" >&2; exit 1; }
 echo "GPU server's Redis user: over TLS (certificate verified; without TLS refused), its own queue only" >&2
 # The GPU server's registry login (token mode): it pulls the catalog's image and cannot push over it.
-answers=$("${node_compose[@]}" exec -T node-agent python -c '
-import os, docker
-repository = os.environ["REGISTRY"] + "/gpucloud/busybox-standin"
-auth = {"username": os.environ["REGISTRY_USERNAME"], "password": os.environ["REGISTRY_PASSWORD"]}
+answers=$("${node_compose[@]}" exec -T node-agent python manage.py shell --no-imports -c '
+import docker
+from django.conf import settings
+repository = settings.REGISTRY + "/gpucloud/busybox-standin"
+auth = {"username": settings.REGISTRY_USERNAME, "password": settings.REGISTRY_PASSWORD}
 api = docker.from_env().api
 api.pull(repository, tag="latest", auth_config=auth)
 print("pull allowed")

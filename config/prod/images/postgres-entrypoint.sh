@@ -10,6 +10,12 @@
 # from them at every start (hba_file), so changing a list needs a restart only. TLS: the certificate and key
 # mounted at /tls (cert.pem, key.pem: the deployment's TLS_DIR), copied where only postgres reads the key.
 set -eu
+# POSTGRES_PASSWORD may come from the file POSTGRES_PASSWORD_FILE names (the stack's SECRETS_DIR), as in the
+# official image; gpucloud-roles reads DB_WEB_PASSWORD_FILE and DB_NODE_ROLES_FILE so.
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+  POSTGRES_PASSWORD=$(cat "$POSTGRES_PASSWORD_FILE")
+  export POSTGRES_PASSWORD
+fi
 : "${POSTGRES_ALLOWED_CIDRS:?set POSTGRES_ALLOWED_CIDRS to the addresses that may connect (CIDRs, space-separated)}"
 POSTGRES_TLS_CIDRS=${POSTGRES_TLS_CIDRS:-}
 : "${PGDATA:=/var/lib/postgresql/data}"

@@ -7,7 +7,9 @@
 # TLS: with the certificate and key mounted at /tls (DATA_TLS_DIR's cert.pem, key.pem), Redis also listens on 6380
 # over TLS, the port the stack publishes to the GPU servers; 6379, without TLS, stays on the stack's own network.
 set -eu
-: "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
+# The password, or the file REDIS_PASSWORD_FILE names (the stack's SECRETS_DIR).
+if [ -n "${REDIS_PASSWORD_FILE:-}" ]; then REDIS_PASSWORD=$(cat "$REDIS_PASSWORD_FILE"); fi
+: "${REDIS_PASSWORD:?set REDIS_PASSWORD or REDIS_PASSWORD_FILE}"
 mkdir -p /data /run/redis && chown redis:redis /data /run/redis
 umask 077
 acl=/data/users.acl

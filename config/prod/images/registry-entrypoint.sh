@@ -22,7 +22,9 @@ if [ -n "${REGISTRY_TOKEN_REALM:-}" ]; then
     >>"$config"
   chmod 644 "$config"
 else
-  : "${REGISTRY_USERNAME:?set REGISTRY_USERNAME}" "${REGISTRY_PASSWORD:?set REGISTRY_PASSWORD}"
+  # The password, or the file REGISTRY_PASSWORD_FILE names (the stack's SECRETS_DIR).
+  if [ -n "${REGISTRY_PASSWORD_FILE:-}" ]; then REGISTRY_PASSWORD=$(cat "$REGISTRY_PASSWORD_FILE"); fi
+  : "${REGISTRY_USERNAME:?set REGISTRY_USERNAME}" "${REGISTRY_PASSWORD:?set REGISTRY_PASSWORD or REGISTRY_PASSWORD_FILE}"
   mkdir -p /etc/docker/registry/auth
   # The password on htpasswd's standard input (-i), never on its command line, where `ps` shows it.
   printf %s "$REGISTRY_PASSWORD" | htpasswd -iBn "$REGISTRY_USERNAME" >/etc/docker/registry/auth/htpasswd
