@@ -201,6 +201,22 @@ makers=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d p
 logins=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
   "SELECT string_agg(rolname, ' ' ORDER BY rolname) FROM pg_roles WHERE rolcanlogin AND rolname <> 'postgres'")
 echo "PostgreSQL login roles ($logins): none may make roles" >&2
+# A GPU server added and taken off as the README says (make_secrets.sh, then gpucloud-roles): no restart.
+started=$(docker inspect -f '{{.State.StartedAt}}' "$("${compose[@]}" ps -q postgres)")
+node_logins() {
+  "${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
+    "SELECT string_agg(rolname, ' ' ORDER BY rolname) FROM pg_roles WHERE rolcanlogin AND rolname LIKE 'gpucloud\_node\_%'"
+}
+config/prod/make_secrets.sh control "$SECRETS" gpu9 >/dev/null
+"${compose[@]}" exec -T postgres gpucloud-roles >/dev/null
+added=$(node_logins)
+rm -r "$SECRETS/hosts/gpu9" && config/prod/make_secrets.sh control "$SECRETS" >/dev/null
+"${compose[@]}" exec -T postgres gpucloud-roles >/dev/null
+removed=$(node_logins)
+[ "$added|$removed" = "gpucloud_node_gpu1 gpucloud_node_gpu9|gpucloud_node_gpu1" ] &&
+  [ "$(docker inspect -f '{{.State.StartedAt}}' "$("${compose[@]}" ps -q postgres)")" = "$started" ] ||
+  { echo "ERROR: a host added then taken off: logins '$added', then '$removed'" >&2; exit 1; }
+echo "a GPU server's role added and taken off without a restart (gpucloud-roles)" >&2
 # PostgreSQL refuses an address outside POSTGRES_ALLOWED_CIDRS before any password: a container on a network of
 # its own, given a way to the database (the database joins that network too), is turned away by pg_hba.
 docker network create --subnet 172.31.77.0/24 gpprod-outsider >/dev/null
