@@ -559,9 +559,10 @@ REGISTRY_PASSWORD = env.str("REGISTRY_PASSWORD", default="")
 # this file (engines trust it as /etc/docker/certs.d/<REGISTRY>/ca.crt). Empty: plain HTTP.
 REGISTRY_CA_FILE = env.str("REGISTRY_CA_FILE", default="")
 # Token authentication (portal/services/registry_tokens.py): the registry sends engines to this URL of the web
-# tier for a bearer token, which names what the caller may do to which repository (every host pulls any image;
-# a host pushes only the image it is saving or the snapshot of its move; the control plane, REGISTRY_USERNAME,
-# anything). Empty: the registry's own one user (htpasswd), shared by every host and the control plane.
+# tier for a bearer token, which names what the caller may do to which repository (every host pulls the catalog,
+# and the saved images its own work runs from; a host pushes only the image it is saving or the snapshot of its
+# move; the control plane, REGISTRY_USERNAME, anything). Empty: the registry's own one user (htpasswd), shared by
+# every host and the control plane.
 REGISTRY_TOKEN_REALM = env.str("REGISTRY_TOKEN_REALM", default="")
 REGISTRY_TOKEN_SERVICE = env.str("REGISTRY_TOKEN_SERVICE", default="gpucloud-registry")
 REGISTRY_TOKEN_ISSUER = env.str("REGISTRY_TOKEN_ISSUER", default=f"gpucloud-{DEPLOYMENT_ID}")

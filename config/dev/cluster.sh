@@ -116,7 +116,7 @@ secrets() { # random passwords and keys, made once per cluster directory (mode 6
 # The image registry (Debian's docker-registry, TLS with a CA of its own that every engine here trusts)
 # and the users' file storage (JuiceFS: metadata and data in this PostgreSQL, mounted on every host).
 REGISTRY=$CP:5000
-# Token mode: each host logs in to the registry as itself (portal/services/registry_tokens.py: it pulls any image,
+# Token mode: each host logs in to the registry as itself (portal/services/registry_tokens.py: it pulls the catalog and what its work runs,
 # pushes only what it saves); the engines get their tokens from the web tier on the control plane's address.
 REGISTRY_TOKEN_REALM=http://$CP:8000/registry/token/
 shared_env() { # what every part gets for the registry and the file storage (printed as NAME=value lines)
@@ -372,7 +372,7 @@ host_redis_user() { # host i's own Redis user (core.redis_acl: its own queues on
   "$PY" manage.py redis_host_user --host "h$1" --password-file "$file" >/dev/null
 }
 
-host_registry_login() { # host i's own registry login (pull any image, push what it saves); its password in its folder
+host_registry_login() { # host i's own registry login (pull the catalog and its work's images, push what it saves); its password in its folder
   local file=$DIR/h$1/registry.password
   [ -s "$file" ] || (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$file")
   DATABASE_URL=$(owner_url) "$PY" manage.py registry_host_user --host "h$1" --password-file "$file" >/dev/null

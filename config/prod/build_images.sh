@@ -95,8 +95,8 @@ rootfs_image gpucloud/registry:2.8 docker-registry,apache2-utils,ca-certificates
   'ENV LANG=C.UTF-8' 'EXPOSE 5000' 'VOLUME /var/lib/docker-registry' 'ENTRYPOINT ["/usr/local/bin/entrypoint"]'
 
 rootfs_image gpucloud/proxy:1.22 nginx,ca-certificates \
-  "$IMAGES/nginx.conf:/etc/nginx/nginx.conf" -- \
-  'ENV LANG=C.UTF-8' 'EXPOSE 443' 'CMD ["nginx", "-g", "daemon off;"]'
+  "$IMAGES/nginx.conf:/etc/nginx/nginx.conf" "$IMAGES/proxy-entrypoint.sh:/usr/local/bin/entrypoint" -- \
+  'ENV LANG=C.UTF-8' 'EXPOSE 443' 'ENTRYPOINT ["/usr/local/bin/entrypoint"]'
 
 # The application's wheels, made here (pip's index as this host is configured) and installed offline
 # in the build. The image's Python (Debian's 3.11.2) may need what this host's does not (a marker on

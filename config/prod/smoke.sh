@@ -161,7 +161,7 @@ done
 # The GPU server's Redis user, as the README's deployment steps make it (the password on standard input).
 "${compose[@]}" run --rm -T --no-deps web python manage.py redis_host_user --host gpu1 \
   --password-file - <"$SECRETS/hosts/gpu1/redis_password" >&2
-# Its own registry login, the same way: it pulls any image and pushes only what it saves.
+# Its own registry login, the same way: it pulls the catalog and what its work runs, pushes only what it saves.
 "${compose[@]}" run --rm -T --no-deps web python manage.py registry_host_user \
   --host gpu1 --password-file - <"$SECRETS/hosts/gpu1/registry_password" >&2
 # The catalog is pushed with the control plane's registry login (a GPU server's may not push it).
@@ -302,6 +302,12 @@ for port in 8000 8001 5432 6379 5000; do
   if timeout 2 bash -c "</dev/tcp/$SERVER/$port" 2>/dev/null; then echo "ERROR: $SERVER:$port answers" >&2; exit 1; fi
 done
 echo "published from $SERVER: 443 only (8000 8001 5432 6379 5000 closed)" >&2
+# The registry behind it answers the GPU servers (the instance below pulls through the server's engine) and not
+# this outside address, even with the control plane's login.
+outside=$(curl -s -o /dev/null -w '%{http_code}' --cacert "$CACHE/tls/cert.pem" \
+  -u "gpucloud:$(cat "$SECRETS/registry_password")" "https://$SERVER/v2/_catalog")
+[ "$outside" = 403 ] || { echo "ERROR: the registry answered an outside address: HTTP $outside" >&2; exit 1; }
+echo "registry (/v2/) from outside the GPU servers' addresses: 403" >&2
 # shellcheck disable=SC2086
 "$PYTHON" config/prod/smoke.py --url "https://$SERVER" --ca "$CACHE/tls/cert.pem" \
   --user demo --password demo-pass-123 ${SMOKE_ARGS:-}

@@ -8,9 +8,11 @@ certificate) that grants what its caller may do, and nothing else:
 
 - the control plane (``REGISTRY_USERNAME`` / ``REGISTRY_PASSWORD``): whatever it asks (it pushes the catalog's
   images, reads and deletes saved ones);
-- a GPU host (``node-<name>`` with its own password: ``manage.py registry_host_user``): pull of any repository (a
-  host may start any image), push only to the repository of an image it is saving now (its ``Image`` row is saving
-  on that host) or of the snapshot of a move it is the source of (copying); never delete;
+- a GPU host (``node-<name>`` with its own password: ``manage.py registry_host_user``): pull of the catalog's
+  repositories (any host may start them), of a tenant's saved image only while work placed on that host runs from
+  it, and of a move's snapshot only while it is that move's target (copying); push only to the repository of an
+  image it is saving now (its ``Image`` row is saving on that host) or of the snapshot of a move it is the source
+  of (copying); never delete. So a taken host can read no tenant's saved image that its own work does not use;
 - anyone else: refused (401).
 
 Each saved image and each move's snapshot has a repository of its own (``gpucloud-saved/u<owner>-i<id>``,
@@ -26,20 +28,23 @@ import re
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db.models import Q
 
 from core.errors import InvalidInput
 from core.host_logins import password_sha256
 from core.messages import is_node_name
 from core.redis_acl import USER_PREFIX
 from portal.models import Image, ImageStatus
+from portal.services.images import REPOSITORY as SAVED_REPOSITORY
 from scheduler import registry
-from scheduler.models import Move, MoveStatus, RegistryCredential
+from scheduler.models import Move, MoveStatus, RegistryCredential, Workload, WorkloadStatus
 from scheduler.registry import image_name
 
 # Distribution's repository name grammar (path components of lowercase alphanumerics and separators).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 REPOSITORY_NAME = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 ACTIONS = {"pull", "push", "delete", "*"}
+MOVE_REPOSITORY = "gpucloud-move"  # scheduler.services.moves.move_snapshot_ref: gpucloud-move/m<id>
 SCOPES_MAX = 16
 
 
@@ -98,10 +103,29 @@ def granted(caller: Caller, scope: Scope) -> tuple[str, ...]:
         return scope.actions if scope.type == "repository" else ()
     if scope.type != "repository":
         return ()
-    allowed = {"pull"}
+    allowed = set()
     if "push" in scope.actions and scope.name in pushing(caller.host):
-        allowed.add("push")
+        allowed |= {"push", "pull"}
+    elif not private(scope.name) or ("pull" in scope.actions and scope.name in pulling(caller.host)):
+        allowed.add("pull")
     return tuple(action for action in scope.actions if action in allowed)
+
+
+def private(repository: str) -> bool:
+    """A tenant's saved image or a move's snapshot: not the catalog's."""
+    return repository.startswith((f"{SAVED_REPOSITORY}/", f"{MOVE_REPOSITORY}/"))
+
+
+def pulling(host: str) -> set[str]:
+    """The private repositories host ``host`` may pull now: the saved images its work runs from (single-node work
+    placed on it, a gang's members there; not yet released), the snapshots of moves to it (copying)."""
+    from scheduler.services.moves import move_snapshot_ref
+
+    ended = [WorkloadStatus.RELEASED, WorkloadStatus.FAILED, WorkloadStatus.SUCCEEDED]
+    placed = Workload.objects.filter(Q(node__name=host) | Q(members__node__name=host)).exclude(status__in=ended)
+    names = {image_name(ref).repository for ref in placed.values_list("image_ref", flat=True) if ref}
+    moves = Move.objects.filter(status=MoveStatus.COPYING, target__name=host).select_related("workload")
+    return names | {image_name(move_snapshot_ref(move)).repository for move in moves}
 
 
 def pushing(host: str) -> set[str]:

@@ -284,7 +284,7 @@ def test_a_taken_hosts_redis_user_reaches_only_its_own_queues(cluster):
     assert not allowed, allowed
 
 
-def test_a_taken_hosts_registry_login_pulls_any_image_and_pushes_over_none(cluster):
+def test_a_taken_hosts_registry_login_pulls_the_catalog_and_pushes_over_none(cluster):
     """h1's own registry login (its agent's environment), through h1's engine: the token server lets it pull the
     catalog's image and not push over it (nor over any image it is not saving)."""
     env = agent_environ(cluster, 1)

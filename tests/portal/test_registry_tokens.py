@@ -1,5 +1,6 @@
 """The registry in token mode (issue 31 §1): each host logs in as itself; the web tier's token server lets it pull
-any image and push only the image it is saving (or its move's snapshot); the control plane does anything.
+the catalog and the saved images its own work runs from, and push only the image it is saving (or its move's
+snapshot); the control plane does anything.
 
 A real registry (Debian's docker-registry, ``config/dev/registry.sh`` in token mode) trusts the certificate of the
 control plane's token key; the root Docker engine pushes and pulls with a host's credentials and does the token
@@ -76,7 +77,7 @@ def saving(user, node, ref: str) -> Image:
     )  # fmt: skip
 
 
-def test_a_host_pushes_only_the_image_it_is_saving_and_pulls_any(registry, user, base_image, tmp_path):
+def test_a_host_pushes_only_the_image_it_is_saving_and_pulls_the_catalog(registry, user, base_image, tmp_path):
     mine, theirs = make_node("sim:1xRTX3090"), make_node("sim:1xRTX3090")
     host = host_login(mine.name, tmp_path)
     control = {"username": USERNAME, "password": PASSWORD}
@@ -174,3 +175,38 @@ def test_a_hosts_api_calls_follow_the_challenge_with_its_own_login(registry, use
         with pytest.raises(RegistryError, match="refused"):
             manifest_delete(image_name(ref))
     assert manifest_digest(image_name(ref)).startswith("sha256:"), "still there"
+
+
+def test_a_host_pulls_a_tenants_saved_image_only_while_its_own_work_runs_from_it(user):
+    """The catalog is every host's to pull; a saved image only a host whose work (single-node, or a gang's member
+    there) runs from it, until released; a move's snapshot only its target while it copies."""
+    from portal.services.registry_tokens import Caller, Scope, granted
+    from scheduler.models import Move, WorkloadMember, WorkloadStatus
+    from scheduler.services.moves import move_snapshot_ref
+    from tests.scheduler.factories import workload
+
+    mine, theirs = make_node("sim:1xRTX3090"), make_node("sim:1xRTX3090")
+    host = Caller(subject=f"node-{mine.name}", host=mine.name)
+    saved = f"gpucloud-saved/u{user.pk}-i5"
+
+    def pulls(name: str) -> bool:
+        return granted(host, Scope("repository", name, ("pull",))) == ("pull",)
+
+    assert pulls("gpucloud/busybox-standin") and not pulls(saved)
+    elsewhere = workload(user, image_ref=f"r.example:5000/{saved}:t", status=WorkloadStatus.RUNNING, node=theirs)
+    assert not pulls(saved), "another host's work"
+    here = workload(user, image_ref=f"r.example:5000/{saved}:t", status=WorkloadStatus.STOPPED, node=mine)
+    assert pulls(saved), "a stopped instance here starts from it again"
+    here.status = WorkloadStatus.RELEASED
+    here.save(update_fields=["status"])
+    assert not pulls(saved)
+    gang = workload(user, image_ref=f"r.example:5000/{saved}:t", status=WorkloadStatus.STARTING)
+    WorkloadMember.objects.create(workload=gang, rank=1, node=mine, node_name=mine.name)
+    assert pulls(saved), "a gang's member here"
+
+    move = Move.objects.create(workload=elsewhere, source=theirs, target=mine)
+    snapshot = image_name(move_snapshot_ref(move)).repository
+    assert pulls(snapshot)
+    assert granted(Caller(subject="node-x", host=theirs.name), Scope("repository", snapshot, ("pull",))) == ()
+    Move.objects.filter(pk=move.pk).update(status="done")
+    assert not pulls(snapshot)
