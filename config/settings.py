@@ -14,24 +14,17 @@ import environ
 
 from core.messages import ToScheduler
 from core.redis_acl import unacked_keys
-from core.url_secrets import url_with_password
+from core.secrets import SecretFiles, url_with_password
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
 
-class _SecretFiles(environ.FileAwareMapping):
-    """The environment, where NAME_FILE names a file holding NAME's value (a Docker or systemd secret, the
-    production stack's SECRETS_DIR): secrets stay out of ``docker inspect`` and process environments. One
-    trailing newline, as ``echo`` leaves, is not part of the value."""
-
-    def __getitem__(self, key):
-        value = super().__getitem__(key)
-        return value[:-1] if value.endswith("\n") and self.env.get(f"{key}_FILE") else value
-
-
 class _Env(environ.Env):
-    ENVIRON = _SecretFiles()
+    """Every setting may come from the file NAME_FILE names (core.secrets): how the production stack passes its
+    secrets (SECRETS_DIR), out of ``docker inspect`` and process environments."""
+
+    ENVIRON = SecretFiles()
 
 
 env = _Env()
@@ -639,6 +632,10 @@ INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
 # environment as SHARED_FS_ACCESS_KEY / SHARED_FS_SECRET_KEY (and a metadata password, if any, as
 # META_PASSWORD), never from a command line.
 SHARED_FS_META = env.str("SHARED_FS_META", default="")
+# Its password apart from the URL (SHARED_FS_META_PASSWORD_FILE: a secret's file), joined to it here; juicefs gets it
+# in META_PASSWORD (scheduler.sharedfs.juicefs), never on its command line.
+if SHARED_FS_META and env.str("SHARED_FS_META_PASSWORD", default=""):
+    SHARED_FS_META = url_with_password(SHARED_FS_META, env.str("SHARED_FS_META_PASSWORD"))
 SHARED_FS_NAME = env.str("SHARED_FS_NAME", default="gpucloud")
 SHARED_FS_STORAGE = env.str("SHARED_FS_STORAGE", default="file")
 SHARED_FS_BUCKET = env.str("SHARED_FS_BUCKET", default=str(VAR_DIR / "sharedfs" / "data") + "/")

@@ -33,7 +33,7 @@ from psycopg import sql
 
 from core.errors import ServiceError
 from core.pg_settings import idle_in_transaction_limit
-from core.url_secrets import password_apart
+from core.secrets import password_apart, secret
 
 GIB = 1024**3
 USERS_DIR = "users"
@@ -155,10 +155,7 @@ def volume_format() -> bool:
         return False
     if settings.SHARED_FS_STORAGE == "file":
         Path(settings.SHARED_FS_BUCKET).mkdir(parents=True, exist_ok=True)
-    keys = {
-        "ACCESS_KEY": os.environ.get("SHARED_FS_ACCESS_KEY", ""),
-        "SECRET_KEY": os.environ.get("SHARED_FS_SECRET_KEY", ""),
-    }
+    keys = {"ACCESS_KEY": secret("SHARED_FS_ACCESS_KEY"), "SECRET_KEY": secret("SHARED_FS_SECRET_KEY")}
     juicefs(
         "format",
         "--no-update",
@@ -201,7 +198,7 @@ def metadata_idle_limit() -> bool:
         return False
     options = {key: value for key, value in parse_qsl(url.query) if key in _LIBPQ_KEYS}
     dbname = unquote(url.path.lstrip("/"))
-    password = unquote(url.password) if url.password is not None else os.environ.get("META_PASSWORD", "")
+    password = unquote(url.password) if url.password is not None else secret("META_PASSWORD")
     try:
         with psycopg.connect(
             host=url.hostname or "",

@@ -58,7 +58,7 @@ def read_settings(*names: str, **env) -> dict:
 def test_secrets_come_from_files_named_by_name_file_and_passwords_apart_from_their_urls(tmp_path):
     """The production stack's way (SECRETS_DIR): SECRET_KEY_FILE, DATABASE_PASSWORD_FILE, REDIS_PASSWORD_FILE and
     REGISTRY_PASSWORD_FILE, each file's one trailing newline dropped; the passwords win over any in the URLs."""
-    files = {"key": "k" * 40 + "\n", "db": "d'b pw\n", "redis": "r@d:s/pw\n", "registry": "reg pw"}
+    files = {"key": "k" * 40 + "\n", "db": "d'b pw\n", "redis": "r@d:s/pw\n", "registry": "reg pw", "meta": "m:pw\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     read = read_settings(
@@ -67,18 +67,22 @@ def test_secrets_come_from_files_named_by_name_file_and_passwords_apart_from_the
         "REDIS_URL",
         "CELERY_BROKER_URL",
         "REGISTRY_PASSWORD",
+        "SHARED_FS_META",
         SECRET_KEY_FILE=str(tmp_path / "key"),
         DATABASE_URL="postgres://gpucloud_web:not-this@db.example:5432/gpucloud",
         DATABASE_PASSWORD_FILE=str(tmp_path / "db"),
         REDIS_URL="redis://redis.example:6379/0",
         REDIS_PASSWORD_FILE=str(tmp_path / "redis"),
         REGISTRY_PASSWORD_FILE=str(tmp_path / "registry"),
+        SHARED_FS_META="postgres://jfs@db.example:5432/meta?sslmode=verify-full",
+        SHARED_FS_META_PASSWORD_FILE=str(tmp_path / "meta"),
     )
     assert read["SECRET_KEY"] == "k" * 40
     database = read["DATABASES"]["default"]
     assert (database["USER"], database["PASSWORD"]) == ("gpucloud_web", "d'b pw")
     assert read["REDIS_URL"] == read["CELERY_BROKER_URL"] == "redis://:r%40d%3As%2Fpw@redis.example:6379/0"
     assert read["REGISTRY_PASSWORD"] == "reg pw"
+    assert read["SHARED_FS_META"] == "postgres://jfs:m%3Apw@db.example:5432/meta?sslmode=verify-full"
 
 
 def test_a_secret_file_that_is_missing_stops_the_start_naming_it(tmp_path):

@@ -9,7 +9,8 @@
 #                                                        folder, hosts/<name>/; see README "Deploying")
 #
 # A file already there is kept (run it again after adding a host: only that host's passwords are new). Values are
-# random (48 hex digits; the Django key 64). Files the control plane's unprivileged processes read (uid 10001) are
+# random (48 hex digits; the Django key 64), but for the shared storage's (its metadata database's password, its
+# data store's secret key: the operator's to write into the empty files made here, when the storage needs them). Files the control plane's unprivileged processes read (uid 10001) are
 # theirs, mode 400; the others root's, mode 400.
 set -eu
 usage() { echo "usage: $0 control DIR [HOST ...] | node DIR" >&2; exit 2; }
@@ -25,6 +26,11 @@ put() {  # FILE VALUE OWNER: write FILE unless it is there
   chown "$3" "$dir/$1"
   chmod 400 "$dir/$1"
 }
+optional() {  # FILE OWNER: a secret chosen elsewhere (the shared storage's), empty until the operator writes it
+  [ -e "$dir/$1" ] || (umask 077 && : >"$dir/$1")
+  chown "$2" "$dir/$1"
+  chmod 400 "$dir/$1"
+}
 umask 077
 mkdir -p "$dir"
 chmod 700 "$dir"
@@ -35,6 +41,8 @@ case $kind in
     put db_web_password "$(random 24)" "$APP_UID:$APP_UID"
     put redis_password "$(random 24)" "$APP_UID:$APP_UID"
     put registry_password "$(random 24)" "$APP_UID:$APP_UID"
+    optional shared_fs_meta_password "$APP_UID:$APP_UID"
+    optional shared_fs_secret_key "$APP_UID:$APP_UID"
     for host in "$@"; do
       case $host in "" | *[!A-Za-z0-9_-]*) echo "$host: not a host name (letters, digits, _ and -)" >&2; exit 1 ;; esac
       mkdir -p "$dir/hosts/$host"
@@ -59,6 +67,8 @@ case $kind in
     ;;
   node)
     put secret_key "$(random 32)" 0:0
+    optional shared_fs_meta_password 0:0
+    optional shared_fs_secret_key 0:0
     for name in database_password redis_password registry_password; do
       [ -s "$dir/$name" ] || { echo "$dir/$name: copy it from the control plane's SECRETS_DIR/hosts/<this host>/" >&2; exit 1; }
       chown 0:0 "$dir/$name" && chmod 400 "$dir/$name"

@@ -188,12 +188,12 @@ echo "web, websocket, worker, beat: uid 10001" >&2
 # No secret in any container's configuration (`docker inspect`: its environment, command and labels): each is a
 # file of SECRETS_DIR or NODE_SECRETS_DIR, mounted where it is needed.
 inspected=$(docker inspect $("${compose[@]}" ps -q) $("${node_compose[@]}" ps -q))
-leaked=$(find "$SECRETS" "$NODE_SECRETS" -type f ! -name db_node_roles | while read -r file; do
+leaked=$(find "$SECRETS" "$NODE_SECRETS" -type f -size +0 ! -name db_node_roles | while read -r file; do
   value=$(cat "$file")
   case $inspected in *"$value"*) echo "$file" ;; esac
 done)
 [ -z "$leaked" ] || { echo "ERROR: docker inspect shows the secrets of: $leaked" >&2; exit 1; }
-echo "no secret in docker inspect ($(find "$SECRETS" "$NODE_SECRETS" -type f | wc -l) files checked)" >&2
+echo "no secret in docker inspect ($(find "$SECRETS" "$NODE_SECRETS" -type f -size +0 | wc -l) files checked)" >&2
 # No role the platform logs in as may make roles (the owner included: the server's superuser made them at start).
 makers=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
   "SELECT string_agg(rolname, ' ') FROM pg_roles WHERE rolcanlogin AND rolname <> 'postgres' AND (rolcreaterole OR rolsuper)")

@@ -107,3 +107,16 @@ def test_the_metadata_password_goes_to_juicefs_in_its_environment_never_on_a_com
     for command, env in runs:
         assert not any(password in part or quote(password, safe="") in part for part in command), command
         assert env.get("META_PASSWORD") == password
+
+
+def test_a_secret_is_read_from_its_file_each_time_it_is_needed(settings, tmp_path, monkeypatch):
+    """SHARED_FS_SECRET_KEY_FILE (a GPU server's NODE_SECRETS_DIR): read when juicefs needs it, into its environment."""
+    from core.secrets import secret
+
+    (tmp_path / "key").write_text("s3-secret\n")
+    monkeypatch.setenv("SHARED_FS_SECRET_KEY_FILE", str(tmp_path / "key"))
+    monkeypatch.setenv("SHARED_FS_SECRET_KEY", "not-this")
+    monkeypatch.delenv("SHARED_FS_ACCESS_KEY", raising=False)
+    assert (secret("SHARED_FS_SECRET_KEY"), secret("SHARED_FS_ACCESS_KEY")) == ("s3-secret", "")
+    (tmp_path / "key").write_text("rotated\n")
+    assert secret("SHARED_FS_SECRET_KEY") == "rotated"  # read each time: a rotated key needs no restart

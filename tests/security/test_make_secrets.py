@@ -54,6 +54,13 @@ def test_the_control_planes_secrets_are_random_private_files_kept_across_runs(tm
     assert [line.split("=")[0] for line in lines] == ["gpu1", "gpu2"]
     assert lines[0] == f"gpu1={host['database_password'].read_text().strip()}"
     assert roles.stat().st_ino == inode  # rewritten in place: the postgres container's mount sees the new list
+    # The shared storage's metadata password is the operator's (its database's): an empty file, kept once written.
+    optional = folder / "shared_fs_meta_password"
+    assert optional.read_text() == "" and optional.stat().st_uid == 10001
+    optional.chmod(0o600)
+    optional.write_text("their-own\n")
+    assert make("control", str(folder)).returncode == 0
+    assert optional.read_text() == "their-own\n" and stat.S_IMODE(optional.stat().st_mode) == 0o400
 
 
 def test_a_bad_host_name_is_refused_naming_it(tmp_path):
