@@ -110,8 +110,8 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 # Keep connections between requests (a new PostgreSQL connection costs milliseconds per request),
 # checked before reuse so a restarted database costs one failed check, not a failed request.
 # The password apart from the URL (DATABASE_PASSWORD_FILE: the production stack's secrets): it wins over the URL's.
-if env.str("DATABASE_PASSWORD", default=""):
-    DATABASES["default"]["PASSWORD"] = env.str("DATABASE_PASSWORD")
+if database_password := env.str("DATABASE_PASSWORD", default=""):
+    DATABASES["default"]["PASSWORD"] = database_password
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -196,8 +196,8 @@ X_FRAME_OPTIONS = "DENY"
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 # The password of REDIS_URL's login apart from the URL (REDIS_PASSWORD_FILE: the production stack's secrets).
-if env.str("REDIS_PASSWORD", default=""):
-    REDIS_URL = url_with_password(REDIS_URL, env.str("REDIS_PASSWORD"))
+if redis_password := env.str("REDIS_PASSWORD", default=""):
+    REDIS_URL = url_with_password(REDIS_URL, redis_password)
 
 # Shared by every web worker: request throttles count across all of them.
 CACHES = {
@@ -634,8 +634,8 @@ INSTANCE_STOP_GRACE_S = env.int("INSTANCE_STOP_GRACE_S", default=10)
 SHARED_FS_META = env.str("SHARED_FS_META", default="")
 # Its password apart from the URL (SHARED_FS_META_PASSWORD_FILE: a secret's file), joined to it here; juicefs gets it
 # in META_PASSWORD (scheduler.sharedfs.juicefs), never on its command line.
-if SHARED_FS_META and env.str("SHARED_FS_META_PASSWORD", default=""):
-    SHARED_FS_META = url_with_password(SHARED_FS_META, env.str("SHARED_FS_META_PASSWORD"))
+if SHARED_FS_META and (meta_password := env.str("SHARED_FS_META_PASSWORD", default="")):
+    SHARED_FS_META = url_with_password(SHARED_FS_META, meta_password)
 SHARED_FS_NAME = env.str("SHARED_FS_NAME", default="gpucloud")
 SHARED_FS_STORAGE = env.str("SHARED_FS_STORAGE", default="file")
 SHARED_FS_BUCKET = env.str("SHARED_FS_BUCKET", default=str(VAR_DIR / "sharedfs" / "data") + "/")

@@ -195,24 +195,23 @@ done)
 [ -z "$leaked" ] || { echo "ERROR: docker inspect shows the secrets of: $leaked" >&2; exit 1; }
 echo "no secret in docker inspect ($(find "$SECRETS" "$NODE_SECRETS" -type f -size +0 | wc -l) files checked)" >&2
 # No role the platform logs in as may make roles (the owner included: the server's superuser made them at start).
-makers=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
-  "SELECT string_agg(rolname, ' ') FROM pg_roles WHERE rolcanlogin AND rolname <> 'postgres' AND (rolcreaterole OR rolsuper)")
+as_superuser() { "${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c "$1"; }
+login_roles() {  # the login roles but the superuser's, whose names match $1 (LIKE)
+  as_superuser "SELECT string_agg(rolname, ' ' ORDER BY rolname) FROM pg_roles
+                WHERE rolcanlogin AND rolname <> 'postgres' AND rolname LIKE '$1'"
+}
+makers=$(as_superuser "SELECT string_agg(rolname, ' ') FROM pg_roles
+                       WHERE rolcanlogin AND rolname <> 'postgres' AND (rolcreaterole OR rolsuper)")
 [ -z "$makers" ] || { echo "ERROR: these login roles may make roles: $makers" >&2; exit 1; }
-logins=$("${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
-  "SELECT string_agg(rolname, ' ' ORDER BY rolname) FROM pg_roles WHERE rolcanlogin AND rolname <> 'postgres'")
-echo "PostgreSQL login roles ($logins): none may make roles" >&2
+echo "PostgreSQL login roles ($(login_roles %)): none may make roles" >&2
 # A GPU server added and taken off as the README says (make_secrets.sh, then gpucloud-roles): no restart.
 started=$(docker inspect -f '{{.State.StartedAt}}' "$("${compose[@]}" ps -q postgres)")
-node_logins() {
-  "${compose[@]}" exec -T postgres runuser -u postgres -- psql -XAtq -d postgres -c \
-    "SELECT string_agg(rolname, ' ' ORDER BY rolname) FROM pg_roles WHERE rolcanlogin AND rolname LIKE 'gpucloud\_node\_%'"
-}
 config/prod/make_secrets.sh control "$SECRETS" gpu9 >/dev/null
 "${compose[@]}" exec -T postgres gpucloud-roles >/dev/null
-added=$(node_logins)
+added=$(login_roles 'gpucloud\_node\_%')
 rm -r "$SECRETS/hosts/gpu9" && config/prod/make_secrets.sh control "$SECRETS" >/dev/null
 "${compose[@]}" exec -T postgres gpucloud-roles >/dev/null
-removed=$(node_logins)
+removed=$(login_roles 'gpucloud\_node\_%')
 [ "$added|$removed" = "gpucloud_node_gpu1 gpucloud_node_gpu9|gpucloud_node_gpu1" ] &&
   [ "$(docker inspect -f '{{.State.StartedAt}}' "$("${compose[@]}" ps -q postgres)")" = "$started" ] ||
   { echo "ERROR: a host added then taken off: logins '$added', then '$removed'" >&2; exit 1; }

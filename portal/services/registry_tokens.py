@@ -39,12 +39,12 @@ from portal.services.images import REPOSITORY as SAVED_REPOSITORY
 from scheduler import registry
 from scheduler.models import Move, MoveStatus, RegistryCredential, Workload, WorkloadStatus
 from scheduler.registry import image_name
+from scheduler.services.moves import MOVE_REPOSITORY, move_snapshot_repository
 
 # Distribution's repository name grammar (path components of lowercase alphanumerics and separators).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 REPOSITORY_NAME = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 ACTIONS = {"pull", "push", "delete", "*"}
-MOVE_REPOSITORY = "gpucloud-move"  # scheduler.services.moves.move_snapshot_ref: gpucloud-move/m<id>
 SCOPES_MAX = 16
 
 
@@ -119,23 +119,22 @@ def private(repository: str) -> bool:
 def pulling(host: str) -> set[str]:
     """The private repositories host ``host`` may pull now: the saved images its work runs from (single-node work
     placed on it, a gang's members there; not yet released), the snapshots of moves to it (copying)."""
-    from scheduler.services.moves import move_snapshot_ref
-
     ended = [WorkloadStatus.RELEASED, WorkloadStatus.FAILED, WorkloadStatus.SUCCEEDED]
     placed = Workload.objects.filter(Q(node__name=host) | Q(members__node__name=host)).exclude(status__in=ended)
     names = {image_name(ref).repository for ref in placed.values_list("image_ref", flat=True) if ref}
-    moves = Move.objects.filter(status=MoveStatus.COPYING, target__name=host).select_related("workload")
-    return names | {image_name(move_snapshot_ref(move)).repository for move in moves}
+    return names | _snapshots(Move.objects.filter(status=MoveStatus.COPYING, target__name=host))
 
 
 def pushing(host: str) -> set[str]:
     """The repositories host ``host`` may push to now: the images it is saving, its moves' snapshots."""
-    from scheduler.services.moves import move_snapshot_ref
-
     saving = Image.objects.filter(status=ImageStatus.SAVING, node__name=host).values_list("docker_ref", flat=True)
     names = {image_name(ref).repository for ref in saving if ref}
-    moves = Move.objects.filter(status=MoveStatus.COPYING, source__name=host).select_related("workload")
-    return names | {image_name(move_snapshot_ref(move)).repository for move in moves}
+    return names | _snapshots(Move.objects.filter(status=MoveStatus.COPYING, source__name=host))
+
+
+def _snapshots(moves) -> set[str]:
+    """The snapshot repositories of ``moves`` (a queryset)."""
+    return {move_snapshot_repository(pk) for pk in moves.values_list("pk", flat=True)}
 
 
 def token_for(caller: Caller, scopes: list[Scope], *, now: float | None = None) -> dict:

@@ -108,10 +108,19 @@ def _disk_room_check(workload: Workload, target: Node) -> None:
         )
 
 
+MOVE_REPOSITORY = "gpucloud-move"  # every move's snapshot has a repository of its own under it
+
+
+def move_snapshot_repository(move_id: int) -> str:
+    """The repository of move ``move_id``'s snapshot: its own, so the token server can let the source push there
+    alone and the target pull from there alone (``portal.services.registry_tokens``)."""
+    return f"{MOVE_REPOSITORY}/m{move_id}"
+
+
 def move_snapshot_ref(move: Move) -> str:
-    """Where the source pushes the system disk of ``move``: the one snapshot the move may name (a repository of
-    its own: the token server lets the source push there alone, ``portal.services.registry_tokens``)."""
-    return registry.registry_ref(f"gpucloud-move/m{move.pk}:{settings.DEPLOYMENT_ID}-{move.workload.uid}-{move.pk}")
+    """Where the source pushes the system disk of ``move``: the one snapshot the move may name."""
+    repository = move_snapshot_repository(move.pk)
+    return registry.registry_ref(f"{repository}:{settings.DEPLOYMENT_ID}-{move.workload.uid}-{move.pk}")
 
 
 def move_report(move_id: int, report: dict, *, host: str | None = None) -> None:
