@@ -163,7 +163,13 @@ def test_a_silent_node_agent_is_lost_and_when_it_speaks_again_keeps_its_instance
             instance.events.exclude(meter="pause").latest("created_at", "id").created_at,
         )
         pause = wait_for(lambda: instance.events.filter(meter="pause").first(), timeout=10, what="the meter to pause")
-        assert pause.created_at == last_heard == MeterSegment.objects.get(workload=instance).ended_at
+        # Billing closes the segment after the pause's commit (its receiver), so wait for that, not the event.
+        closed = wait_for(
+            lambda: MeterSegment.objects.filter(workload=instance, ended_at__isnull=False).first(),
+            timeout=10,
+            what="the segment to close",
+        )
+        assert pause.created_at == last_heard == closed.ended_at
         assert running_container(instance).attrs["State"]["Running"]
     finally:
         cluster.signal("agent", signal.SIGCONT)
