@@ -1,7 +1,8 @@
 """Meter segments are rewritten by every settlement run (settled_until advances, hourly for running work):
 room on each page lets PostgreSQL update a row in place (a heap-only tuple: no new entry in any of the
 table's indexes) when no indexed column changes, which is what settling writes. Pages written from now on
-keep 30 % free; a table's older pages keep theirs until rewritten (VACUUM FULL)."""
+keep half of each page free (room for one new version of every row, as a run that
+settles them all needs); a table's older pages keep theirs until rewritten (VACUUM FULL)."""
 
 from django.db import migrations
 
