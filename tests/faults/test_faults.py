@@ -46,6 +46,16 @@ def assert_node_stays_active(cluster, seconds: float) -> None:
         time.sleep(0.5)
 
 
+def segment_closed(workload) -> MeterSegment:
+    """Its one closed meter segment, once billing has closed it: billing's receiver closes it after the
+    transition (or the pause) commits, so the status or event a test waited for may come a moment before."""
+    return wait_for(
+        lambda: MeterSegment.objects.filter(workload=workload, ended_at__isnull=False).first(),
+        timeout=10,
+        what="its meter segment to close",
+    )
+
+
 def test_kill_9_of_the_scheduler_worker_in_the_middle_of_a_tick(cluster, catalog):
     node = Node.objects.get(name=cluster.node_name)
     holding, locked = threading.Event(), threading.Event()
@@ -163,13 +173,7 @@ def test_a_silent_node_agent_is_lost_and_when_it_speaks_again_keeps_its_instance
             instance.events.exclude(meter="pause").latest("created_at", "id").created_at,
         )
         pause = wait_for(lambda: instance.events.filter(meter="pause").first(), timeout=10, what="the meter to pause")
-        # Billing closes the segment after the pause's commit (its receiver), so wait for that, not the event.
-        closed = wait_for(
-            lambda: MeterSegment.objects.filter(workload=instance, ended_at__isnull=False).first(),
-            timeout=10,
-            what="the segment to close",
-        )
-        assert pause.created_at == last_heard == closed.ended_at
+        assert pause.created_at == last_heard == segment_closed(instance).ended_at
         assert running_container(instance).attrs["State"]["Running"]
     finally:
         cluster.signal("agent", signal.SIGCONT)
@@ -206,7 +210,7 @@ def test_a_node_agent_whose_clock_is_40_seconds_off_is_not_lost_and_meters_on_th
     assert_node_stays_active(cluster, LOST_AFTER_S + 4)
     assert cluster.api("post", f"instances/{instance.instance.pk}/stop/").status_code == 202
     wait_status(instance, "stopped", timeout=30)
-    segment = MeterSegment.objects.get(workload=instance)
+    segment = segment_closed(instance)
     assert segment.ended_at > segment.started_at
     assert LOST_AFTER_S < (segment.ended_at - segment.started_at).total_seconds() < LOST_AFTER_S + 30
     cluster.wait_converged()
