@@ -17,9 +17,9 @@ def postgresql_sql(forwards: str, backwards: str) -> migrations.RunPython:
     return migrations.RunPython(step(forwards), step(backwards), elidable=False)
 
 
-def fillfactor(table: str, percent: int) -> migrations.RunPython:
+def fillfactor(table: str, percent: int, *, previous: int | None = None) -> migrations.RunPython:
     """Room on a table's pages, for tables whose rows are written again and again in columns no index
-    covers: such updates then stay on their page (HOT) and add no index entries."""
-    return postgresql_sql(
-        f"ALTER TABLE {table} SET (fillfactor = {percent})", f"ALTER TABLE {table} RESET (fillfactor)"
-    )
+    covers: such updates then stay on their page (HOT) and add no index entries. Unapplied: ``previous``
+    (an earlier migration's), or PostgreSQL's default."""
+    back = f"SET (fillfactor = {previous})" if previous else "RESET (fillfactor)"
+    return postgresql_sql(f"ALTER TABLE {table} SET (fillfactor = {percent})", f"ALTER TABLE {table} {back}")
