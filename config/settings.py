@@ -458,9 +458,6 @@ RELAY_TERMINAL_MAX_S = env.int("RELAY_TERMINAL_MAX_S", default=12 * 3600)
 # are requeued elsewhere. Its agent, cut off for SELF_FENCE_AFTER_S, has stopped them (SIGTERM and
 # PREEMPTION_GRACE_S to checkpoint) before that, so a requeued job never runs twice.
 NODE_LOST_AFTER_S = env.int("NODE_LOST_AFTER_S", default=90)
-# A host's database session idle inside a transaction this long is ended by PostgreSQL (manage.py db_roles sets
-# it for every host's role): a host cut off mid-transaction holds its work's rows no longer.
-NODE_DB_IDLE_TX_S = env.float("NODE_DB_IDLE_TX_S", default=30)
 # Evicted work (preemption, a drain, a cut-off node) gets SIGTERM and this long to checkpoint.
 PREEMPTION_GRACE_S = env.int("PREEMPTION_GRACE_S", default=30)
 SELF_FENCE_AFTER_S = env.int(

@@ -263,31 +263,71 @@ def url_as(role: str, password: str) -> str:
     return f"postgres://{role}:{password}@{database_url().split('@', 1)[1]}"
 
 
+ROLES_SCRIPT = settings.BASE_DIR / "config" / "prod" / "images" / "postgres-roles.sh"
+
+
+def superuser_psql() -> str:
+    """A psql command line for the test server's superuser (the server the tests' DATABASE_URL names)."""
+    db = connection.settings_dict
+    return f"psql -h {db['HOST'] or '127.0.0.1'} -p {db['PORT'] or 5432} -U postgres"
+
+
+def roles_script(**env: str) -> subprocess.CompletedProcess:
+    """postgres-roles.sh, production's only way to make the platform's login roles, run on the test database as
+    its superuser with ``env`` (DB_ROLES_PREFIX, DB_WEB_PASSWORD, DB_NODE_ROLES, ...)."""
+    base = {
+        "PATH": "/usr/bin:/bin",
+        "PSQL": superuser_psql(),
+        "POSTGRES_USER": connection.settings_dict["USER"],
+        "POSTGRES_DB": connection.settings_dict["NAME"],
+    }
+    return subprocess.run(["sh", str(ROLES_SCRIPT)], env={**base, **env}, capture_output=True, text=True)
+
+
 @dataclass
 class Roles:
-    """The least-privilege roles of one test (manage.py db_roles), passwords "web-pw" and "node-pw"."""
+    """The least-privilege roles of one test, passwords "web-pw" and "node-pw": made by the database server's
+    script (postgres-roles.sh), granted their tables by manage.py db_roles, as in production."""
 
     prefix: str
     web: str
+    hosts: list[str]
+    idle_tx_s: int = 30  # NODE_DB_IDLE_TX_S: a host's session idle inside a transaction this long is ended
 
     def node(self, node_name: str) -> str:
         """The login role of host ``node_name``'s agent, created on first use."""
-        from django.core.management import call_command
-
-        call_command("db_roles", prefix=self.prefix, nodes=[f"{node_name}=node-pw"])
+        if node_name not in self.hosts:
+            self.hosts.append(node_name)
+            self.make()
         return f"{self.prefix}_node_{node_name}"
+
+    def drop(self, node_name: str) -> None:
+        """Host ``node_name`` taken off the list: its role may no longer log in."""
+        self.hosts.remove(node_name)
+        self.make()
+
+    def make(self) -> None:
+        done = roles_script(
+            DB_ROLES_PREFIX=self.prefix,
+            DB_WEB_PASSWORD="web-pw",
+            DB_NODE_ROLES=" ".join(f"{name}=node-pw" for name in self.hosts),
+            NODE_DB_IDLE_TX_S=str(self.idle_tx_s),
+        )
+        assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture
 def roles(transactional_db):
-    """The least-privilege roles (manage.py db_roles) under a fresh prefix; dropped afterwards."""
+    """The least-privilege roles under a fresh prefix, granted their tables; dropped afterwards."""
     from django.core.management import call_command
 
     if connection.vendor != "postgresql":
         pytest.fail("run on PostgreSQL (make test does)")
     prefix = f"gpuc_{uuid.uuid4().hex[:6]}"
-    call_command("db_roles", prefix=prefix, web_password="web-pw")
-    yield Roles(prefix=prefix, web=f"{prefix}_web")
+    made = Roles(prefix=prefix, web=f"{prefix}_web", hosts=[])
+    made.make()
+    call_command("db_roles", prefix=prefix)
+    yield made
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s) ORDER BY length(rolname) DESC", [prefix]

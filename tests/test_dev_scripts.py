@@ -27,8 +27,8 @@ def _shell_function(script: Path, name: str) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_cluster_database_step_makes_the_keys_before_the_demo_users_send_messages(tmp_path):
-    """cluster.sh's database_ready, run for real on a fresh key folder with file storage on (db_roles,
-    which makes the cluster's roles, is left out: the machine's PostgreSQL is shared)."""
+    """cluster.sh's database_ready, run for real on a fresh key folder with file storage on (the cluster's roles,
+    made by db_login_roles and granted by db_roles, are left out: the machine's PostgreSQL is shared)."""
     keys, calls = tmp_path / "keys", tmp_path / "calls"
     python = tmp_path / "python"
     python.write_text(
@@ -44,6 +44,7 @@ def test_cluster_database_step_makes_the_keys_before_the_demo_users_send_message
             "set -euo pipefail",
             _shell_function(SCRIPTS / "cluster.sh", "database_ready"),
             f"owner_url() {{ echo '{owner_url}'; }}",
+            "db_login_roles() { :; }",
             f"PY={python} DB_OWNER=gpucloud WEB_DB_PASSWORD=x DIR={tmp_path}",
             "database_ready",
         ]

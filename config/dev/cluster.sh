@@ -228,7 +228,7 @@ postgres_up() {
   runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start -o \
     "-c listen_addresses=$CP -c port=5432 -c unix_socket_directories=$RUN/pg -c max_connections=300" >/dev/null
   if [ -z "$(psql_admin "SELECT 1 FROM pg_roles WHERE rolname = '$DB_OWNER'")" ]; then
-    psql_admin "CREATE ROLE $DB_OWNER LOGIN CREATEROLE PASSWORD '$PG_PASSWORD'"
+    psql_admin "CREATE ROLE $DB_OWNER LOGIN PASSWORD '$PG_PASSWORD'"  # it may not make roles (db_login_roles)
     psql_admin "CREATE DATABASE $DB_NAME OWNER $DB_OWNER"
     # The owner may see where every connection comes from (pg_stat_activity's client_addr).
     psql_admin "GRANT pg_read_all_stats TO $DB_OWNER"
@@ -242,11 +242,19 @@ redis_up() {
   wait_for 15 "redis" redis-cli -h "$CP" -a "$REDIS_PASSWORD" --no-auth-warning ping
 }
 
+db_login_roles() { # the login roles, made as production makes them: by the server's superuser, with its script
+  [ -e "$DIR/db_node_roles" ] || (umask 077 && : >"$DIR/db_node_roles")  # NAME=PASSWORD lines: root's only
+  PSQL="runuser -u postgres -- $PG_BIN/psql -h $RUN/pg -p 5432" POSTGRES_USER=$DB_OWNER POSTGRES_DB=$DB_NAME \
+    DB_ROLES_PREFIX=$DB_OWNER DB_WEB_PASSWORD=$WEB_DB_PASSWORD DB_NODE_ROLES_FILE=$DIR/db_node_roles \
+    sh "$ROOT/config/prod/images/postgres-roles.sh" >/dev/null
+}
+
 database_ready() { # signing keys, schema, roles, demo users (as the database owner)
   # The keys first: a new user's file-storage quota is a signed message (load_demo sends two).
   "$PY" manage.py make_signing_keys
   DATABASE_URL=$(owner_url) "$PY" manage.py migrate --no-input -v0
-  DATABASE_URL=$(owner_url) "$PY" manage.py db_roles --prefix "$DB_OWNER" --web-password "$WEB_DB_PASSWORD"
+  db_login_roles
+  DATABASE_URL=$(owner_url) "$PY" manage.py db_roles --prefix "$DB_OWNER" >/dev/null
   # --stand-in: the tests' BusyBox image (sh, nc, sleep) beside the catalog's real ones.
   DATABASE_URL=$(owner_url) "$PY" manage.py load_demo --stand-in >"$DIR/demo-users.txt"
 }
@@ -408,9 +416,12 @@ host_up() { # host_up <i> [cards]
   host_dockerd_up "$i"
   wait_for 60 "host h$i's Docker engine" docker -H "unix://$(host_sock "$i")" info
   host_images "$i"
-  # One at a time: db_roles re-applies the node group's grants, which hosts coming up at once would race on.
-  DATABASE_URL=$(owner_url) flock "$DIR/db_roles.lock" \
-    "$PY" manage.py db_roles --prefix "$DB_OWNER" --node "h$i=$NODE_DB_PASSWORD" >/dev/null
+  # Its role, in the node group (which db_roles granted): the list of hosts gains it, one host at a time.
+  (
+    flock 9
+    grep -qx "h$i=.*" "$DIR/db_node_roles" 2>/dev/null || echo "h$i=$NODE_DB_PASSWORD" >>"$DIR/db_node_roles"
+    db_login_roles
+  ) 9>"$DIR/db_roles.lock"
   host_agent_up "$i" "$cards"
 }
 

@@ -12,18 +12,15 @@ import hashlib
 import hmac
 import subprocess
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from tests.conftest import database_url
+from tests.conftest import database_url, roles_script, url_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SCRIPT = Path(__file__).resolve().parents[2] / "config" / "prod" / "images" / "postgres-roles.sh"
 
 
 def scram_matches(verifier: str, password: str) -> bool:
@@ -41,24 +38,20 @@ def scram_matches(verifier: str, password: str) -> bool:
 def server(tmp_path):
     """Runs postgres-roles.sh on the test database with a fresh prefix and an owner that starts with CREATEROLE
     (as an older image made it); yields a run(env) function, and drops what it made."""
-    settings_dict = connection.settings_dict
     prefix = f"gpur_{uuid.uuid4().hex[:6]}"
     owner = f"{prefix}_owner"
     with connection.cursor() as cursor:
         cursor.execute(f'CREATE ROLE "{owner}" LOGIN CREATEROLE')
-    psql = f"psql -h {settings_dict['HOST'] or '127.0.0.1'} -p {settings_dict['PORT'] or 5432} -U postgres"
 
     def run(**env: str) -> subprocess.CompletedProcess:
-        base = {"PATH": "/usr/bin:/bin", "PSQL": psql, "POSTGRES_USER": owner, "POSTGRES_DB": settings_dict["NAME"]}
-        return subprocess.run(
-            ["sh", str(SCRIPT)], env={**base, "DB_ROLES_PREFIX": prefix, **env}, capture_output=True, text=True
-        )
+        return roles_script(POSTGRES_USER=owner, DB_ROLES_PREFIX=prefix, **env)
 
     run.prefix, run.owner = prefix, owner
     yield run
     with connection.cursor() as cursor:
         cursor.execute("SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s) ORDER BY 1 DESC", [prefix])
         for (role,) in cursor.fetchall():
+            cursor.execute(f'DROP OWNED BY "{role}"')  # db_roles' grants and policies, where a test ran it
             cursor.execute(f'DROP ROLE "{role}"')
 
 
@@ -139,15 +132,14 @@ def test_bad_lists_are_refused_naming_what_is_wrong_and_nothing_is_made(server, 
     assert f"{server.prefix}_web" not in role_rows(server.prefix)
 
 
-def test_db_roles_run_by_a_role_that_may_not_make_roles_refuses_passwords_naming_the_server(server):
-    """In production db_roles runs as the owner, without CREATEROLE: it grants, and says who makes roles."""
-    assert server(DB_WEB_PASSWORD="w").returncode == 0  # the owner loses CREATEROLE
-    with connection.cursor() as cursor:
-        cursor.execute(f'SET ROLE "{server.owner}"')
-        try:
-            for arguments in ({"web_password": "x"}, {"nodes": ["gpu9=x"]}, {"drop_nodes": ["gpu1"]}):
-                with pytest.raises(CommandError, match="postgres-roles.sh"):
-                    call_command("db_roles", prefix=server.prefix, **arguments)
-        finally:
-            cursor.execute("RESET ROLE")
-    assert f"{server.prefix}_node_gpu9" not in role_rows(server.prefix)
+def test_db_roles_makes_no_role_and_until_the_server_has_made_them_says_who_does(server):
+    """db_roles only grants: run before the server's script it refuses, naming the script, and makes nothing;
+    after it, the roles the script made log in and read their tables."""
+    with pytest.raises(CommandError, match="postgres-roles.sh"):
+        call_command("db_roles", prefix=server.prefix)
+    assert set(role_rows(server.prefix)) == {server.owner}
+    assert server(DB_WEB_PASSWORD="web-pw", DB_NODE_ROLES="gpu1=node-pw").returncode == 0
+    call_command("db_roles", prefix=server.prefix)
+    for role, password, table in (("web", "web-pw", "auth_user"), ("node_gpu1", "node-pw", "scheduler_node")):
+        with psycopg.connect(url_as(f"{server.prefix}_{role}", password)) as conn:
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)

@@ -152,10 +152,8 @@ def test_a_node_cannot_rename_itself_or_take_the_web_roles_rights(two_hosts, rol
 
 
 def test_hosts_are_added_and_dropped_without_touching_the_others(roles):
-    from django.core.management import call_command
-
     first, second = roles.node("gpu1"), roles.node("gpu2")
-    call_command("db_roles", prefix=roles.prefix, drop_nodes=["gpu1"])
+    roles.drop("gpu1")
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(url_as(first, "node-pw")).close()
     with psycopg.connect(url_as(second, "node-pw")) as conn:
@@ -306,27 +304,14 @@ def test_a_host_reads_what_its_own_work_runs_and_its_environment_only(two_hosts)
         conn.execute("UPDATE scheduler_workloadspec SET command = '[]'")
 
 
-def test_the_passwords_can_come_from_the_environment_and_not_the_command_line(roles, monkeypatch):
-    """The production stack's migrate step runs db_roles without a password on its command line (``ps`` shows
-    command lines to anyone on the machine)."""
-    from django.core.management import call_command
-
-    monkeypatch.setenv("DB_WEB_PASSWORD", "web-pw-2")
-    monkeypatch.setenv("DB_NODE_ROLES", "gpu7=seven-pw gpu8=eight-pw")
-    call_command("db_roles", prefix=roles.prefix, passwords_from_environment=True)
-    for role, password in ((roles.web, "web-pw-2"), (f"{roles.prefix}_node_gpu8", "eight-pw")):
-        with psycopg.connect(url_as(role, password)) as conn:
-            assert conn.execute("SELECT current_user").fetchone() == (role,)
-
-
-def test_a_host_cut_off_inside_a_transaction_holds_its_works_rows_no_longer_than_the_limit(roles, user, settings):
+def test_a_host_cut_off_inside_a_transaction_holds_its_works_rows_no_longer_than_the_limit(roles, user):
     """An agent's transaction locks its work's row (a status change). A host cut off before its COMMIT leaves the
     session idle in it, and the server hears nothing more: after NODE_DB_IDLE_TX_S it ends the session, so the
     control plane's settling of the lost host's work waits that long, not until TCP gives up on the host."""
-    settings.NODE_DB_IDLE_TX_S = 1
+    roles.idle_tx_s = 1
     mine = make_node()
     work = running_on(mine, user)
-    lost = psycopg.connect(url_as(roles.node(mine.name), "node-pw"))  # db_roles sets the limit for it
+    lost = psycopg.connect(url_as(roles.node(mine.name), "node-pw"))  # its role made with the limit
     try:
         assert lost.execute("SELECT id FROM scheduler_workload WHERE id = %s FOR UPDATE", [work.pk]).fetchone()
         with psycopg.connect(url_as(roles.web, "web-pw"), autocommit=True) as web:

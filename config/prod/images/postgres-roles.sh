@@ -4,7 +4,8 @@
 # programs as the server. No role the platform logs in as has it.) The entrypoint runs this at every start; the
 # owner then grants each role its tables (`manage.py db_roles`, in the migrate service). From the environment
 # (each also as NAME_FILE, a file holding the value, as the official image reads POSTGRES_PASSWORD_FILE):
-#   POSTGRES_USER, POSTGRES_DB   the owner (left without CREATEROLE here, also where an older image gave it) and the
+#   POSTGRES_USER, POSTGRES_DB   the owner (left without CREATEROLE here, also where an older image gave it; a
+#                                superuser owner, as development and tests have, is left as it is) and the
 #                                platform's database
 #   DB_ROLES_PREFIX              (gpucloud) <prefix>_web, the group <prefix>_node, <prefix>_node_<name> per host
 #   DB_WEB_PASSWORD              the web tier's role's (WEB_DATABASE_URL)
@@ -13,7 +14,8 @@
 #   NODE_DB_IDLE_TX_S            (30) a host's session idle inside a transaction this long is ended: a host cut off
 #                                mid-transaction holds its work's rows no longer than that
 # PSQL (a psql command line for the superuser: runuser -u postgres -- psql by default) and PGDATABASE-style
-# variables let a test run it against another server.
+# variables let it run against another server: the tests' `roles` fixture and `make cluster` make their roles with
+# it too (one way to make a role; `db_roles` only grants).
 set -eu
 file_env() {  # NAME: the value of NAME, or the contents of the file NAME_FILE names (one trailing newline dropped)
   eval "file=\${$1_FILE:-}"
@@ -40,7 +42,10 @@ cat >"$sql" <<SQL
 SET client_min_messages = warning;
 \getenv owner POSTGRES_USER
 \getenv db POSTGRES_DB
+SELECT NOT rolsuper AS limited FROM pg_roles WHERE rolname = :'owner' \gset
+\if :limited
 ALTER ROLE :"owner" NOCREATEROLE;
+\endif
 SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$group') AS missing \gset
 \if :missing
 CREATE ROLE "$group" NOLOGIN;

@@ -1,4 +1,4 @@
-"""Create the PostgreSQL roles each part of the platform logs in as, with the least privilege it needs.
+"""Grant the PostgreSQL roles each part of the platform logs in as the least privilege it needs.
 
 - ``<prefix>_web``: the web and WebSocket servers and the scheduler worker / beat: reads and
   writes every application table, and nothing else (no DDL: migrations run as the database owner).
@@ -21,30 +21,25 @@
   session left idle inside a transaction for ``NODE_DB_IDLE_TX_S`` is ended by the server (the
   host was cut off mid-transaction: its locks go with it).
 
-    python manage.py db_roles --prefix gpucloud --web-password ... --node gpu1=... --node gpu2=...
-    python manage.py db_roles --node gpu3=...          # a host added later (the others are kept)
-    python manage.py db_roles --drop-node gpu2         # a host removed
-    python manage.py db_roles --passwords-from-environment   # DB_WEB_PASSWORD, DB_NODE_ROLES="gpu1=... gpu2=..."
+    python manage.py db_roles --prefix gpucloud
 
-The last form keeps the passwords off the command line (where ``ps`` shows them): the production stack's
-``migrate`` runs it.
+It makes no role: the database server's superuser makes the login roles, with their passwords and the
+idle-in-transaction limit, and adds or takes away a host's (``config/prod/images/postgres-roles.sh``: the
+production stack's postgres runs it at every start; the tests and ``make cluster`` run the same script), so no
+role the platform logs in as needs CREATEROLE. A host's role made later needs no new grant: it takes the group's.
 
 Run it as the database owner after every ``migrate`` (grants cover the tables that exist); it is
-idempotent (grants and policies are re-applied, passwords updated). Point each part's
-DATABASE_URL at its role: the web tier at ``<prefix>_web``, host ``<name>``'s agent at
-``<prefix>_node_<name>`` with NODE_NAME=<name>.
+idempotent (grants and policies are re-applied). Point each part's DATABASE_URL at its role: the web
+tier at ``<prefix>_web``, host ``<name>``'s agent at ``<prefix>_node_<name>`` with NODE_NAME=<name>.
 """
 
-import os
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from psycopg import sql
 
 from billing.models import MeterSegment
-from core.pg_settings import idle_in_transaction_limit
 from portal.models import Image, Instance
 from scheduler.models import (
     Allocation,
@@ -226,125 +221,51 @@ NODE_ACCESS = {
     WorkloadGpuMinute: NodeAccess("SELECT, INSERT", update=GpuMinute.VALUES, rows="gpu_id IN " + OWN_CARDS),
 }
 
-MAX_ROLE_NAME = 63  # PostgreSQL's identifier length
-
 
 def node_role(prefix: str, node_name: str) -> str:
     return f"{prefix}_node_{node_name}"
 
 
 class Command(BaseCommand):
-    help = "Create or update the least-privilege PostgreSQL roles: <prefix>_web and one <prefix>_node_<name> per host."
+    help = "Grant the least-privilege PostgreSQL roles (made by postgres-roles.sh) their tables, columns and rows."
 
     def add_arguments(self, parser):
         parser.add_argument("--prefix", default="gpucloud")
-        parser.add_argument("--web-password", help="(Re)sets the web role's password; needed the first time.")
-        parser.add_argument(
-            "--node",
-            action="append",
-            default=[],
-            dest="nodes",
-            metavar="NAME=PASSWORD",
-            help="A GPU host's agent role, created or its password reset (repeat for several hosts).",
-        )
-        parser.add_argument("--drop-node", action="append", default=[], dest="drop_nodes", metavar="NAME")
-        parser.add_argument(
-            "--passwords-from-environment",
-            action="store_true",
-            help="The web role's password from DB_WEB_PASSWORD and the hosts' from DB_NODE_ROLES "
-            '("NAME=PASSWORD NAME=PASSWORD ..."), not from the command line.',
-        )
 
-    def handle(self, *args, prefix, web_password, nodes, drop_nodes, passwords_from_environment, **options):
+    def handle(self, *args, prefix, **options):
         if connection.vendor != "postgresql":
             raise CommandError("roles are a PostgreSQL feature: point DATABASE_URL at the PostgreSQL database")
-        if passwords_from_environment:
-            web_password = web_password or os.environ.get("DB_WEB_PASSWORD") or None
-            nodes = [*nodes, *os.environ.get("DB_NODE_ROLES", "").split()]
         web, group = f"{prefix}_web", f"{prefix}_node"
-        hosts = dict(self._parse_node(prefix, item) for item in nodes)
-        db_name = connection.settings_dict["NAME"]
-        database = sql.Identifier(db_name)
+        database = sql.Identifier(connection.settings_dict["NAME"])
         with connection.cursor() as cursor:
-            makes_roles = self._may_make_roles(cursor)
-            if not makes_roles and (web_password is not None or hosts or drop_nodes):
+            missing = [role for role in (web, group) if not self._exists(cursor, role)]
+            if missing:
                 raise CommandError(
-                    "this database role may not make roles (no CREATEROLE, as in production): the database server "
-                    "makes the login roles itself (config/prod/images/postgres-roles.sh, from DB_WEB_PASSWORD and "
-                    "DB_NODE_ROLES); run db_roles without passwords to grant them their tables"
+                    f"role {' and '.join(missing)} does not exist yet: the database server's superuser makes the "
+                    "login roles (config/prod/images/postgres-roles.sh, from DB_WEB_PASSWORD and DB_NODE_ROLES; the "
+                    "production stack's postgres runs it at every start), then this grants them their tables"
                 )
-            if web_password is not None:
-                self._login_role(cursor, web, web_password)
-            elif not self._exists(cursor, web):
-                raise CommandError(f"role {web} does not exist yet: give --web-password")
-            if not makes_roles:
-                if not self._exists(cursor, group):
-                    raise CommandError(f"role {group} does not exist yet: the database server makes it at its start")
-            elif self._exists(cursor, group):
-                cursor.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(group)))
-            else:
-                cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
             for role in (web, group):
                 cursor.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(database, sql.Identifier(role)))
                 cursor.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
             tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
             self._grant_web(cursor, web, tables)
             self._grant_nodes(cursor, prefix, web, group, tables)
-            for name, password in hosts.items():
-                role = node_role(prefix, name)
-                self._login_role(cursor, role, password)
-                cursor.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(role)))
-            for name in drop_nodes:
-                role = node_role(prefix, name)
-                if self._exists(cursor, role):
-                    cursor.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-                    cursor.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
             cursor.execute(
                 "SELECT r.rolname FROM pg_roles r JOIN pg_auth_members m ON m.member = r.oid "
                 "JOIN pg_roles g ON g.oid = m.roleid WHERE g.rolname = %s AND r.rolcanlogin ORDER BY 1",
                 [group],
             )
             members = [row[0] for row in cursor.fetchall()]
-            # A host cut off in the middle of a transaction (its work's rows locked) leaves its session idle in it:
-            # without a limit the server keeps it, and the control plane's settling of that host's work waits on
-            # the locks until TCP gives up on the host (hours). Agents never wait inside a transaction (STYLE).
-            # (Where this role may not make roles, the server's postgres-roles.sh sets the same limit.)
-            for role in members if makes_roles else ():
-                cursor.execute(idle_in_transaction_limit(sql.Identifier(role), db_name, settings.NODE_DB_IDLE_TX_S))
         self.stdout.write(
-            f"roles ready: {web} (all application tables); {group} ({len(NODE_ACCESS)} tables, own rows only) "
-            f"for {', '.join(members) or 'no host yet (add one with --node NAME=PASSWORD)'}"
+            f"roles granted: {web} (all application tables); {group} ({len(NODE_ACCESS)} tables, own rows only) "
+            f"for {', '.join(members) or 'no host yet'}"
         )
-
-    @staticmethod
-    def _parse_node(prefix: str, item: str) -> tuple[str, str]:
-        name, sep, password = item.partition("=")
-        if not sep or not name or not password:
-            raise CommandError(f"--node takes NAME=PASSWORD, not {item!r}")
-        field = Node._meta.get_field("name")
-        try:
-            field.run_validators(name)
-        except Exception as exc:
-            raise CommandError(f"node name {name!r}: {exc}") from exc
-        if len(node_role(prefix, name).encode()) > MAX_ROLE_NAME:
-            raise CommandError(f"role {node_role(prefix, name)} is longer than {MAX_ROLE_NAME} bytes: a shorter name")
-        return name, password
-
-    @staticmethod
-    def _may_make_roles(cursor) -> bool:
-        """Whether this session's role may create roles: in production it may not (the database server's
-        superuser makes the login roles, postgres-roles.sh); in development and tests it is a superuser."""
-        cursor.execute("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
-        return cursor.fetchone()[0]
 
     @staticmethod
     def _exists(cursor, role: str) -> bool:
         cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
         return cursor.fetchone() is not None
-
-    def _login_role(self, cursor, role: str, password: str) -> None:
-        verb = "ALTER" if self._exists(cursor, role) else "CREATE"
-        cursor.execute(sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
 
     @staticmethod
     def _grant_web(cursor, web: str, tables: list[str]) -> None:
