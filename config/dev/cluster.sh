@@ -363,7 +363,7 @@ host_images() { # the catalog pushed to the registry once, through the first hos
   say "images: ${CLUSTER_IMAGES:-the stand-in and gpucloud/pytorch:2.13.0-cpu} into the registry (the first time: minutes)"
   DATABASE_URL=$(owner_url) DOCKER_BASE_URL="unix://$(host_sock "$1")" "$PY" manage.py build_images \
     "${only[@]}" >"$DIR/images.log" 2>&1 ||
-    { tail -5 "$DIR/images.log" >&2; return 1; }
+    { tail -40 "$DIR/images.log" >&2; return 1; }  # a traceback's calling frames too (CI keeps no files)
 }
 
 host_keys() { # host i's own keys folder: its own Celery pair (the control plane's store gets its certificate), the

@@ -5,6 +5,7 @@ but work made from them keeps its image."""
 import io
 
 import pytest
+import requests
 from django.core.management import CommandError, call_command
 
 from portal.models import Image, ImageStatus, Instance
@@ -69,3 +70,41 @@ def test_build_images_marks_an_image_it_cannot_provide_failed_saying_why(catalog
     row.refresh_from_db()
     assert row.status == ImageStatus.FAILED
     assert row.status_reason.startswith(f"no recipe for {ref} and this engine does not have it"), row.status_reason
+
+
+def _cut(times: int):
+    """The engine's answer to "is the image here?" cut short ``times`` times (its connection closed mid-response,
+    as requests reports it), then "yes"."""
+    calls = []
+
+    def image_exists(ref):
+        calls.append(ref)
+        if len(calls) <= times:
+            raise requests.exceptions.ChunkedEncodingError("Response ended prematurely")
+        return True
+
+    return image_exists, calls
+
+
+@pytest.mark.parametrize("cuts", [1, 2])
+def test_build_images_tries_once_more_when_the_engine_cuts_its_answer_short_and_else_says_failed(
+    catalog, monkeypatch, cuts
+):
+    ref = "gpucloud/operators-own:1"
+    row = Image.objects.create(
+        name="Own", framework="X", framework_version="1", cuda_version="", docker_ref=ref, status="building"
+    )
+    image_exists, calls = _cut(cuts)
+    monkeypatch.setattr("agent.management.commands.build_images.image_exists", image_exists)
+    stderr = io.StringIO()
+    if cuts == 1:
+        call_command("build_images", "--only", ref, stdout=io.StringIO(), stderr=stderr)
+    else:
+        with pytest.raises(CommandError, match=f"not available: {ref}"):
+            call_command("build_images", "--only", ref, stdout=io.StringIO(), stderr=stderr)
+    row.refresh_from_db()
+    assert len(calls) == 2 and "answer was cut short (Response ended prematurely); once more" in stderr.getvalue()
+    if cuts == 1:
+        assert row.status == ImageStatus.READY
+    else:  # never left "building" by a traceback: failed, saying why
+        assert (row.status, row.status_reason) == (ImageStatus.FAILED, "Response ended prematurely")

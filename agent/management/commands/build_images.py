@@ -19,6 +19,7 @@ import platform
 import time
 
 import docker
+import requests
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
@@ -27,6 +28,10 @@ from agent.images import STANDIN_IMAGE, image_exists, image_tag, stand_in_ensure
 from agent.launcher import image_push
 from portal.models import Image, ImageStatus, ImageVisibility
 from scheduler.registry import RegistryError, image_name, manifest_digest
+
+# A response the engine cut short or never gave (its connection closed or timed out): requests' transport errors.
+# Not docker's APIError (an answer, refused): that is the same the second time.
+CUT = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.exceptions.Timeout)
 
 
 class Command(BaseCommand):
@@ -50,8 +55,8 @@ class Command(BaseCommand):
                 status_reason=f"building on {platform.node()} since {time.strftime('%H:%M:%S')}",
             )
             try:
-                self._provide(ref)
-            except (RegistryError, framework_images.BuildError, docker.errors.DockerException) as exc:
+                self._provide_once_more_if_cut(ref)
+            except (RegistryError, framework_images.BuildError, docker.errors.DockerException, *CUT) as exc:
                 message = getattr(exc, "message", None) or str(exc)
                 self.stderr.write(f"{ref}: {message}")
                 waiting.update(status=ImageStatus.FAILED, status_reason=message.splitlines()[0][:255])
@@ -63,6 +68,16 @@ class Command(BaseCommand):
         if failed:
             raise CommandError(f"not available: {', '.join(failed)}")
         self.stdout.write("images ready")
+
+    def _provide_once_more_if_cut(self, ref: str) -> None:
+        """``_provide``, and once more where the engine's answer was cut short (a CI run on a loaded machine saw
+        "Response ended prematurely" while the PyTorch image was made on a new host's engine): every step is
+        idempotent, as a built image is found again and a pushed one is in the registry. Cut twice: failed."""
+        try:
+            self._provide(ref)
+        except CUT as exc:
+            self.stderr.write(f"{ref}: the Docker engine's answer was cut short ({exc}); once more")
+            self._provide(ref)
 
     def _provide(self, ref: str) -> None:
         name = image_name(ref)
