@@ -266,20 +266,15 @@ def url_as(role: str, password: str) -> str:
 ROLES_SCRIPT = settings.BASE_DIR / "config" / "prod" / "images" / "postgres-roles.sh"
 
 
-def superuser_psql() -> str:
-    """A psql command line for the test server's superuser (the server the tests' DATABASE_URL names)."""
-    db = connection.settings_dict
-    return f"psql -h {db['HOST'] or '127.0.0.1'} -p {db['PORT'] or 5432} -U postgres"
-
-
 def roles_script(**env: str) -> subprocess.CompletedProcess:
     """postgres-roles.sh, production's only way to make the platform's login roles, run on the test database as
     its superuser with ``env`` (DB_ROLES_PREFIX, DB_WEB_PASSWORD, DB_NODE_ROLES, ...)."""
+    db = connection.settings_dict
     base = {
         "PATH": "/usr/bin:/bin",
-        "PSQL": superuser_psql(),
-        "POSTGRES_USER": connection.settings_dict["USER"],
-        "POSTGRES_DB": connection.settings_dict["NAME"],
+        "PSQL": f"psql -h {db['HOST'] or '127.0.0.1'} -p {db['PORT'] or 5432} -U postgres",
+        "POSTGRES_USER": db["USER"],
+        "POSTGRES_DB": db["NAME"],
     }
     return subprocess.run(["sh", str(ROLES_SCRIPT)], env={**base, **env}, capture_output=True, text=True)
 
@@ -296,10 +291,12 @@ class Roles:
 
     def node(self, node_name: str) -> str:
         """The login role of host ``node_name``'s agent, created on first use."""
+        from scheduler.management.commands.db_roles import node_role
+
         if node_name not in self.hosts:
             self.hosts.append(node_name)
             self.make()
-        return f"{self.prefix}_node_{node_name}"
+        return node_role(self.prefix, node_name)
 
     def drop(self, node_name: str) -> None:
         """Host ``node_name`` taken off the list: its role may no longer log in."""

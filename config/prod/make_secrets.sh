@@ -19,17 +19,19 @@ kind=$1 dir=$2
 shift 2
 APP_UID=${APP_UID:-10001}
 random() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
+own() {  # FILE OWNER: FILE readable by OWNER alone
+  chown "$2" "$dir/$1"
+  chmod 400 "$dir/$1"
+}
 put() {  # FILE VALUE OWNER: write FILE unless it is there
   if [ ! -s "$dir/$1" ]; then
     (umask 077 && printf '%s\n' "$2" >"$dir/$1")
   fi
-  chown "$3" "$dir/$1"
-  chmod 400 "$dir/$1"
+  own "$1" "$3"
 }
 optional() {  # FILE OWNER: a secret chosen elsewhere (the shared storage's), empty until the operator writes it
   [ -e "$dir/$1" ] || (umask 077 && : >"$dir/$1")
-  chown "$2" "$dir/$1"
-  chmod 400 "$dir/$1"
+  own "$1" "$2"
 }
 umask 077
 mkdir -p "$dir"
@@ -62,8 +64,7 @@ case $kind in
     done
     touch "$dir/db_node_roles"
     printf '%s' "$roles" >"$dir/db_node_roles"
-    chown 0:0 "$dir/db_node_roles"
-    chmod 400 "$dir/db_node_roles"
+    own db_node_roles 0:0
     ;;
   node)
     put secret_key "$(random 32)" 0:0
@@ -71,7 +72,7 @@ case $kind in
     optional shared_fs_secret_key 0:0
     for name in database_password redis_password registry_password; do
       [ -s "$dir/$name" ] || { echo "$dir/$name: copy it from the control plane's SECRETS_DIR/hosts/<this host>/" >&2; exit 1; }
-      chown 0:0 "$dir/$name" && chmod 400 "$dir/$name"
+      own "$name" 0:0
     done
     ;;
   *) usage ;;
