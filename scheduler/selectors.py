@@ -3,7 +3,9 @@
 from collections import Counter
 
 from django.conf import settings
-from django.db.models import Avg, Case, Count, F, FloatField, Func, Prefetch, Q, Sum, Value, When
+from django.db import connection
+from django.db.models import Avg, BooleanField, Case, Count, F, FloatField, Func, Prefetch, Q, Sum, Value, When
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
 from scheduler.models import (
@@ -120,6 +122,16 @@ class EpochSeconds(Func):
         return self.as_sql(compiler, connection, template=template, **extra_context)
 
 
+def id_in(column: str, ids: list[int]):
+    """A filter: ``column`` (table.column) is one of ``ids``, as one array parameter on PostgreSQL (a list of
+    thousands of ids as as many parameters costs milliseconds to build and parse; typed, or the
+    planner may not use the index: a list of small ids arrives as ``smallint[]``); ``IN`` elsewhere."""
+    if connection.vendor != "postgresql":
+        table, name = column.split(".")
+        return RawSQL(f"{name} IN ({', '.join(['%s'] * len(ids)) or 'NULL'})", tuple(ids), output_field=BooleanField())
+    return RawSQL(f"{column} = ANY(%s::bigint[])", (list(ids),), output_field=BooleanField())
+
+
 # What the tick reads of each workload holding resources: the columns the policy, the service accrual
 # and the start estimates use.
 HOLDING_FIELDS = (
@@ -158,15 +170,21 @@ HOLDING_TIMES = {
 }
 
 
-def holding_rows() -> list:
+def holding_rows(*, ids: list[int] | None = None, version: str | None = None) -> list:
     """Work holding resources (starting, running, stopping) as named rows of ``HOLDING_FIELDS`` and its
     times as seconds since 1970 (``created_s``, ``queued_s``, ``started_s``, ``accrued_s``; None where unset).
+    ``ids``: only these (None: all); ``version``: an SQL expression of the row's version, read as ``version``
+    (``scheduler.holding``).
 
     Rows, not model objects: every tick reads every one (5,000 on 1,000 nodes), and building the models
     (with their JSON fields parsed) and converting them took ~0.6 s of every tick."""
     times = {name: EpochSeconds(field) for name, field in HOLDING_TIMES.items()}
-    rows = Workload.objects.filter(status__in=WorkloadStatus.holding_resources()).annotate(**times)
-    return list(rows.values_list(*HOLDING_FIELDS, *times, named=True))
+    if version is not None:
+        times["version"] = RawSQL(version, ())
+    rows = Workload.objects.filter(status__in=WorkloadStatus.holding_resources())
+    if ids is not None:
+        rows = rows.filter(id_in("scheduler_workload.id", ids))
+    return list(rows.annotate(**times).order_by("pk").values_list(*HOLDING_FIELDS, *times, named=True))
 
 
 HISTORY_PER_OWNER = 100  # a queued job's prediction reads at most this many of its owner's past jobs

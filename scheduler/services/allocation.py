@@ -28,7 +28,7 @@ from django.utils import timezone
 from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
 from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.selectors import disk_held, disk_reserved_gb
-from scheduler.services.bulk import rows_update
+from scheduler.services.bulk import rows_insert, rows_update
 from scheduler.services.lifecycle import transitions_recorded
 
 S = WorkloadStatus
@@ -213,11 +213,10 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
     rows_update(Gpu, [cards[i] for i in touched_cards], ["allocated_milli", "allocated_memory_mb"])
     touched_nodes = {part.node_id for p in placed for part in p.parts}
     rows_update(Node, [nodes[i] for i in touched_nodes], ["allocated_cpu", "allocated_memory_mb"])
-    Allocation.objects.bulk_create(
-        Allocation(workload_id=p.workload.pk, gpu_id=s.gpu_id, milli=s.milli, memory_mb=s.memory_mb)
-        for p in placed
-        for part in p.parts
-        for s in part.shares
+    rows_insert(
+        Allocation,
+        ["workload_id", "gpu_id", "milli", "memory_mb"],
+        [(p.workload.pk, s.gpu_id, s.milli, s.memory_mb) for p in placed for part in p.parts for s in part.shares],
     )
     _members_write(placed, nodes)
     now = timezone.now()

@@ -13,6 +13,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadEvent, WorkloadStatus
+from scheduler.services.bulk import rows_insert
 from scheduler.signals import workload_changed, workload_metering
 
 HOLDING = set(WorkloadStatus.holding_resources())
@@ -63,11 +64,9 @@ def transitions_recorded(workloads: list[Workload], *, from_status: str, at: dat
     and announce them after commit. Call inside the transaction that changed the rows.
 
     The events take the database's time (their column default), or ``at``."""
-    when = {"created_at": at} if at is not None else {}
-    events = WorkloadEvent.objects.bulk_create(
-        WorkloadEvent(workload_id=w.pk, from_status=from_status, to_status=w.status, reason=w.status_reason, **when)
-        for w in workloads
-    )
+    fields = ["workload_id", "from_status", "to_status", "reason", *(["created_at"] if at is not None else [])]
+    rows = [(w.pk, from_status, w.status, w.status_reason, *([at] if at is not None else [])) for w in workloads]
+    at = rows_insert(WorkloadEvent, fields, rows, returning="created_at")  # one statement: one time for all
     payloads = [
         dict(
             workload_id=w.pk,
@@ -77,9 +76,9 @@ def transitions_recorded(workloads: list[Workload], *, from_status: str, at: dat
             from_status=from_status,
             to_status=w.status,
             reason=w.status_reason,
-            at=event.created_at,
+            at=at,
         )
-        for w, event in zip(workloads, events, strict=True)
+        for w in workloads
     ]
     transaction.on_commit(lambda: [workload_changed_send(payload) for payload in payloads], robust=True)
 

@@ -4,8 +4,8 @@ running gang is seen on every node it holds; it is evicted whole."""
 import pytest
 
 from scheduler import policy, tick
+from scheduler.holding import HoldingCache
 from scheduler.models import Allocation, WorkloadMember, WorkloadStatus
-from scheduler.selectors import holding_rows
 from scheduler.services import gangs
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
@@ -45,7 +45,8 @@ def test_a_running_gang_is_seen_on_every_node_it_holds(user, nodes):
     tick.schedule_tick()
     job.refresh_from_db()
     cluster = policy.ClusterState(tick.cluster_capacity())
-    [work] = tick._running_works(holding_rows(), cluster, job.created_at.timestamp(), tick._cards_held(), {job.pk: 0})
+    holding, cards_held = HoldingCache().read()
+    [work] = tick._running_works(holding, cluster, job.created_at.timestamp(), cards_held, {job.pk: 0})
     assert work.node == cluster.node_index[job.node_id]
     assert len(work.cards) == 2 and len(work.rest) == 1 and len(work.rest[0][1]) == 2
 

@@ -1,4 +1,5 @@
-"""rows_update: one statement writes each row's own values and the values shared by every row."""
+"""rows_update: one statement writes each row's own values and the values shared by every row; rows_insert: one
+statement inserts many rows, each column not named taking its database or Django default."""
 
 from datetime import timedelta
 
@@ -9,8 +10,9 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from scheduler.models import Workload
-from scheduler.services.bulk import rows_update
+from scheduler.models import Allocation, Workload, WorkloadEvent
+from scheduler.services.bulk import rows_insert, rows_update
+from tests.conftest import make_node
 from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db
@@ -66,3 +68,43 @@ def test_added_fields_add_to_the_rows_value_so_a_write_made_since_the_read_is_ke
     rows = dict(Workload.objects.values_list("pk", "attained_service"))
     assert (rows[first.pk], rows[second.pk]) == (101.5, 2.5)
     assert list(Workload.objects.order_by("pk").values_list("queue_level", flat=True)) == [2, 2]
+
+
+def test_rows_insert_writes_every_row_in_one_statement_with_the_defaults_of_the_columns_not_named():
+    owner = get_user_model().objects.create_user("owner")
+    first, second = workload(owner), workload(owner)
+    card_a, card_b = make_node("sim:2xRTX3090").gpus.order_by("index")
+    before = timezone.now()
+    with CaptureQueriesContext(connection) as queries:
+        at = rows_insert(
+            WorkloadEvent,
+            ["workload_id", "from_status", "to_status", "reason"],
+            [(first.pk, "queued", "starting", "placed on a"), (second.pk, "queued", "starting", "placed on b")],
+            returning="created_at",
+        )
+        rows_insert(
+            Allocation,
+            ["workload_id", "gpu_id", "milli", "memory_mb"],
+            [(first.pk, card_a.pk, 500, 0), (second.pk, card_b.pk, 1000, 7)],
+        )
+    assert len(queries) == 2
+    events = list(
+        WorkloadEvent.objects.order_by("workload_id").values_list(
+            "workload_id", "to_status", "reason", "meter", "created_at"
+        )
+    )
+    # The database's time (its default), one for the statement, as returned; the meter's database default.
+    assert events == [(first.pk, "starting", "placed on a", "", at), (second.pk, "starting", "placed on b", "", at)]
+    shares = list(
+        Allocation.objects.order_by("workload_id").values_list(
+            "workload_id", "gpu_id", "milli", "memory_mb", "created_at"
+        )
+    )
+    assert [share[:4] for share in shares] == [(first.pk, card_a.pk, 500, 0), (second.pk, card_b.pk, 1000, 7)]
+    assert all(share[4] >= before for share in shares)  # auto_now_add: Django's default, given here
+
+
+def test_rows_insert_of_nothing_is_no_statement():
+    with CaptureQueriesContext(connection) as queries:
+        assert rows_insert(WorkloadEvent, ["workload_id"], [], returning="created_at") is None
+    assert len(queries) == 0
