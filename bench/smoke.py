@@ -34,7 +34,7 @@ import _setup
 
 BENCH = _setup.ROOT / "bench"
 # gpu_check.py needs an NVIDIA card and root (bench/gpu_check.sh; its last output is in the README).
-NOT_BENCHES = {"_setup.py", "smoke.py", "gpu_check.py"}
+NOT_BENCHES = {"_setup.py", "_tick_rounds.py", "smoke.py", "gpu_check.py"}
 
 
 @dataclass(frozen=True)

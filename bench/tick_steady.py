@@ -12,6 +12,11 @@ service, decides, commits every placement (row locks, re-checks, events) and sen
 the nodes' queues on Redis. What it placed is then marked running.
 
     python bench/tick_steady.py [--nodes 1000] [--running 5000] [--queue 200] [--churn 200] [--ticks 30]
+    python bench/tick_steady.py --against REV [--rounds 3] [--ticks 20]
+
+``--against REV``: the same ticks in this tree and in commit REV (a git worktree), each on a fresh copy of
+the one prepared database, interleaved (ABBA...) so the machine's drift falls on both; ends with both trees'
+medians and this tree's ratios to REV's (``bench/_tick_rounds.py`` runs each side in its own tree).
 
 Uses its own PostgreSQL database (BENCH_DATABASE_URL, default gpucloud_bench_steady, recreated) and Redis
 database (BENCH_REDIS_URL, default database 14; its node queues are deleted afterwards). BENCH_PROFILE=FILE
@@ -25,7 +30,9 @@ import argparse
 import os
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import _setup
 from tick_latency import cluster_create, queue_add, users_create
@@ -83,6 +90,8 @@ def main():
     parser.add_argument("--queue", type=int, default=200)
     parser.add_argument("--churn", type=int, default=200, help="jobs that end, and jobs that arrive, before each tick")
     parser.add_argument("--ticks", type=int, default=30)
+    parser.add_argument("--against", metavar="REV", help="also time the ticks of this commit, interleaved")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each tree")
     args = _setup.parse(parser, nodes=50, running=250, queue=20, churn=20, ticks=3)
     _setup.fresh_database(DATABASE_URL, SCHEDULER_QUEUE="bench-steady-scheduler")
 
@@ -98,6 +107,8 @@ def main():
     users = users_create(50)
     queue_add(args.running + args.queue, users, rng, SHAPES)
     running_mark(schedule_tick().placed, rng)
+    if args.against:
+        return against(args)
     submitted = args.running + args.queue
     ticks, placed = [], 0
     queued = []
@@ -144,6 +155,71 @@ def main():
         },
         errors=errors,
     )
+
+
+def against(args) -> None:
+    """Time ``args.ticks`` ticks in this tree and in ``args.against``'s, ``args.rounds`` times each, interleaved."""
+    import json
+    import subprocess
+    import tempfile
+
+    from django.db import connections
+
+    connections.close_all()
+    server, name = DATABASE_URL.rsplit("/", 1)
+
+    def psql(sql: str) -> None:
+        subprocess.run(["psql", f"{server}/postgres", "-qc", sql], check=True)
+
+    psql(f"DROP DATABASE IF EXISTS {name}_tpl")
+    psql(f"CREATE DATABASE {name}_tpl TEMPLATE {name}")
+    rounds = Path(__file__).resolve().parent / "_tick_rounds.py"
+    with tempfile.TemporaryDirectory() as folder:
+        base = Path(folder) / "base"
+        add = ["git", "worktree", "add", "-q", "--detach", str(base), args.against]
+        subprocess.run(add, cwd=_setup.ROOT, check=True)
+        (base / "var").symlink_to(_setup.ROOT / "var")  # the signing keys the launches are signed with
+        results: dict[str, list[dict]] = {"base": [], "this": []}
+        try:
+            for number in range(args.rounds):
+                order = [("base", base), ("this", _setup.ROOT)]
+                for side, tree in order if number % 2 == 0 else order[::-1]:
+                    psql(f"DROP DATABASE IF EXISTS {name}_run")
+                    psql(f"CREATE DATABASE {name}_run TEMPLATE {name}_tpl")
+                    done = subprocess.run(
+                        [
+                            sys.executable,
+                            str(rounds),
+                            "--ticks",
+                            str(args.ticks),
+                            "--churn",
+                            str(args.churn),
+                            "--seed",
+                            str(number),
+                        ],
+                        cwd=tree,
+                        env={**os.environ, "DATABASE_URL": f"{server}/{name}_run"},
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
+                    results[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                    print(side, results[side][-1], flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=_setup.ROOT, check=False)
+    for suffix in ("run", "tpl"):
+        psql(f"DROP DATABASE IF EXISTS {name}_{suffix}")
+
+    def median(side: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[side])
+
+    figures = {}
+    for key in ("tick_p50_ms", "tick_p99_ms", "placements_per_s"):
+        figures[f"base_{key}"], figures[key] = round(median("base", key), 1), round(median("this", key), 1)
+    figures["p99_ratio"] = round(figures["tick_p99_ms"] / figures["base_tick_p99_ms"], 3)
+    figures["placements_ratio"] = round(figures["placements_per_s"] / figures["base_placements_per_s"], 3)
+    figures["against"] = args.against
+    _setup.report(figures, errors=sum(r["errors"] for side in results.values() for r in side))
 
 
 if __name__ == "__main__":

@@ -62,9 +62,10 @@ class HoldingCache:
 
     def _cards_read(self, changed: list[int], *, whole: bool) -> None:
         held: dict[int, list[int]] = defaultdict(list)
-        rows = Allocation.objects.filter(workload__status__in=WorkloadStatus.holding_resources())
-        if not whole:
-            rows = rows.filter(id_in("scheduler_allocation.workload_id", changed))
+        if whole:
+            rows = Allocation.objects.filter(workload__status__in=WorkloadStatus.holding_resources())
+        else:  # the changed rows are holding ones (as read a moment ago): by the index on workload_id
+            rows = Allocation.objects.filter(id_in("scheduler_allocation.workload_id", changed))
         for workload_id, gpu_id in rows.order_by("gpu_id").values_list("workload_id", "gpu_id"):
             held[workload_id].append(gpu_id)
         changed = set(changed)

@@ -83,7 +83,7 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
     with_container = Case(When(kind=WorkloadKind.JOB, status__in=ended, then=Value(0)), default=Value(1))
     on = Q(node__isnull=False) | Q(pinned_node__isnull=False)
     if not everywhere:
-        on = Q(node_id__in=node_ids) | Q(pinned_node_id__in=node_ids)
+        on = Q(id_in("scheduler_workload.node_id", node_ids)) | Q(id_in("scheduler_workload.pinned_node_id", node_ids))
     kept = Workload.objects.exclude(status=WorkloadStatus.RELEASED).filter(on).order_by()
     sums = kept.annotate(home=home).values("home").annotate(gb=Sum("disk_gb"), containers=Sum(with_container))
     for node_id, gb, containers in sums.values_list("home", "gb", "containers"):
@@ -92,7 +92,8 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
     members = WorkloadMember.objects.filter(rank__gt=0, workload__status__in=WorkloadStatus.holding_resources())
     moving = Move.objects.filter(status=MoveStatus.COPYING)  # the copy being made on the target
     if not everywhere:
-        members, moving = members.filter(node_id__in=node_ids), moving.filter(target_id__in=node_ids)
+        members = members.filter(id_in("scheduler_workloadmember.node_id", node_ids))
+        moving = moving.filter(id_in("scheduler_move.target_id", node_ids))
     for node_id, disk_gb in members.values_list("node_id", "workload__disk_gb"):
         add(node_id, disk_reserved_gb(disk_gb))
     for node_id, disk_gb in moving.values_list("target_id", "workload__disk_gb"):
@@ -127,8 +128,8 @@ def id_in(column: str, ids: list[int]):
     thousands of ids as as many parameters costs milliseconds to build and parse; typed, or the
     planner may not use the index: a list of small ids arrives as ``smallint[]``); ``IN`` elsewhere."""
     if connection.vendor != "postgresql":
-        table, name = column.split(".")
-        return RawSQL(f"{name} IN ({', '.join(['%s'] * len(ids)) or 'NULL'})", tuple(ids), output_field=BooleanField())
+        marks = ", ".join(["%s"] * len(ids)) or "NULL"
+        return RawSQL(f"{column} IN ({marks})", tuple(ids), output_field=BooleanField())
     return RawSQL(f"{column} = ANY(%s::bigint[])", (list(ids),), output_field=BooleanField())
 
 

@@ -178,10 +178,8 @@ def _holding_work(w, epoch: float, attained: float, now: float) -> policy.Work:
     reservation's start is reckoned from). Elastic work last changed size when its run started (each
     resize is a new run); while it starts it may not be resized. Elastic work of one node keeps to that
     node (its checkpoint volume is there): it grows only there, and is requeued there after a resize."""
-    request = _request(w)
     elastic = w.elastic_min is not None
-    if elastic and w.master_port is None:
-        request = replace(request, pinned_node=w.node_id)
+    request = _holding_request(w)
     remaining = None
     if w.max_runtime_s and w.started_s is not None:
         remaining = max(w.started_s + w.max_runtime_s - now, 0.0)
@@ -206,6 +204,22 @@ def _holding_work(w, epoch: float, attained: float, now: float) -> policy.Work:
         elastic_max=w.elastic_max,
         resized_at=(w.started_s if w.started_s is not None else now) - epoch if elastic else -float("inf"),
     )
+
+
+# Each holding row's request, kept while the tick reads the same row object (``scheduler.holding`` keeps the row
+# objects of unchanged rows): a frozen value the policy only replaces, never changes.
+_requests: dict[int, tuple[object, policy.Request]] = {}
+
+
+def _holding_request(w) -> policy.Request:
+    kept = _requests.get(w.pk)
+    if kept is not None and kept[0] is w:
+        return kept[1]
+    request = _request(w)
+    if w.elastic_min is not None and w.master_port is None:
+        request = replace(request, pinned_node=w.node_id)
+    _requests[w.pk] = (w, request)
+    return request
 
 
 def _quotas() -> policy.Quotas:
@@ -396,6 +410,8 @@ def _running_works(
         work.cards = parts.pop(work.node)
         work.rest = list(parts.items())
         running.append(work)
+    for pk in _requests.keys() - {w.pk for w in holding}:
+        del _requests[pk]
     return running
 
 

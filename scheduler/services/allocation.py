@@ -129,7 +129,7 @@ def _disk_room(nodes: dict) -> None:
     """Set ``disk_room`` on each node: GB its tenants' disks may still reserve, None where disk is not counted
     (call holding the node locks: every placement, move and disk growth on a node holds its lock)."""
     counted = {pk for pk, node in nodes.items() if node.disk_gb is not None}
-    held = disk_held(None if len(counted) > 20 else list(counted))  # a tick's batch: one pass without a list of ids
+    held = disk_held(list(counted))
     for pk, node in nodes.items():
         node.disk_room = node.disk_gb - held.get(pk, 0) if pk in counted else None
 
