@@ -1,6 +1,6 @@
 """Reads of cluster state: free capacity as policy objects, and what exists at all."""
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 from django.conf import settings
 from django.db import connection
@@ -9,6 +9,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
 from scheduler.models import (
+    Allocation,
     Gpu,
     Move,
     MoveStatus,
@@ -21,18 +22,27 @@ from scheduler.models import (
     WorkloadStatus,
 )
 from scheduler.policy import CardSpec, NodeSpec
-from scheduler.policy.cluster import WHOLE_CARD
+from scheduler.policy.cluster import WHOLE_CARD, share_class_of
 from scheduler.policy.predict import DurationHistory
 
 
 def cluster_capacity() -> list[NodeSpec]:
-    """Free capacity of every active node, as plain objects for the policy (ids are primary keys). A node whose
-    disk is full (below NODE_DISK_MIN_FREE_GB free at its last heartbeat) takes nothing new, as if draining;
-    a node that registered what it offers tenants' disks (``Node.disk_gb``) has that less ``disk_held`` free.
+    """Free capacity of every active node, as plain objects for the policy (ids are primary keys), each card with
+    its share class. A node whose disk is full (below NODE_DISK_MIN_FREE_GB free at its last heartbeat) takes
+    nothing new, as if draining; a node that registered what it offers tenants' disks (``Node.disk_gb``) has
+    that less ``disk_held`` free.
 
     Read as rows, not model objects: every tick reads every card (8,000 on 1,000 nodes)."""
+    nodes = capacity_nodes()
+    for node_id, _, _, card in card_specs(node_ids=list(nodes)):
+        nodes[node_id].cards.append(card)
+    return list(nodes.values())
+
+
+def capacity_nodes() -> dict[int, NodeSpec]:
+    """The active nodes that may take work, by id, as ``cluster_capacity`` has them but without their cards."""
     roomy = Q(disk_free_gb__isnull=True) | Q(disk_free_gb__gte=settings.NODE_DISK_MIN_FREE_GB)
-    active = Node.objects.filter(roomy, status=NodeStatus.ACTIVE)
+    active = Node.objects.filter(roomy, status=NodeStatus.ACTIVE).order_by("pk")
     rows = active.values_list("pk", "name", "cpu_cores", "allocated_cpu", "memory_mb", "allocated_memory_mb", "disk_gb")
     nodes, offered = {}, {}
     for pk, name, cpu, cpu_held, memory, memory_held, disk in rows:
@@ -42,12 +52,34 @@ def cluster_capacity() -> list[NodeSpec]:
     held = disk_held() if offered else {}
     for pk, disk in offered.items():
         nodes[pk].disk_free_gb = disk - held.get(pk, 0)
-    cards = Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index")
-    for pk, node_id, model, memory, milli_held, memory_held in cards.values_list(
-        "pk", "node_id", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"
-    ):
-        nodes[node_id].cards.append(CardSpec(pk, model, memory, WHOLE_CARD - milli_held, memory - memory_held))
-    return list(nodes.values())
+    return nodes
+
+
+def card_specs(*, node_ids: list[int] | None = None, ids: list[int] | None = None, version: str | None = None) -> list:
+    """Cards as (node id, index, version, ``CardSpec`` with its share class) in (node, index) order: those of
+    ``node_ids``, or those of ``ids``; ``version``: an SQL expression of the row's version (None: the version is None).
+
+    The share class is the size of the fractions allocated on the card (one size per card, ``policy.cluster``),
+    read apart from its free share, so the two may disagree by a placement or a stop; the allocation service
+    re-checks both under its locks."""
+    cards = Gpu.objects.order_by("node_id", "index")
+    cards = cards.filter(id_in("scheduler_gpu.node_id", node_ids) if ids is None else id_in("scheduler_gpu.id", ids))
+    if version is not None:
+        cards = cards.annotate(version=RawSQL(version, ()))
+    columns = ["pk", "node_id", "index", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"]
+    rows = list(cards.values_list(*columns, *(["version"] if version else [])))
+    fractions: dict[int, list[int]] = defaultdict(list)
+    busy = [row[0] for row in rows if row[5] > 0]  # only these may hold fractions
+    if busy:
+        held = Allocation.objects.filter(id_in("scheduler_allocation.gpu_id", busy), milli__lt=WHOLE_CARD)
+        for gpu_id, milli in held.values_list("gpu_id", "milli").distinct():
+            fractions[gpu_id].append(milli)
+    specs = []
+    for pk, node_id, index, model, memory, milli_held, memory_held, *version_read in rows:
+        share_class = share_class_of(fractions.get(pk, ()))
+        card = CardSpec(pk, model, memory, WHOLE_CARD - milli_held, memory - memory_held, share_class)
+        specs.append((node_id, index, version_read[0] if version_read else None, card))
+    return specs
 
 
 def disk_reserved_gb(disk_gb: int, *, container: bool = True) -> int:

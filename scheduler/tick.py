@@ -10,7 +10,6 @@ their commit. A tick decides while work waits or while elastic work could grow.
 import contextlib
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -21,9 +20,9 @@ from django.utils import timezone
 from core.clients import redis_client
 from core.memory import collector_paused
 from scheduler import policy
-from scheduler.holding import HOLDING
-from scheduler.models import Allocation, Quota, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus, card_share
-from scheduler.selectors import cluster_capacity, disk_reserved_gb, job_history
+from scheduler.holding import CAPACITY, HOLDING
+from scheduler.models import Quota, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus, card_share
+from scheduler.selectors import disk_reserved_gb, job_history
 from scheduler.services.accrual import service_accrue, service_record
 from scheduler.services.allocation import Part, Placement, Share, allocations_create
 from scheduler.services.elastic import workload_resize
@@ -285,7 +284,7 @@ def _tick() -> TickResult:
         service_record(accrued, {}, now=now)
         return result
     epoch = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding])
-    cluster = policy.ClusterState(_capacity())
+    cluster = policy.ClusterState(CAPACITY.read())
     by_id = {w.pk: w for w in queued}
     waiting = [_queued_work(w, epoch) for w in queued]
     if config.predict:
@@ -369,22 +368,6 @@ def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
     rank0, *rest = place.parts
     members = tuple(Part(cluster.node_ids[part.node], shares(part)) for part in rest)
     return Placement(workload, cluster.node_ids[rank0.node], shares(rank0), levels[workload.pk], rest=members)
-
-
-def _capacity() -> list[policy.NodeSpec]:
-    """Free capacity of the active nodes, each card with its share class: the size of the fractions
-    allocated on it (one size per card, ``policy.cluster``). Read apart from the cards' free share, so
-    the two may disagree by a placement or a stop; the allocation service re-checks both under its locks."""
-    fractions: dict[int, list[int]] = defaultdict(list)
-    for gpu_id, milli in (
-        Allocation.objects.filter(milli__lt=policy.WHOLE_CARD).values_list("gpu_id", "milli").distinct()
-    ):
-        fractions[gpu_id].append(milli)
-    nodes = cluster_capacity()
-    for node in nodes:
-        for card in node.cards:
-            card.share_class = policy.share_class_of(fractions.get(card.id, ()))
-    return nodes
 
 
 def _running_works(

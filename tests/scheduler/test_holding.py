@@ -1,5 +1,5 @@
-"""The tick's holding rows kept across ticks (``scheduler.holding``): a read after changes equals a whole read, and
-re-reads only the rows that changed.
+"""The tick's holding rows and capacity kept across ticks (``scheduler.holding``): a read after changes equals a
+whole read, and re-reads only the rows that changed.
 
 Each test runs inside one transaction, the case the row version's ``ctid`` is there for: every row the test
 writes has the same ``xmin``."""
@@ -8,9 +8,10 @@ import random
 
 import pytest
 
-from scheduler.holding import FULL_READ_EVERY, HoldingCache
-from scheduler.models import Allocation, Workload, WorkloadStatus
-from scheduler.selectors import holding_rows
+from scheduler import holding
+from scheduler.holding import WHOLE_READ_S, CapacityCache, HoldingCache
+from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.selectors import cluster_capacity, holding_rows
 from scheduler.services.allocation import Placement, Share, allocations_create
 from scheduler.services.lifecycle import workload_transition
 from tests.conftest import make_node
@@ -90,11 +91,44 @@ def test_random_changes_never_leave_the_kept_rows_behind_a_whole_read(user):
         assert_same(cache)
 
 
-def test_every_hundredth_read_is_whole(user):
+def test_a_read_is_whole_once_every_whole_read_s(user, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(holding.time, "monotonic", lambda: clock[0])
     cache = HoldingCache()
     workload(user, status=S.RUNNING)
-    for _ in range(FULL_READ_EVERY):
-        cache.read()
-    assert cache.last_changed == 0
     cache.read()
+    clock[0] += WHOLE_READ_S - 1
+    cache.read()
+    assert cache.last_changed == 0
+    clock[0] += 1
+    cache.read()
+    assert cache.last_changed == 1
+
+
+def capacity(nodes) -> list:
+    return [(n.id, n.cpu_free, n.memory_free_mb, n.disk_free_gb, n.name, n.cards) for n in nodes]
+
+
+def test_the_capacity_kept_across_reads_equals_a_whole_read_and_reads_only_the_cards_that_changed(user):
+    first = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    second = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    cache = CapacityCache()
+    assert capacity(cache.read()) == capacity(cluster_capacity())
+    assert cache.last_changed == 8
+
+    w = workload(user, gpu_milli=250)
+    place(w, second)  # a fraction: the card's free share and its class change
+    assert capacity(cache.read()) == capacity(cluster_capacity())
+    assert cache.last_changed == 1
+    [card] = [c for n in cache.read() if n.id == second.pk for c in n.cards if c.free_milli < 1000]
+    assert card.share_class == 250
+
+    Node.objects.filter(pk=first.pk).update(status=NodeStatus.DRAINING)  # its cards leave the capacity
+    assert capacity(cache.read()) == capacity(cluster_capacity()) and [n.id for n in cache.read()] == [second.pk]
+    Node.objects.filter(pk=first.pk).update(status=NodeStatus.ACTIVE)  # and come back in (node, index) order
+    assert capacity(cache.read()) == capacity(cluster_capacity())
+    assert [n.id for n in cache.read()] == [first.pk, second.pk]
+
+    workload_transition(w, to=S.SUCCEEDED, allowed_from=[S.STARTING], reason="exited")
+    assert capacity(cache.read()) == capacity(cluster_capacity())
     assert cache.last_changed == 1

@@ -6,6 +6,7 @@ import pytest
 from scheduler import policy, tick
 from scheduler.holding import HoldingCache
 from scheduler.models import Allocation, WorkloadMember, WorkloadStatus
+from scheduler.selectors import cluster_capacity
 from scheduler.services import gangs
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
@@ -44,7 +45,7 @@ def test_a_running_gang_is_seen_on_every_node_it_holds(user, nodes):
     job = workload(user, kind="job", gpu_count=4, preemptible=True)
     tick.schedule_tick()
     job.refresh_from_db()
-    cluster = policy.ClusterState(tick.cluster_capacity())
+    cluster = policy.ClusterState(cluster_capacity())
     holding, cards_held = HoldingCache().read()
     [work] = tick._running_works(holding, cluster, job.created_at.timestamp(), cards_held, {job.pk: 0})
     assert work.node == cluster.node_index[job.node_id]

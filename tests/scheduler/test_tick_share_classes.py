@@ -2,11 +2,12 @@
 
 import pytest
 
+from scheduler.holding import CapacityCache
 from scheduler.models import WorkloadStatus
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.sim.simulator import simulate, uniform_nodes
 from scheduler.sim.traces import TraceJob
-from scheduler.tick import _capacity, schedule_tick
+from scheduler.tick import schedule_tick
 from tests.conftest import make_node, remove_node_containers
 from tests.scheduler.factories import workload
 
@@ -29,7 +30,7 @@ def holding_a_quarter(user, card):
 def test_the_tick_reads_each_cards_class_from_its_allocations(user, node):
     first, second = node.gpus.order_by("index")
     holding_a_quarter(user, first)
-    [spec] = [n for n in _capacity() if n.id == node.pk]
+    [spec] = [n for n in CapacityCache().read() if n.id == node.pk]
     assert [(c.free_milli, c.share_class) for c in spec.cards] == [(750, 250), (1000, 0)]
 
 
