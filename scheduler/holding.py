@@ -71,9 +71,11 @@ class HoldingCache:
             )
             changed = [pk for pk, version in now.items() if pk not in self.rows or self.rows[pk].version != version]
             fresh = {row.pk: row for row in holding_rows(ids=changed, version=WORKLOAD_VERSION)}
-            # In id order; a row that stopped holding between the two reads is gone from ``fresh``.
-            kept = self.rows
-            self.rows = {pk: fresh.get(pk) or kept[pk] for pk in now if pk in fresh or pk in kept}
+            # In id order; a changed row only as read now (one that stopped holding since the first read is gone).
+            kept, was_changed = self.rows, set(changed)
+            self.rows = {
+                pk: fresh[pk] if pk in was_changed else kept[pk] for pk in now if pk not in was_changed or pk in fresh
+            }
         self._cards_read(changed, whole=whole)
         self.last_changed = len(changed)
         return list(self.rows.values()), self.cards
@@ -119,8 +121,12 @@ class CapacityCache:
             versions = {pk: version for pk, node, version in every if node in nodes}
             changed = [pk for pk, version in versions.items() if pk not in self.cards or self.cards[pk][2] != version]
             fresh = {kept[3].id: kept for kept in card_specs(ids=changed, version=CARD_VERSION)}
-            kept = self.cards
-            self.cards = {pk: fresh.get(pk) or kept[pk] for pk in kept if pk in versions}
+            kept, was_changed = self.cards, set(changed)
+            self.cards = {
+                pk: fresh[pk] if pk in was_changed else kept[pk]
+                for pk in kept
+                if pk in versions and (pk not in was_changed or pk in fresh)
+            }
             if fresh.keys() - self.cards.keys():  # cards of a node that came (back): in (node, index) order
                 self.cards.update(fresh)
                 self.cards = dict(sorted(self.cards.items(), key=lambda item: item[1][:2]))

@@ -132,3 +132,21 @@ def test_the_capacity_kept_across_reads_equals_a_whole_read_and_reads_only_the_c
     workload_transition(w, to=S.SUCCEEDED, allowed_from=[S.STARTING], reason="exited")
     assert capacity(cache.read()) == capacity(cluster_capacity())
     assert cache.last_changed == 1
+
+
+def test_a_row_that_stops_holding_between_the_version_read_and_its_whole_read_is_gone(user, monkeypatch):
+    node = make_node("sim:8xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    w = workload(user)
+    place(w, node)
+    cache = HoldingCache()
+    cache.read()
+    Workload.objects.filter(pk=w.pk).update(gpu_utilization=0.5)  # changed: the next read reads it whole
+    read = holding.holding_rows
+
+    def leaves_first(**kwargs):  # it ends after its version was read, before its row is
+        workload_transition(w, to=S.SUCCEEDED, allowed_from=[S.STARTING], reason="exited")
+        return read(**kwargs)
+
+    monkeypatch.setattr(holding, "holding_rows", leaves_first)
+    rows, cards = cache.read()
+    assert rows == [] and cards == {}
