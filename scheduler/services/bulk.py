@@ -80,10 +80,7 @@ def rows_insert(model, fields: list[str], rows: list[tuple], *, returning: str |
     columns = [model._meta.get_field(name) for name in fields]
     if connection.vendor != "postgresql":
         made = model.objects.bulk_create(model(**dict(zip(fields, row, strict=True))) for row in rows)
-        if returning is None:
-            return None
-        made[0].refresh_from_db(fields=[returning])
-        return getattr(made[0], returning)
+        return getattr(made[0], returning) if returning is not None else None  # database defaults come back
     quote = connection.ops.quote_name
     names = ", ".join(quote(c.column) for c in columns)
     arrays = ", ".join(f"%s::{c.db_type(connection)}[]" for c in columns)

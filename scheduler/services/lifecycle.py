@@ -66,7 +66,7 @@ def transitions_recorded(workloads: list[Workload], *, from_status: str, at: dat
     The events take the database's time (their column default), or ``at``."""
     fields = ["workload_id", "from_status", "to_status", "reason", *(["created_at"] if at is not None else [])]
     rows = [(w.pk, from_status, w.status, w.status_reason, *([at] if at is not None else [])) for w in workloads]
-    at = rows_insert(WorkloadEvent, fields, rows, returning="created_at")  # one statement: one time for all
+    recorded_at = rows_insert(WorkloadEvent, fields, rows, returning="created_at")  # one statement: one time
     payloads = [
         dict(
             workload_id=w.pk,
@@ -76,7 +76,7 @@ def transitions_recorded(workloads: list[Workload], *, from_status: str, at: dat
             from_status=from_status,
             to_status=w.status,
             reason=w.status_reason,
-            at=at,
+            at=recorded_at,
         )
         for w in workloads
     ]
