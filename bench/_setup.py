@@ -66,15 +66,30 @@ def report(result: dict, *, errors: int) -> None:
     print(json.dumps({**result, "errors": errors, "commit": commit()}), flush=True)
 
 
-def fresh_database(database_url: str, **environ: str) -> None:
-    """Recreate the bench's own PostgreSQL database, point Django at it (Redis db 14), migrate."""
-    import os
-    import secrets
+def database_drop(database_url: str) -> None:
+    """Drop the PostgreSQL database ``database_url`` names, if it exists."""
     import subprocess
 
     server, name = database_url.rsplit("/", 1)
     subprocess.run(["psql", f"{server}/postgres", "-qc", f"DROP DATABASE IF EXISTS {name}"], check=True)
-    subprocess.run(["psql", f"{server}/postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
+
+
+def database_create(database_url: str, *, template: str | None = None) -> None:
+    """(Re)create the PostgreSQL database ``database_url`` names: empty, or a copy of database ``template``."""
+    import subprocess
+
+    database_drop(database_url)
+    server, name = database_url.rsplit("/", 1)
+    create = f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else "")
+    subprocess.run(["psql", f"{server}/postgres", "-qc", create], check=True)
+
+
+def fresh_database(database_url: str, **environ: str) -> None:
+    """Recreate the bench's own PostgreSQL database, point Django at it (Redis db 14), migrate."""
+    import os
+    import secrets
+
+    database_create(database_url)
     os.environ.update(
         DATABASE_URL=database_url,
         REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),

@@ -63,9 +63,7 @@ def server_env(port: int) -> dict:
 
 def prepare(env: dict) -> dict:
     """A fresh database with the demo catalog, a simulated node and an account holding 20 instances."""
-    database = DATABASE_URL.rsplit("/", 1)
-    subprocess.run(["psql", database[0] + "/postgres", "-qc", f"DROP DATABASE IF EXISTS {database[1]}"], check=True)
-    subprocess.run(["psql", database[0] + "/postgres", "-qc", f"CREATE DATABASE {database[1]}"], check=True)
+    _setup.database_create(DATABASE_URL)
     manage = [sys.executable, str(_setup.ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "--no-input", "-v0"], env=env, check=True)
     subprocess.run([*manage, "make_signing_keys"], env=env, check=True)  # creating sends signed messages

@@ -166,13 +166,9 @@ def against(args) -> None:
     from django.db import connections
 
     connections.close_all()
-    server, name = DATABASE_URL.rsplit("/", 1)
-
-    def psql(sql: str) -> None:
-        subprocess.run(["psql", f"{server}/postgres", "-qc", sql], check=True)
-
-    psql(f"DROP DATABASE IF EXISTS {name}_tpl")
-    psql(f"CREATE DATABASE {name}_tpl TEMPLATE {name}")
+    name = DATABASE_URL.rsplit("/", 1)[1]
+    template, run = f"{DATABASE_URL}_tpl", f"{DATABASE_URL}_run"
+    _setup.database_create(template, template=name)
     rounds = Path(__file__).resolve().parent / "_tick_rounds.py"
     with tempfile.TemporaryDirectory() as folder:
         base = Path(folder) / "base"
@@ -184,8 +180,7 @@ def against(args) -> None:
             for number in range(args.rounds):
                 order = [("base", base), ("this", _setup.ROOT)]
                 for side, tree in order if number % 2 == 0 else order[::-1]:
-                    psql(f"DROP DATABASE IF EXISTS {name}_run")
-                    psql(f"CREATE DATABASE {name}_run TEMPLATE {name}_tpl")
+                    _setup.database_create(run, template=f"{name}_tpl")
                     done = subprocess.run(
                         [
                             sys.executable,
@@ -198,7 +193,7 @@ def against(args) -> None:
                             str(number),
                         ],
                         cwd=tree,
-                        env={**os.environ, "DATABASE_URL": f"{server}/{name}_run"},
+                        env={**os.environ, "DATABASE_URL": run},
                         capture_output=True,
                         text=True,
                         check=True,
@@ -207,8 +202,8 @@ def against(args) -> None:
                     print(side, results[side][-1], flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=_setup.ROOT, check=False)
-    for suffix in ("run", "tpl"):
-        psql(f"DROP DATABASE IF EXISTS {name}_{suffix}")
+    for url in (run, template):
+        _setup.database_drop(url)
 
     def median(side: str, key: str) -> float:
         return statistics.median(r[key] for r in results[side])

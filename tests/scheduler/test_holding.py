@@ -12,7 +12,7 @@ from scheduler import holding
 from scheduler.holding import WHOLE_READ_S, CapacityCache, HoldingCache
 from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadStatus
 from scheduler.selectors import cluster_capacity, holding_rows
-from scheduler.services.allocation import Placement, Share, allocations_create
+from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.lifecycle import workload_transition
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
@@ -46,8 +46,7 @@ def _fields(row) -> dict:
 
 def place(w: Workload, node) -> None:
     card = node.gpus.order_by("index").filter(allocated_milli=0).first()
-    [placed] = allocations_create([Placement(w, node.pk, [Share(card.pk, w.gpu_milli, 0)])])
-    assert placed
+    assert allocation_create(workload=w, node_id=node.pk, shares=[Share(card.pk, w.gpu_milli, 0)])
 
 
 def test_a_read_after_changes_equals_a_whole_read_and_reads_only_what_changed(user):
