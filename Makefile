@@ -7,7 +7,8 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/13
 # The main suite runs on TEST_WORKERS pytest-xdist workers (it is mostly waiting: engines, workers, timeouts),
 # a file to a worker; each has a Redis db of its own from TEST_WORKER_REDIS_DBS (tests/workers.py). The tests
-# that stop or freeze what the whole machine shares (marked alone: PostgreSQL, the Docker engine) run after it.
+# that stop or freeze what the whole machine shares (marked alone: PostgreSQL, the Docker engine), or need no other
+# test's transaction open beside them, run after it.
 TEST_WORKERS ?= 3
 TEST_WORKER_REDIS_DBS ?= 15,12,11,10
 # Tests run as production does (DEBUG off), with a throwaway key.

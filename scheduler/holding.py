@@ -3,11 +3,13 @@ holding resources (its rows and the cards each holds) and the cards' free capaci
 
 Every tick needs every holding workload's row and the cards it holds (5,000 and 7,500 rows on 1,000
 nodes), and every card of every active node (8,000); between two ticks a few hundred of them change
-(placements, departures, the accrual's writes, utilization readings). PostgreSQL says which: a row's
-``xmin`` (the transaction that wrote its current version) with its ``ctid`` (where that version lies)
-differ for every version of a row — a later transaction has a later ``xmin``, and a second version written
-by the same transaction lies elsewhere (the first cannot be reclaimed while that transaction is open). So a
-read takes (id, version) of every row, and the whole row only where the version differs from the one kept.
+(placements, departures, the accrual's writes, utilization readings). PostgreSQL says which. For the
+holding rows: a row's ``xmin`` (the transaction that wrote its current version) with its ``ctid`` (where
+that version lies) differ for every version of a row — a later transaction has a later ``xmin``, and a
+second version written by the same transaction lies elsewhere (the first cannot be reclaimed while that
+transaction is open). So a read takes (id, version) of every row, and the whole row only where the version
+differs from the one kept (the accrual's own writes return their new versions: ``rows_written``). For the
+cards: only the rows written since the last read's horizon (``CapacityCache``).
 
 A workload's cards change only with its row: ``allocations_create`` writes both in one transaction, and
 ``allocations_free`` runs inside its caller's compare-and-swap on the row. A card's share class (the size of
@@ -27,9 +29,9 @@ from collections import defaultdict
 from django.db import connection
 from django.db.models.expressions import RawSQL
 
-from scheduler.models import Allocation, Gpu, Workload, WorkloadStatus
+from scheduler.models import Allocation, Workload, WorkloadStatus
 from scheduler.policy import CardSpec, NodeSpec
-from scheduler.selectors import capacity_nodes, card_specs, holding_rows, id_in
+from scheduler.selectors import EpochSeconds, capacity_nodes, card_specs, holding_rows, id_in
 
 WHOLE_READ_S = 300.0
 
@@ -39,7 +41,15 @@ def row_version(table: str) -> str:
     return f"{table}.xmin::text || {table}.ctid::text"
 
 
-WORKLOAD_VERSION, CARD_VERSION = row_version("scheduler_workload"), row_version("scheduler_gpu")
+WORKLOAD_VERSION = row_version("scheduler_workload")
+# What the accrual's write (``services.accrual.service_record``) returns of each row it wrote, as
+# ``selectors.holding_rows`` names and reads it: the kept row is brought to its new version without a read.
+ACCRUAL_RETURNING = {
+    "version": WORKLOAD_VERSION,
+    "attained_service": "scheduler_workload.attained_service",
+    "queue_level": "scheduler_workload.queue_level",
+    "accrued_s": EpochSeconds.template % {"expressions": "scheduler_workload.accrued_at"},
+}
 
 
 def _whole_due(last_whole: float | None) -> bool:
@@ -100,35 +110,86 @@ class HoldingCache:
         kept = {} if whole else self.cards
         self.cards = {pk: held.get(pk, []) if pk in changed else kept.get(pk, []) for pk in self.rows}
 
+    def write_guard(self) -> dict:
+        """What a write of kept rows by the tick (the accrual: ``bulk.rows_update``) passes so that the rows stay
+        kept: write only rows still at the version read, and return their new versions and the columns written
+        (``rows_written``). Nothing on SQLite, which reads whole every tick."""
+        if connection.vendor != "postgresql":
+            return {}
+        return {"version": WORKLOAD_VERSION, "returning": ACCRUAL_RETURNING}
+
+    def rows_written(self, written: list[tuple]) -> None:
+        """Bring the kept rows the tick itself wrote (``write_guard``'s returned rows) to their new versions:
+        each was still at the version kept, so only the columns written changed."""
+        for pk, *values in written:
+            row = self.rows.get(pk)
+            if row is not None:
+                self.rows[pk] = row._replace(**dict(zip(ACCRUAL_RETURNING, values, strict=True)))
+
 
 class CapacityCache:
-    """The free capacity of the active nodes (``selectors.cluster_capacity``), each card kept while its row is
-    the same version."""
+    """The free capacity of the active nodes (``selectors.cluster_capacity``), each card kept until its row is
+    written again.
+
+    Which cards were written since the last read, PostgreSQL says without a pass over all 8,000: every row version
+    a read may not have seen was written by a transaction numbered at or above that read's horizon (the oldest
+    transaction still open just before it: ``_mark``), so the next read takes only the rows whose ``xmin`` is at or
+    above it (and some it had seen, written by transactions that ended meanwhile). Transaction ids are 32 bits in a
+    row: a read is whole when the count wraps between two reads, when the number of cards changed (a row deleted
+    leaves no version behind), every ``WHOLE_READ_S`` and on SQLite."""
 
     def __init__(self):
-        self.cards: dict[int, tuple[int, str | None, CardSpec]] = {}  # id -> (node id, version, spec), in card order
+        self.cards: dict[int, tuple[int, int, CardSpec]] = {}  # id -> (node id, index, spec), in card order
+        self.nodes: set[int] = set()  # the nodes whose cards are kept (those active at the last read)
+        self.mark: tuple[int, int] | None = None  # the last read's (horizon, number of cards)
         self.last_whole: float | None = None
-        self.last_changed = 0  # cards read whole by the last read
+        self.last_changed = 0  # cards read by the last read
 
     def read(self) -> list[NodeSpec]:
         nodes = capacity_nodes()
-        if _whole_due(self.last_whole):
+        mark, now_xid = _mark() if connection.vendor == "postgresql" else (None, None)
+        if _whole_due(self.last_whole) or self.mark is None or not _same_epoch(self.mark[0], now_xid):
+            whole = True
+        else:
+            whole = mark[1] != self.mark[1]  # a card added or deleted
+        if whole:
             self.last_whole = time.monotonic()
-            read_version = CARD_VERSION if connection.vendor == "postgresql" else None
-            self.cards = {entry[2].id: entry for entry in card_specs(nodes, version=read_version)}
+            self.cards = {card.id: (node, index, card) for node, index, card in card_specs(nodes)}
             self.last_changed = len(self.cards)
         else:
-            # Every card's version, kept where its node is active (in Python: filtering 8,000 rows by an array of
-            # 1,000 node ids in the database compares each row with each id, 11 ms), in card order.
-            every = Gpu.objects.order_by("node_id", "index").annotate(version=RawSQL(CARD_VERSION, ()))
-            now = {pk: version for pk, node, version in every.values_list("pk", "node_id", "version") if node in nodes}
-            changed = _changed(now, self.cards, lambda kept: kept[1])
-            fresh = {entry[2].id: entry for entry in card_specs(nodes, ids=changed, version=CARD_VERSION)}
-            self.cards = _merged(self.cards, now, changed, fresh)
-            self.last_changed = len(changed)
+            fresh = card_specs(nodes, written_since=self.mark[0] & XID_MASK, of_nodes=list(nodes.keys() - self.nodes))
+            added = False
+            for entry in fresh:
+                added = added or entry[2].id not in self.cards
+                self.cards[entry[2].id] = entry
+            if added or nodes.keys() != self.nodes:  # a card or a node came or went: (node, index) order again
+                kept = (entry for entry in self.cards.values() if entry[0] in nodes)
+                self.cards = {entry[2].id: entry for entry in sorted(kept, key=lambda entry: entry[:2])}
+            self.last_changed = len(fresh)
+        self.mark, self.nodes = mark, set(nodes)
         for node, _, card in self.cards.values():
             nodes[node].cards.append(card)
         return list(nodes.values())
+
+
+XID_MASK = (1 << 32) - 1
+
+
+def _mark() -> tuple[tuple[int, int], int]:
+    """((the horizon: the oldest transaction still open, as a 64-bit id; the number of cards), the next
+    transaction's 64-bit id): read before the cards, in a statement of its own."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, "
+            "(SELECT count(*) FROM scheduler_gpu) FROM pg_current_snapshot() AS s"
+        )
+        horizon, next_xid, cards = cursor.fetchone()
+    return (horizon, cards), next_xid
+
+
+def _same_epoch(horizon: int, next_xid: int) -> bool:
+    """Whether the 32-bit ids in rows compare as their 64-bit ids from ``horizon`` up to ``next_xid``."""
+    return horizon >> 32 == next_xid >> 32
 
 
 HOLDING = HoldingCache()  # the tick's own, in the process that runs it

@@ -55,32 +55,34 @@ def capacity_nodes() -> dict[int, NodeSpec]:
     return nodes
 
 
-def card_specs(nodes, *, ids: list[int] | None = None, version: str | None = None) -> list:
-    """The cards of ``nodes`` (ids; only those of ``ids`` where given) as (node id, version, ``CardSpec`` with its
-    share class) in (node, index) order; ``version``: an SQL expression of the row's version (None: None). The
-    nodes are kept in Python: a filter by an array of 1,000 node ids compares each row with each id (11 ms).
+def card_specs(nodes, *, written_since: int | None = None, of_nodes: list[int] = ()) -> list:
+    """The cards of ``nodes`` (ids) as (node id, index, ``CardSpec`` with its share class) in (node, index) order.
+    The nodes are kept in Python: a filter by an array of 1,000 node ids compares each row with each id (11 ms).
+
+    ``written_since`` (PostgreSQL, ``scheduler.holding``): only the cards whose row version was written by a
+    transaction numbered that or later (the low 32 bits of the transaction id), and those of the nodes
+    ``of_nodes`` whatever their version.
 
     The share class is the size of the fractions allocated on the card (one size per card, ``policy.cluster``),
     read apart from its free share, so the two may disagree by a placement or a stop; the allocation service
     re-checks both under its locks."""
     cards = Gpu.objects.order_by("node_id", "index")
-    if ids is not None:
-        cards = cards.filter(id_in("scheduler_gpu.id", ids))
-    if version is not None:
-        cards = cards.annotate(version=RawSQL(version, ()))
-    columns = ["pk", "node_id", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"]
-    rows = [row for row in cards.values_list(*columns, *(["version"] if version else [])) if row[1] in nodes]
+    if written_since is not None:
+        since = Q(RawSQL("scheduler_gpu.xmin::text::bigint >= %s", (written_since,), output_field=BooleanField()))
+        cards = cards.filter(since | Q(id_in("scheduler_gpu.node_id", of_nodes)) if of_nodes else since)
+    columns = ["pk", "node_id", "index", "model", "memory_mb", "allocated_milli", "allocated_memory_mb"]
+    rows = [row for row in cards.values_list(*columns) if row[1] in nodes]
     fractions: dict[int, list[int]] = defaultdict(list)
-    busy = [row[0] for row in rows if row[4] > 0]  # only these may hold fractions
+    busy = [row[0] for row in rows if row[5] > 0]  # only these may hold fractions
     if busy:
         held = Allocation.objects.filter(id_in("scheduler_allocation.gpu_id", busy), milli__lt=WHOLE_CARD)
         for gpu_id, milli in held.values_list("gpu_id", "milli").distinct():
             fractions[gpu_id].append(milli)
     specs = []
-    for pk, node_id, model, memory, milli_held, memory_held, *version_read in rows:
+    for pk, node_id, index, model, memory, milli_held, memory_held in rows:
         share_class = share_class_of(fractions.get(pk, ()))
         card = CardSpec(pk, model, memory, WHOLE_CARD - milli_held, memory - memory_held, share_class)
-        specs.append((node_id, version_read[0] if version_read else None, card))
+        specs.append((node_id, index, card))
     return specs
 
 

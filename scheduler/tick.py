@@ -281,7 +281,7 @@ def _tick() -> TickResult:
     accrued = service_accrue(holding, now=now, idle_util=config.idle_util, idle_weight=config.idle_weight)
     queued = list(Workload.objects.filter(status=S.QUEUED).select_related("group"))
     if not queued and not any(_may_grow(w) for w in holding):
-        service_record(accrued, {}, now=now)
+        HOLDING.rows_written(service_record(accrued, {}, now=now, **HOLDING.write_guard()))
         return result
     epoch = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding])
     cluster = policy.ClusterState(CAPACITY.read())
@@ -319,7 +319,7 @@ def _tick() -> TickResult:
         if w is not None and workload_resize(w, gpu_count=resize.gpu_count, reason=resize.reason):
             result.resized.append(resize.work_id)
     _record_waiting(decisions, by_id, _estimated_starts(decisions.waiting, by_id, holding, cluster))
-    service_record(accrued, decisions.levels, now=now)
+    HOLDING.rows_written(service_record(accrued, decisions.levels, now=now, **HOLDING.write_guard()))
     result.waiting = len(decisions.waiting)
     if result.placed or result.preempted or result.resized:
         log.info(

@@ -13,14 +13,28 @@ from django.db.models.sql import Query
 from django.utils import timezone
 
 
-def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...] = (), **same) -> None:
+def rows_update(
+    model,
+    objects: list,
+    fields: list[str],
+    *,
+    add: tuple[str, ...] = (),
+    version: str | None = None,
+    returning: dict | None = None,
+    **same,
+) -> list:
     """Write ``fields`` of each object (all of the same model) to its row, and ``same`` (field=value, one
     value or expression, such as ``Now()``, for every row) as well, in one statement.
 
     ``add``: fields whose object value is added to the row's own (``column = column + value``), so a
-    write of the column made since the object was read is kept, not overwritten."""
+    write of the column made since the object was read is kept, not overwritten.
+
+    PostgreSQL only (elsewhere every row is written and nothing returned): ``version``, an SQL expression of a
+    row's version (``scheduler.holding.row_version``): only rows whose version is still the object's ``version``
+    are written; ``returning``: name -> SQL expression of the written row (``version`` among them, say). Returns
+    the written rows as (pk, *returning's values), in no particular order."""
     if not objects:
-        return
+        return []
     columns = [model._meta.get_field(name) for name in [*fields, *add]]
     if connection.vendor != "postgresql":
         # One UPDATE a row: ``objects`` need not be model instances (the tick's accrual passes its own
@@ -29,7 +43,7 @@ def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...]
             values = {c.attname: getattr(obj, c.attname) for c in columns if c.name not in add}
             values |= {name: F(name) + getattr(obj, name) for name in add}
             model.objects.filter(pk=obj.pk).update(**values, **same)
-        return
+        return []
     added = {model._meta.get_field(name).column for name in add}
     pk = model._meta.pk
     quote = connection.ops.quote_name
@@ -58,12 +72,17 @@ def rows_update(model, objects: list, fields: list[str], *, add: tuple[str, ...]
     params += [[obj.pk for obj in objects]] + [
         _db_values(c, [getattr(obj, c.attname) for obj in objects]) for c in columns
     ]
-    sql = (
-        f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({names}) "
-        f"WHERE {table}.{quote(pk.column)} = v.{quote(pk.column)}"
-    )
+    where = f"{table}.{quote(pk.column)} = v.{quote(pk.column)}"
+    if version is not None:
+        arrays, names = f"{arrays}, %s::text[]", f"{names}, version_read"
+        params.append([obj.version for obj in objects])
+        where += f" AND {version} = v.version_read"
+    sql = f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({names}) WHERE {where}"
+    if returning:
+        sql += f" RETURNING {table}.{quote(pk.column)}, " + ", ".join(returning.values())
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        return cursor.fetchall() if returning else []
 
 
 def rows_insert(model, fields: list[str], rows: list[tuple], *, returning: str | None = None) -> object:

@@ -5,13 +5,18 @@ Each test runs inside one transaction, the case the row version's ``ctid`` is th
 writes has the same ``xmin``."""
 
 import random
+import threading
+from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
+from django.utils import timezone
 
 from scheduler import holding
 from scheduler.holding import WHOLE_READ_S, CapacityCache, HoldingCache
-from scheduler.models import Allocation, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
 from scheduler.selectors import cluster_capacity, holding_rows
+from scheduler.services.accrual import ACCRUAL_WRITE_S, service_accrue, service_record
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.lifecycle import workload_transition
 from tests.conftest import make_node
@@ -108,6 +113,10 @@ def capacity(nodes) -> list:
     return [(n.id, n.cpu_free, n.memory_free_mb, n.disk_free_gb, n.name, n.cards) for n in nodes]
 
 
+# Committed: the cards written by a transaction that has ended. Alone: a transaction open anywhere on the same
+# PostgreSQL (a test beside it) holds the horizon back, and more cards are read again than changed.
+@pytest.mark.alone
+@pytest.mark.django_db(transaction=True)
 def test_the_capacity_kept_across_reads_equals_a_whole_read_and_reads_only_the_cards_that_changed(user):
     first = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
     second = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
@@ -133,6 +142,60 @@ def test_the_capacity_kept_across_reads_equals_a_whole_read_and_reads_only_the_c
     assert cache.last_changed == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_card_written_by_a_transaction_open_during_a_read_is_read_once_it_has_committed():
+    node = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    cache = CapacityCache()
+    cache.read()
+    written, commit = threading.Event(), threading.Event()
+
+    def writer():  # another connection: a transaction that stays open across two reads
+        try:
+            with transaction.atomic():
+                Gpu.objects.filter(node=node, index=2).update(allocated_memory_mb=1000)
+                written.set()
+                assert commit.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert written.wait(10)
+    Node.objects.filter(pk=node.pk).update(cpu_cores=64)  # a later transaction, committed: the ids move on
+    for _ in range(2):  # the reads while it is open see the card as it was
+        assert capacity(cache.read()) == capacity(cluster_capacity())
+    commit.set()
+    thread.join()
+    [spec] = cache.read()
+    assert spec.cards[2].free_memory_mb == spec.cards[1].free_memory_mb - 1000
+    assert capacity([spec]) == capacity(cluster_capacity())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_capacity_is_read_whole_when_a_card_is_deleted_or_the_transaction_ids_wrap(monkeypatch):
+    node = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    clock = [1000.0]
+    monkeypatch.setattr(holding.time, "monotonic", lambda: clock[0])  # when a read was whole
+    cache = CapacityCache()
+    cache.read()
+    clock[0] += 1
+    cache.read()
+    assert cache.last_whole == 1000.0
+    Gpu.objects.filter(node=node, index=3).delete()  # no row version is left to say so
+    assert capacity(cache.read()) == capacity(cluster_capacity())
+    assert cache.last_whole == 1001.0
+    mark = holding._mark
+
+    def next_epoch():  # the next transaction id 2^32 further: the ids in rows have wrapped since the last read
+        (horizon, cards), next_xid = mark()
+        return (horizon, cards), next_xid + (1 << 32)
+
+    monkeypatch.setattr(holding, "_mark", next_epoch)
+    clock[0] += 1
+    cache.read()
+    assert cache.last_whole == 1002.0
+
+
 def test_a_row_that_stops_holding_between_the_version_read_and_its_whole_read_is_gone(user, monkeypatch):
     node = make_node("sim:8xRTX3090", cpu_cores=64, memory_mb=1 << 20)
     w = workload(user)
@@ -149,3 +212,25 @@ def test_a_row_that_stops_holding_between_the_version_read_and_its_whole_read_is
     monkeypatch.setattr(holding, "holding_rows", leaves_first)
     rows, cards = cache.read()
     assert rows == [] and cards == {}
+
+
+def test_the_accruals_own_write_keeps_the_rows_kept_and_skips_a_row_written_since_the_read(user):
+    node = make_node("sim:8xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    works = [workload(user, name=f"w{i}") for i in range(3)]
+    for w in works:
+        place(w, node)
+    started = timezone.now() - timedelta(seconds=2 * ACCRUAL_WRITE_S)  # every row's service is due a write
+    Workload.objects.filter(pk__in=[w.pk for w in works]).update(status=S.RUNNING, started_at=started)
+    cache = HoldingCache()
+    rows, _ = cache.read()
+    now = timezone.now()
+    accrued = service_accrue(rows, now=now, idle_util=0.1, idle_weight=0.5)
+    Workload.objects.filter(pk=works[2].pk).update(gpu_utilization=0.75)  # a reading after the tick's read
+    written = service_record(accrued, {works[1].pk: 1}, now=now, **cache.write_guard())
+    assert sorted(pk for pk, *_ in written) == [works[0].pk, works[1].pk]  # not the row written since
+    assert Workload.objects.get(pk=works[2].pk).accrued_at is None  # its service waits for the next tick
+    cache.rows_written(written)
+
+    assert_same(cache)
+    assert cache.last_changed == 1  # only the row the reading wrote: the accrual's own rows stayed kept
+    assert Workload.objects.get(pk=works[1].pk).queue_level == 1
