@@ -177,48 +177,65 @@ def _holding_work(w, epoch: float, attained: float, now: float) -> policy.Work:
     reservation's start is reckoned from). Elastic work last changed size when its run started (each
     resize is a new run); while it starts it may not be resized. Elastic work of one node keeps to that
     node (its checkpoint volume is there): it grows only there, and is requeued there after a resize."""
-    elastic = w.elastic_min is not None
-    request = _holding_request(w)
-    remaining = None
-    if w.max_runtime_s and w.started_s is not None:
-        remaining = max(w.started_s + w.max_runtime_s - now, 0.0)
-    return policy.Work(
-        id=w.pk,
-        user=str(w.owner_id),
-        team=w.team,
-        request=request,
-        submitted=w.created_s - epoch,
-        waiting_since=(w.queued_s or w.created_s) - epoch,
-        priority=w.priority,
-        attained=attained,
-        preemptible=w.preemptible,
-        spot=w.spot,
-        group=w.group_id,
-        preemptions=w.preemptions,
-        level=w.queue_level,
-        stopping=w.status == S.STOPPING,
-        started=(w.started_s or w.created_s) - epoch,
-        remaining=remaining,
-        elastic_min=w.elastic_min,
-        elastic_max=w.elastic_max,
-        resized_at=(w.started_s if w.started_s is not None else now) - epoch if elastic else -float("inf"),
+    kept = _kept_for(w, epoch)
+    work = policy.Work(
+        **kept.fixed, attained=attained, remaining=None if kept.end is None else max(kept.end - now, 0.0)
     )
+    if kept.resized_now:
+        work.resized_at = now - epoch
+    return work
 
 
-# Each holding row's request, kept while the tick reads the same row object (``scheduler.holding`` keeps the row
-# objects of unchanged rows): a frozen value the policy only replaces, never changes.
-_requests: dict[int, tuple[object, policy.Request]] = {}
+@dataclass(eq=False)
+class _Kept:
+    """What a holding row gives the policy that stays the same while its row object does (``scheduler.holding``
+    keeps the objects of unchanged rows) and the epoch too: its ``Work``'s fields but the service and the time
+    left (``fixed``; its request is a frozen value the policy only replaces); and while its cards and the
+    cluster's card layout stay the same objects, where it runs (``where``: node row, cards, other members)."""
+
+    row: object
+    epoch: float
+    fixed: dict
+    end: float | None  # when its maximum runtime ends, in seconds since 1970
+    resized_now: bool  # elastic work not started yet: its size is as of now
+    cards_held: object = None
+    layout: object = None
+    where: tuple | None = None
 
 
-def _holding_request(w) -> policy.Request:
-    kept = _requests.get(w.pk)
-    if kept is not None and kept[0] is w:
-        return kept[1]
+_kept: dict[int, _Kept] = {}
+
+
+def _kept_for(w, epoch: float) -> _Kept:
+    kept = _kept.get(w.pk)
+    if kept is not None and kept.row is w and kept.epoch == epoch:
+        return kept
     request = _request(w)
-    if w.elastic_min is not None and w.master_port is None:
+    elastic = w.elastic_min is not None
+    if elastic and w.master_port is None:
         request = replace(request, pinned_node=w.node_id)
-    _requests[w.pk] = (w, request)
-    return request
+    fixed = {
+        "id": w.pk,
+        "user": str(w.owner_id),
+        "team": w.team,
+        "request": request,
+        "submitted": w.created_s - epoch,
+        "waiting_since": (w.queued_s or w.created_s) - epoch,
+        "priority": w.priority,
+        "preemptible": w.preemptible,
+        "spot": w.spot,
+        "group": w.group_id,
+        "preemptions": w.preemptions,
+        "level": w.queue_level,
+        "stopping": w.status == S.STOPPING,
+        "started": (w.started_s or w.created_s) - epoch,
+        "elastic_min": w.elastic_min,
+        "elastic_max": w.elastic_max,
+        "resized_at": w.started_s - epoch if elastic and w.started_s is not None else -float("inf"),
+    }
+    end = w.started_s + w.max_runtime_s if w.max_runtime_s and w.started_s is not None else None
+    kept = _kept[w.pk] = _Kept(w, epoch, fixed, end, resized_now=elastic and w.started_s is None)
+    return kept
 
 
 def _quotas() -> policy.Quotas:
@@ -376,26 +393,51 @@ def _running_works(
     """Work holding cards, as the policy sees it: rank 0's node and cards, and a gang's other members'.
     ``attained``: its service up to now, by id; ``now``: seconds since 1970 (default: the clock's)."""
     now = time.time() if now is None else now
-    where = {card: (row, column) for row, ids in enumerate(cluster.card_ids) for column, card in enumerate(ids)}
+    layout, where = _card_layout(cluster)
     running = []
     for w in holding:
         if w.no_gpu:
             continue  # holds no card: nothing for the policy to pack around or preempt
         work = _holding_work(w, epoch, attained[w.pk], now)
-        work.node = cluster.node_index.get(w.node_id)
-        if work.node is None:
+        kept = _kept[w.pk]
+        held = cards_held.get(w.pk, ())
+        if kept.cards_held is not held or kept.layout is not layout:
+            kept.cards_held, kept.layout, kept.where = held, layout, _where(w, held, cluster, where)
+        if kept.where is None:
             continue  # its node is not active: reconciliation deals with it
-        parts: dict[int, list[int]] = {work.node: []}
-        for gpu_id in cards_held.get(w.pk, ()):
-            if gpu_id in where:  # cards of nodes not active are left out, as above
-                row, column = where[gpu_id]
-                parts.setdefault(row, []).append(column)
-        work.cards = parts.pop(work.node)
-        work.rest = list(parts.items())
+        work.node, cards, rest = kept.where
+        work.cards, work.rest = list(cards), [(node, list(columns)) for node, columns in rest]
         running.append(work)
-    for pk in _requests.keys() - {w.pk for w in holding}:
-        del _requests[pk]
+    for pk in _kept.keys() - {w.pk for w in holding}:
+        del _kept[pk]
     return running
+
+
+_layout: list = [None, {}]  # the last tick's card layout (node ids, each node's card ids) and card id -> (row, column)
+
+
+def _card_layout(cluster) -> tuple[object, dict]:
+    """The cluster's card layout, the same object while it is the same, and where each card is in it."""
+    layout = (tuple(cluster.node_ids), tuple(map(tuple, cluster.card_ids)))
+    if layout != _layout[0]:
+        where = {card: (row, column) for row, ids in enumerate(cluster.card_ids) for column, card in enumerate(ids)}
+        _layout[:] = [layout, where]
+    return _layout[0], _layout[1]
+
+
+def _where(w, held, cluster, where: dict) -> tuple | None:
+    """(node row, card columns there, [(node row, card columns)] of the other members) of a holding row, from the
+    cards it holds (``held``: ids); None when its node is not active (cards of nodes not active are left out)."""
+    node = cluster.node_index.get(w.node_id)
+    if node is None:
+        return None
+    parts: dict[int, list[int]] = {node: []}
+    for gpu_id in held:
+        if gpu_id in where:
+            row, column = where[gpu_id]
+            parts.setdefault(row, []).append(column)
+    cards = parts.pop(node)
+    return node, cards, list(parts.items())
 
 
 def _record_waiting(decisions, by_id: dict, estimates: dict) -> None:

@@ -7,6 +7,8 @@ joins one array per column instead (a handful of parameters, whatever the number
 of rows); other databases (SQLite in development) get one UPDATE a row.
 """
 
+from datetime import datetime
+
 from django.db import connection, models
 from django.db.models import F
 from django.db.models.sql import Query
@@ -69,14 +71,17 @@ def rows_update(
         ]
         + shared
     )
-    params += [[obj.pk for obj in objects]] + [
-        _db_values(c, [getattr(obj, c.attname) for obj in objects]) for c in columns
-    ]
-    where = f"{table}.{quote(pk.column)} = v.{quote(pk.column)}"
+    ids = _db_values(pk, [obj.pk for obj in objects])
+    params += [ids] + [_db_values(c, [getattr(obj, c.attname) for obj in objects]) for c in columns]
+    # "= ANY" the ids as well (typed): the rows found through the primary key. Joined to the arrays alone, the
+    # planner hashed the whole table (every workload ever submitted) for the accrual's 500 rows: 12 of its 21 ms.
+    key = f"{table}.{quote(pk.column)}"
+    where = f"{key} = v.{quote(pk.column)} AND {key} = ANY(%s::{pk.db_type(connection)}[])"
     if version is not None:
         arrays, names = f"{arrays}, %s::text[]", f"{names}, version_read"
-        params.append([obj.version for obj in objects])
+        params.append(_array_text(f'"{obj.version}"' for obj in objects))  # digits, parentheses and a comma
         where += f" AND {version} = v.version_read"
+    params.append(ids)  # for "= ANY", after the arrays
     sql = f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({names}) WHERE {where}"
     if returning:
         sql += f" RETURNING {table}.{quote(pk.column)}, " + ", ".join(returning.values())
@@ -134,7 +139,25 @@ def _python_defaults(model, fields: list[str], rows: list[tuple]) -> tuple[list[
 PLAIN = (models.IntegerField, models.FloatField, models.BooleanField, models.CharField, models.ForeignKey)
 
 
-def _db_values(column, values) -> list:
+def _db_values(column, values) -> list | str:
+    """A column's values for an array parameter: numbers and aware times as one array literal, joined here
+    (psycopg adapts a list element by element in Python: ~8 ms for the accrual's five arrays of 500), anything
+    else as a list of what Django would send."""
     if isinstance(column, PLAIN):
-        return list(values)
-    return [column.get_db_prep_save(value, connection) for value in values]
+        values = list(values)
+    elif isinstance(column, models.DateTimeField) and all(_aware(value) for value in values):
+        return _array_text(None if value is None else f'"{value.isoformat()}"' for value in values)
+    else:
+        values = [column.get_db_prep_save(value, connection) for value in values]
+    if all(value is None or type(value) in (int, float) for value in values):
+        return _array_text(None if value is None else repr(value) for value in values)
+    return values
+
+
+def _aware(value) -> bool:
+    return value is None or (isinstance(value, datetime) and value.utcoffset() is not None)
+
+
+def _array_text(items) -> str:
+    """An array literal of items already written as PostgreSQL reads them (None: NULL)."""
+    return "{" + ",".join("NULL" if item is None else item for item in items) + "}"

@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -108,3 +109,29 @@ def test_rows_insert_of_nothing_is_no_statement():
     with CaptureQueriesContext(connection) as queries:
         assert rows_insert(WorkloadEvent, ["workload_id"], [], returning="created_at") is None
     assert len(queries) == 0
+
+
+def test_numbers_times_and_empty_values_sent_as_array_literals_arrive_exactly():
+    owner = get_user_model().objects.create_user("owner")
+    rows = [workload(owner) for _ in range(3)]
+    when = timezone.now() - timedelta(microseconds=123457)
+    values = [(0.1 + 0.2, 7, when), (1e-300, 32767, None), (float("inf"), 0, when + timedelta(days=400))]
+    for w, (service, level, accrued) in zip(rows, values, strict=True):
+        w.attained_service, w.queue_level, w.accrued_at = service, level, accrued
+    rows_update(Workload, rows, ["attained_service", "queue_level", "accrued_at"])
+    got = Workload.objects.filter(pk__in=[w.pk for w in rows]).order_by("pk")
+    assert list(got.values_list("attained_service", "queue_level", "accrued_at")) == values
+
+
+def test_only_rows_still_at_the_version_read_are_written_and_their_new_versions_come_back():
+    owner = get_user_model().objects.create_user("owner")
+    first, second = workload(owner), workload(owner)
+    version = "scheduler_workload.xmin::text || scheduler_workload.ctid::text"
+    read = dict(Workload.objects.annotate(version=RawSQL(version, ())).values_list("pk", "version"))
+    first.version, second.version = read[first.pk], read[second.pk]
+    Workload.objects.filter(pk=second.pk).update(gpu_utilization=0.5)  # written since the read
+    first.queue_level = second.queue_level = 3
+    written = rows_update(Workload, [first, second], ["queue_level"], version=version, returning={"v": version})
+    now = dict(Workload.objects.annotate(version=RawSQL(version, ())).values_list("pk", "version"))
+    assert written == [(first.pk, now[first.pk])] and now[first.pk] != read[first.pk]
+    assert dict(Workload.objects.values_list("pk", "queue_level")) == {first.pk: 3, second.pk: 0}
