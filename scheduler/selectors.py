@@ -166,7 +166,8 @@ def id_in(column: str, ids: list[int]):
     if connection.vendor != "postgresql":
         marks = ", ".join(["%s"] * len(ids)) or "NULL"
         return RawSQL(f"{column} IN ({marks})", tuple(ids), output_field=BooleanField())
-    return RawSQL(f"{column} = ANY(%s::bigint[])", (list(ids),), output_field=BooleanField())
+    literal = "{" + ",".join(map(str, ids)) + "}"  # joined here: psycopg adapts a list element by element in Python
+    return RawSQL(f"{column} = ANY(%s::bigint[])", (literal,), output_field=BooleanField())
 
 
 # What the tick reads of each workload holding resources: the columns the policy, the service accrual

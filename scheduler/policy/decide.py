@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -663,13 +664,18 @@ class _Victims:
     """Running work that may still be evicted this tick, by node (a gang on each of its nodes)."""
 
     def __init__(self, running: list[Work], run_levels: dict, discipline: Discipline):
-        self.by_node: dict[int, list[Work]] = defaultdict(list)
-        for work in running:
+        self.running, self.run_levels, self.discipline = running, run_levels, discipline
+        self.cache: dict[tuple, dict] = {}
+
+    @cached_property
+    def by_node(self) -> dict[int, list[Work]]:
+        """Built when first asked (most ticks evict no one: a pass over 5,000 running works for nothing)."""
+        by_node: dict[int, list[Work]] = defaultdict(list)
+        for work in self.running:
             if not work.stopping:
                 for node, _ in work.parts:
-                    self.by_node[node].append(work)
-        self.run_levels, self.discipline = run_levels, discipline
-        self.cache: dict[tuple, dict] = {}
+                    by_node[node].append(work)
+        return by_node
 
     def remove(self, victim: Work) -> None:
         for node, _ in victim.parts:
