@@ -135,13 +135,13 @@ class CapacityCache:
     a read may not have seen was written by a transaction numbered at or above that read's horizon (the oldest
     transaction still open just before it: ``_mark``), so the next read takes only the rows whose ``xmin`` is at or
     above it (and some it had seen, written by transactions that ended meanwhile). Transaction ids are 32 bits in a
-    row: a read is whole when the count wraps between two reads, when the number of cards changed (a row deleted
-    leaves no version behind), every ``WHOLE_READ_S`` and on SQLite."""
+    row: a read is whole when the count wraps between two reads, when the cards' number or ids changed (a row
+    deleted leaves no version behind), every ``WHOLE_READ_S`` and on SQLite."""
 
     def __init__(self):
         self.cards: dict[int, tuple[int, int, CardSpec]] = {}  # id -> (node id, index, spec), in card order
         self.nodes: set[int] = set()  # the nodes whose cards are kept (those active at the last read)
-        self.mark: tuple[int, int] | None = None  # the last read's (horizon, number of cards)
+        self.mark: tuple[int, tuple] | None = None  # the last read's (horizon, (number of cards, sum of their ids))
         self.last_whole: float | None = None
         self.last_changed = 0  # cards read by the last read
 
@@ -158,11 +158,12 @@ class CapacityCache:
             self.last_changed = len(self.cards)
         else:
             fresh = card_specs(nodes, written_since=self.mark[0] & XID_MASK, of_nodes=list(nodes.keys() - self.nodes))
-            added = False
+            moved = False  # a card new, or at another place (node, index): the order is worked out again
             for entry in fresh:
-                added = added or entry[2].id not in self.cards
+                kept = self.cards.get(entry[2].id)
+                moved = moved or kept is None or kept[:2] != entry[:2]
                 self.cards[entry[2].id] = entry
-            if added or nodes.keys() != self.nodes:  # a card or a node came or went: (node, index) order again
+            if moved or nodes.keys() != self.nodes:  # or a node came or went
                 kept = (entry for entry in self.cards.values() if entry[0] in nodes)
                 self.cards = {entry[2].id: entry for entry in sorted(kept, key=lambda entry: entry[:2])}
             self.last_changed = len(fresh)
@@ -175,16 +176,17 @@ class CapacityCache:
 XID_MASK = (1 << 32) - 1
 
 
-def _mark() -> tuple[tuple[int, int], int]:
-    """((the horizon: the oldest transaction still open, as a 64-bit id; the number of cards), the next
-    transaction's 64-bit id): read before the cards, in a statement of its own."""
+def _mark() -> tuple[tuple[int, tuple], int]:
+    """((the horizon: the oldest transaction still open, as a 64-bit id; the cards' number and the sum of their
+    ids: a card deleted changes both, one deleted and one added the sum), the next transaction's 64-bit id): read
+    before the cards, in a statement of its own."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, "
-            "(SELECT count(*) FROM scheduler_gpu) FROM pg_current_snapshot() AS s"
+            "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, c.count, c.sum "
+            "FROM pg_current_snapshot() AS s, (SELECT count(*), sum(id) FROM scheduler_gpu) AS c"
         )
-        horizon, next_xid, cards = cursor.fetchone()
-    return (horizon, cards), next_xid
+        horizon, next_xid, count, ids = cursor.fetchone()
+    return (horizon, (count, ids)), next_xid
 
 
 def _same_epoch(horizon: int, next_xid: int) -> bool:

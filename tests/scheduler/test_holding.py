@@ -184,6 +184,12 @@ def test_the_capacity_is_read_whole_when_a_card_is_deleted_or_the_transaction_id
     Gpu.objects.filter(node=node, index=3).delete()  # no row version is left to say so
     assert capacity(cache.read()) == capacity(cluster_capacity())
     assert cache.last_whole == 1001.0
+    clock[0] += 1
+    gone = Gpu.objects.get(node=node, index=2)
+    gone.delete()  # one deleted and one added: as many cards as before
+    Gpu.objects.create(node=node, index=3, uuid="GPU-new", model=gone.model, memory_mb=gone.memory_mb)
+    assert capacity(cache.read()) == capacity(cluster_capacity())
+    assert cache.last_whole == 1002.0
     mark = holding._mark
 
     def next_epoch():  # the next transaction id 2^32 further: the ids in rows have wrapped since the last read
@@ -193,7 +199,7 @@ def test_the_capacity_is_read_whole_when_a_card_is_deleted_or_the_transaction_id
     monkeypatch.setattr(holding, "_mark", next_epoch)
     clock[0] += 1
     cache.read()
-    assert cache.last_whole == 1002.0
+    assert cache.last_whole == 1003.0
 
 
 def test_a_row_that_stops_holding_between_the_version_read_and_its_whole_read_is_gone(user, monkeypatch):
