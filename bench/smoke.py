@@ -49,6 +49,7 @@ SMOKE = {
     "api_load.py": Smoke(),
     "billing_settle.py": Smoke(),
     "cluster_live.py": Smoke(timeout_s=600, lane="cluster"),
+    "disk_history.py": Smoke(),
     "elastic.py": Smoke(),
     "fgd_allocation.py": Smoke(),
     "gang_allreduce.py": Smoke(timeout_s=600, lane="cluster"),

@@ -308,7 +308,18 @@ class Workload(models.Model):
             ("operate_any_work", "Can stop, start, restart, release, move, grow or save anyone's work"),
             ("view_work_env", "Can read the environment of anyone's job"),
         ]
-        indexes = [models.Index(fields=["status", "queued_at"])]
+        indexes = [
+            models.Index(fields=["status", "queued_at"]),
+            # What tenants' disks hold on each node (``selectors.disk_held``: every tick, every batch of placements)
+            # is summed over the workloads not released, without a pass over every workload ever submitted:
+            # with 300,000 released ones the sum took 81 ms, 8 ms through this index (PostgreSQL reads it alone).
+            models.Index(
+                fields=["node", "pinned_node"],
+                include=["status", "kind", "disk_gb"],
+                condition=~Q(status=WorkloadStatus.RELEASED),
+                name="workload_not_released",
+            ),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(gpu_milli__gte=1, gpu_milli__lte=WHOLE_CARD), name="workload_share_range"
