@@ -8,6 +8,7 @@ from django.db.models import Avg, BooleanField, Case, Count, F, FloatField, Func
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
+from core.pg_arrays import int_array
 from scheduler.models import (
     Allocation,
     Gpu,
@@ -166,8 +167,7 @@ def id_in(column: str, ids: list[int]):
     if connection.vendor != "postgresql":
         marks = ", ".join(["%s"] * len(ids)) or "NULL"
         return RawSQL(f"{column} IN ({marks})", tuple(ids), output_field=BooleanField())
-    literal = "{" + ",".join(map(str, ids)) + "}"  # joined here: psycopg adapts a list element by element in Python
-    return RawSQL(f"{column} = ANY(%s::bigint[])", (literal,), output_field=BooleanField())
+    return RawSQL(f"{column} = ANY(%s::bigint[])", (int_array(ids),), output_field=BooleanField())
 
 
 # What the tick reads of each workload holding resources: the columns the policy, the service accrual

@@ -14,6 +14,8 @@ from django.db.models import F
 from django.db.models.sql import Query
 from django.utils import timezone
 
+from core.pg_arrays import array_literal
+
 
 def rows_update(
     model,
@@ -79,7 +81,7 @@ def rows_update(
     where = f"{key} = v.{quote(pk.column)} AND {key} = ANY(%s::{pk.db_type(connection)}[])"
     if version is not None:
         arrays, names = f"{arrays}, %s::text[]", f"{names}, version_read"
-        params.append(_array_text(f'"{obj.version}"' for obj in objects))  # digits, parentheses and a comma
+        params.append(array_literal(f'"{obj.version}"' for obj in objects))  # digits, parentheses and a comma
         where += f" AND {version} = v.version_read"
     params.append(ids)  # for "= ANY", after the arrays
     sql = f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({names}) WHERE {where}"
@@ -140,24 +142,18 @@ PLAIN = (models.IntegerField, models.FloatField, models.BooleanField, models.Cha
 
 
 def _db_values(column, values) -> list | str:
-    """A column's values for an array parameter: numbers and aware times as one array literal, joined here
-    (psycopg adapts a list element by element in Python: ~8 ms for the accrual's five arrays of 500), anything
-    else as a list of what Django would send."""
+    """A column's values for an array parameter: numbers and aware times as one array literal
+    (``core.pg_arrays``), anything else as a list of what Django would send."""
     if isinstance(column, PLAIN):
         values = list(values)
     elif isinstance(column, models.DateTimeField) and all(_aware(value) for value in values):
-        return _array_text(None if value is None else f'"{value.isoformat()}"' for value in values)
+        return array_literal(None if value is None else f'"{value.isoformat()}"' for value in values)
     else:
         values = [column.get_db_prep_save(value, connection) for value in values]
     if all(value is None or type(value) in (int, float) for value in values):
-        return _array_text(None if value is None else repr(value) for value in values)
+        return array_literal(None if value is None else repr(value) for value in values)
     return values
 
 
 def _aware(value) -> bool:
     return value is None or (isinstance(value, datetime) and value.utcoffset() is not None)
-
-
-def _array_text(items) -> str:
-    """An array literal of items already written as PostgreSQL reads them (None: NULL)."""
-    return "{" + ",".join("NULL" if item is None else item for item in items) + "}"
