@@ -2,7 +2,8 @@
 
 It marks silent nodes lost (``node_loss``), moves draining nodes on
 (``nodes.nodes_drain_step``), sends again the launches whose message was lost
-after commit, fails moves that stopped making progress, and asks every node in service to converge with its Docker
+after commit, fails moves that stopped making progress, folds the ended jobs' disk deltas
+(``selectors.ended_disk_fold``), and asks every node in service to converge with its Docker
 engine (``agent.reconcile``).
 """
 
@@ -13,6 +14,7 @@ from django.conf import settings
 from core.clock import db_now
 from core.messages import ToNode, send
 from scheduler.models import MemberStatus, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
+from scheduler.selectors import ended_disk_fold
 from scheduler.services.gangs import gangs_step_all
 from scheduler.services.moves import moves_stalled_fail
 from scheduler.services.node_loss import nodes_mark_lost
@@ -27,6 +29,7 @@ def cluster_reconcile() -> None:
     launches_resend()
     gangs_step_all()
     moves_stalled_fail()
+    ended_disk_fold()
     for node in Node.objects.filter(status__in=IN_SERVICE):
         send(ToNode.RECONCILE, node.name, node=node.name)
 

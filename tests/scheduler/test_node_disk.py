@@ -6,7 +6,7 @@ import pytest
 
 from agent import disks, launcher
 from scheduler import tick
-from scheduler.models import Allocation, Move, Node, Workload, WorkloadMember, WorkloadStatus
+from scheduler.models import ENDED_JOB, Allocation, Move, Node, Workload, WorkloadMember, WorkloadStatus
 from scheduler.selectors import cluster_capacity, disk_held
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.nodes import node_heartbeat
@@ -169,3 +169,66 @@ def test_the_cluster_page_shows_each_hosts_disk_reserved_of_what_it_offers(user,
     assert "130/200 GB disk" in page
     section = page[page.index(f'data-node="{uncounted.name}"') :]
     assert " GB disk" not in section[: section.index("</h2>")]  # not counted: nothing to show
+
+
+def _ended_summed(node_ids) -> dict:
+    """The ended jobs' data disks summed from the jobs themselves: what the trigger-kept deltas must agree with."""
+    held = dict.fromkeys(node_ids, 0)
+    for job in Workload.objects.filter(ENDED_JOB):
+        home = job.node_id or job.pinned_node_id
+        if home in held:
+            held[home] += job.disk_gb
+    return held
+
+
+def test_the_ended_jobs_disks_kept_per_node_follow_every_change_of_the_jobs(user, settings):
+    """On PostgreSQL the ended jobs' disks are kept per node by a trigger (``EndedDiskDelta``), not summed from
+    the jobs each tick: ending, release, a move of node, a disk grown while ended, a delete and a bulk update each
+    change them as a sum of the jobs would."""
+    settings.INSTANCE_SYSTEM_DISK_GB = 0
+    a, b = make_node("sim:1xRTX3090", disk_gb=10_000), make_node("sim:1xRTX3090", disk_gb=10_000)
+    nodes = [a.pk, b.pk]
+    jobs = [workload(user, kind="job", name=f"j{i}", disk_gb=10 * (i + 1), status="running", node=a) for i in range(4)]
+    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 0, b.pk: 0}
+    ended = [WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.STOPPED]
+    for job, status in zip(jobs, ended, strict=False):
+        job.status = status
+        job.save()  # every column written, as a model save does
+    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 60, b.pk: 0}
+    assert disk_held(nodes) == {a.pk: 60 + 40, b.pk: 0}  # the fourth job still runs
+    Workload.objects.filter(pk=jobs[0].pk).update(node=None, pinned_node=b)  # counted where it must return
+    Workload.objects.filter(pk=jobs[1].pk).update(disk_gb=25)
+    Workload.objects.filter(pk=jobs[2].pk).update(status=WorkloadStatus.RELEASED)
+    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 25, b.pk: 10}
+    Workload.objects.filter(pk=jobs[0].pk).update(pinned_node=a)  # only the node it returns to changes
+    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 35, b.pk: 0}
+    Workload.objects.filter(pk__in=[jobs[0].pk, jobs[1].pk]).update(status=WorkloadStatus.QUEUED)  # requeued
+    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 0, b.pk: 0}
+    Workload.objects.filter(pk__in=[jobs[0].pk, jobs[1].pk, jobs[3].pk]).update(status=WorkloadStatus.FAILED, node=b)
+    Workload.objects.filter(pk=jobs[3].pk).delete()
+    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 0, b.pk: 10 + 25}
+    assert disk_held(nodes) == {a.pk: 0, b.pk: 35}
+
+
+def test_folding_the_ended_jobs_disks_keeps_their_sums(user, settings):
+    from scheduler.models import EndedDiskDelta
+    from scheduler.selectors import ended_disk_fold
+
+    settings.INSTANCE_SYSTEM_DISK_GB = 0
+    nodes = [make_node("sim:1xRTX3090", disk_gb=10_000).pk for _ in range(3)]
+    for i in range(30):
+        job = workload(user, kind="job", name=f"j{i}", disk_gb=i + 1, status="running", node_id=nodes[i % 3])
+        Workload.objects.filter(pk=job.pk).update(status=WorkloadStatus.SUCCEEDED)
+        if i % 2:
+            Workload.objects.filter(pk=job.pk).update(status=WorkloadStatus.RELEASED)
+    before = _ended(nodes)
+    assert before == _ended_summed(nodes) and EndedDiskDelta.objects.count() == 45
+    assert ended_disk_fold(slack=100) == 0  # few rows yet: left as they are
+    assert ended_disk_fold(slack=0) == 45
+    assert EndedDiskDelta.objects.count() == 3 and _ended(nodes) == before
+
+
+def _ended(node_ids) -> dict:
+    from scheduler.selectors import _ended_disk
+
+    return {pk: _ended_disk(node_ids).get(pk, 0) for pk in node_ids}
