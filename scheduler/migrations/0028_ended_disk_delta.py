@@ -6,6 +6,10 @@ from django.db import migrations, models
 from core.migration_ops import postgresql_sql
 
 # A job that ended and is not released (``models.ENDED_JOB``), and the node its disk is on.
+#
+# The function runs as its owner (the database owner that migrates): a node agent's role may end its own jobs
+# (``db_roles``) but has no grant on the deltas, and writes them only through this trigger, as the row's change
+# says. A trigger function cannot be called other than as a trigger.
 ENDED = "{row}.kind = 'job' AND {row}.status IN ('succeeded', 'failed', 'stopped')"
 HOME = "COALESCE({row}.node_id, {row}.pinned_node_id)"
 KEPT = ENDED + " AND " + HOME + " IS NOT NULL AND {row}.disk_gb <> 0"
@@ -16,7 +20,8 @@ def kept(row: str) -> str:
 
 
 TRIGGERS = f"""
-CREATE FUNCTION scheduler_ended_disk_delta() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION scheduler_ended_disk_delta() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP <> 'INSERT' AND {kept("OLD")} THEN
         INSERT INTO scheduler_endeddiskdelta (node_id, gb) VALUES ({HOME.format(row="OLD")}, -OLD.disk_gb);
