@@ -78,7 +78,8 @@ def main():
     from django.db import connection
 
     from scheduler.models import Node
-    from scheduler.selectors import disk_held, ended_disk_fold
+    from scheduler.selectors import disk_held
+    from scheduler.services.cluster import ended_disk_fold
 
     cluster_create(args.nodes)
     queue_add(1, users_create(1), random.Random(1), [(1, 1000)])  # the template every row copies

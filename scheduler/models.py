@@ -410,7 +410,7 @@ class EndedDiskDelta(models.Model):
     disk on the node it ran on, its release (or a change of its node or disk while ended) takes it back, in the
     same transaction as the workload's row. ``selectors.disk_held`` sums the rows by node instead of summing the
     ended jobs themselves (75,000 of them, 5,000 jobs a day kept 15 days, took 60 ms a tick), and
-    ``selectors.ended_disk_fold`` folds them into one row per node now and then. On other databases (SQLite,
+    ``services.cluster.ended_disk_fold`` folds them into one row per node now and then. On other databases (SQLite,
     ``make run``) the table stays empty and the ended jobs are summed."""
 
     node_id = models.BigIntegerField(help_text="The node's id (no foreign key: a node may be deleted).")

@@ -155,25 +155,6 @@ def _ended_disk(node_ids: list[int] | None) -> dict[int, int]:
     return dict(deltas.values("node_id").annotate(gb=Sum("gb")).values_list("node_id", "gb"))
 
 
-def ended_disk_fold(*, slack: int = 100) -> int:
-    """Fold the ended jobs' disk deltas into one row per node (none where they sum to 0) once there are more than
-    two a node and ``slack``; returns the rows folded (0: not yet). Rows written meanwhile by transactions the
-    fold does not see stay as they are, so nothing is counted twice or lost; PostgreSQL only."""
-    if connection.vendor != "postgresql":
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*), count(DISTINCT node_id) FROM scheduler_endeddiskdelta")
-        rows, nodes = cursor.fetchone()
-        if rows <= 2 * nodes + slack:
-            return 0
-        cursor.execute(
-            "WITH gone AS (DELETE FROM scheduler_endeddiskdelta RETURNING node_id, gb) "
-            "INSERT INTO scheduler_endeddiskdelta (node_id, gb) "
-            "SELECT node_id, sum(gb) FROM gone GROUP BY node_id HAVING sum(gb) <> 0"
-        )
-    return rows
-
-
 def disk_room(node: Node) -> int | None:
     """GB the node's tenants' disks may still reserve (``Node.disk_gb`` less ``disk_held``); None: not counted.
     Exact only while the caller holds the node's row lock (placements, moves and disk growths take it)."""

@@ -212,7 +212,7 @@ def test_the_ended_jobs_disks_kept_per_node_follow_every_change_of_the_jobs(user
 
 def test_folding_the_ended_jobs_disks_keeps_their_sums(user, settings):
     from scheduler.models import EndedDiskDelta
-    from scheduler.selectors import ended_disk_fold
+    from scheduler.services.cluster import ended_disk_fold
 
     settings.INSTANCE_SYSTEM_DISK_GB = 0
     nodes = [make_node("sim:1xRTX3090", disk_gb=10_000).pk for _ in range(3)]
