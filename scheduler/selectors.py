@@ -126,7 +126,7 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
     for node_id, gb, containers in sums.values_list("home", "gb", "containers"):
         if node_id is not None:
             add(node_id, gb + containers * disk_reserved_gb(0))
-    for node_id, gb in _ended_disk(None if everywhere else node_ids).items():
+    for node_id, gb in _ended_disk(node_ids).items():
         add(node_id, gb)
     members = WorkloadMember.objects.filter(rank__gt=0, workload__status__in=WorkloadStatus.holding_resources())
     moving = Move.objects.filter(status=MoveStatus.COPYING)  # the copy being made on the target

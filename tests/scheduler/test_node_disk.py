@@ -231,4 +231,5 @@ def test_folding_the_ended_jobs_disks_keeps_their_sums(user, settings):
 def _ended(node_ids) -> dict:
     from scheduler.selectors import _ended_disk
 
-    return {pk: _ended_disk(node_ids).get(pk, 0) for pk in node_ids}
+    held = _ended_disk(node_ids)
+    return {pk: held.get(pk, 0) for pk in node_ids}
