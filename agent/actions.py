@@ -73,9 +73,11 @@ def agent_launch(workload_id: int, node_name: str | None = None) -> None:
 
 def _launch(workload_id: int, node_name: str) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
-    if workload is None or workload.status != S.STARTING:
+    if workload is None or workload.status not in (S.STARTING, S.RUNNING):
         return
-    if workload.is_gang:
+    if workload.status == S.RUNNING and not workload.is_gang:
+        return
+    if workload.is_gang:  # starting, or running: an elastic gang's member that joins it (services.elastic)
         members = gang_service.gang_members(workload)
         member = next((m for m in members if m.node_name == node_name), None)
         if member is not None and member.status == MemberStatus.STARTING:
@@ -169,10 +171,15 @@ def _launch_member(workload: Workload, members: list[WorkloadMember], member: Wo
         master = address if member.rank == 0 else members[0].address
         rendezvous = launcher.Rendezvous(
             rank=member.rank,
-            hosts=tuple((m.node.address if m.node else m.node_name, cards.get(m.node_id, 0)) for m in members),
+            hosts=tuple(
+                (m.node.address if m.node else m.node_name, cards.get(m.node_id, 0))
+                for m in members
+                if m.status in MemberStatus.live()
+            ),
             master_addr=(master if fenced else "") or (members[0].node.address if members[0].node else ""),
             master_port=workload.master_port or settings.GANG_PORT_MIN,
             address=address,
+            host_address=member.node.address if member.node else "",
         )
         shares = _shares(workload, node_id=member.node_id)
         spec = launcher.container_spec(
@@ -224,10 +231,12 @@ def agent_image_pull(workload_id: int, node_name: str | None = None) -> None:
     the node's queue; a pull that fails fails the launch, saying why. ``node_name``: this host, where a
     gang's member is launched (its failure is the member's: the gang stops as one)."""
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
-    if workload is None or workload.status != S.STARTING:
+    if workload is None or workload.status not in (S.STARTING, S.RUNNING):
+        return
+    if workload.status == S.RUNNING and not workload.is_gang:
         return
     member = None
-    if workload.is_gang:
+    if workload.is_gang:  # a running gang's: a member that joins it
         member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
         if member is None or member.status != MemberStatus.STARTING:
             return
@@ -265,12 +274,14 @@ def agent_stop(workload_id: int, node_name: str | None = None) -> None:
     """Stop the container (SIGTERM, then SIGKILL after the grace period) and record why (a gang's: its member
     on this node, ``node_name``)."""
     workload = Workload.objects.filter(pk=workload_id).first()
-    if workload is None or workload.status != S.STOPPING:
+    if workload is None or workload.status not in (S.STOPPING, S.RUNNING):
         return
-    if workload.is_gang:
+    if workload.is_gang:  # stopping as one, or running on while this member leaves (services.elastic)
         member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
-        if member is not None:
+        if member is not None and (workload.status == S.STOPPING or member.status == MemberStatus.LEAVING):
             _stop_member(workload, member)
+        return
+    if workload.status != S.STOPPING:
         return
     preempted = workload.preempt_requested
     grace = settings.PREEMPTION_GRACE_S if preempted else settings.INSTANCE_STOP_GRACE_S
@@ -315,18 +326,22 @@ def agent_stop(workload_id: int, node_name: str | None = None) -> None:
 
 
 def _stop_member(workload: Workload, member: WorkloadMember) -> None:
-    """Stop a gang's member here: the grace period to checkpoint when the gang is requeued, then report it."""
-    if member.status not in (MemberStatus.STARTING, MemberStatus.RUNNING):
+    """Stop a gang's member here: the grace period to checkpoint when the gang is requeued or the member leaves
+    an elastic gang that runs on, then report it."""
+    if member.status not in MemberStatus.live():
         return
     member.workload = workload
-    grace = settings.PREEMPTION_GRACE_S if workload.preempt_requested else settings.INSTANCE_STOP_GRACE_S
+    leaving = member.status == MemberStatus.LEAVING
+    grace = settings.PREEMPTION_GRACE_S if workload.preempt_requested or leaving else settings.INSTANCE_STOP_GRACE_S
     stopped = True
     try:
         exit_code = launcher.container_stop(member.container_name, grace_s=grace)
     except Exception as exc:  # Docker: reported stopped all the same (the reconcile fence stops it later)
         log.warning("stopping rank %s of gang %s failed: %s", member.rank, workload.pk, exc)
         exit_code, stopped = None, False
-    gang_service.member_stopped(member, exit_code=exit_code, reason=workload.status_reason)
+    gang_service.member_stopped(
+        member, exit_code=exit_code, reason=member.reason if leaving else workload.status_reason
+    )
     if stopped:  # its output is in the log and its checkpoints on the shared storage: a new start is a new container
         launcher.container_delete(member.container_name)
     if settings.INSTANCE_NETWORK_MODE == "fenced":

@@ -41,7 +41,7 @@ from scheduler.services import gangs as gang_service
 log = logging.getLogger(__name__)
 
 CHAIN = "GPUCLOUD-GANGS"
-LIVE = [MemberStatus.STARTING, MemberStatus.RUNNING]
+LIVE = MemberStatus.live()  # a leaving member keeps its way to its fellows through its grace
 
 Pair = tuple[str, str, str]  # (this host's member's address, a fellow member's address, the gang's uid)
 

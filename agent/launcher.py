@@ -63,6 +63,7 @@ class Rendezvous:
     master_addr: str = ""
     master_port: int = 29500
     address: str = ""  # this member's own fixed address on the tenants' network ("": Docker picks)
+    host_address: str = ""  # this member's host's address
 
     @property
     def nnodes(self) -> int:
@@ -104,9 +105,46 @@ def rendezvous_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dic
         "GPUCLOUD_HOSTFILE": HOSTFILE,
         "AUTO_TMPDIR": keep,
     }
-    if gang and settings.INSTANCE_NETWORK_MODE == "fenced":
+    elastic = workload.elastic_min is not None and workload.is_gang
+    if (gang or elastic) and settings.INSTANCE_NETWORK_MODE == "fenced":
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = INTERFACE
+    if elastic:
+        env.update(elastic_env(workload, rendezvous, local_cards=local_cards))
     return env
+
+
+# torchrun's elastic rendezvous keeps no state of its own between the rounds a member's joining or leaving
+# starts: with the store shared between the rendezvous and the workers (torch's default since 2.4) a round
+# after a scale-up never gets rank 0's address and every member waits for ever (measured with torch 2.13 on
+# this machine; pytorch/pytorch#135712). Each round then takes a free port on rank 0's member for its workers'
+# store, which the fence lets through (the gang's members reach each other on any port).
+ELASTIC_STORE_NOT_SHARED = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# Leaving members fail their fellows' collectives (gloo and NCCL see the peer gone) and each such failure
+# counts against torchrun's restarts, as joins do not: enough for a long job's joins and leaves.
+ELASTIC_MAX_RESTARTS = 100
+
+
+def elastic_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dict[str, str]:
+    """torchrun's own defaults (it reads ``PET_<OPTION>`` for each option not given on its command line) for
+    an elastic gang: every member's ``torchrun train.py`` joins the job's c10d rendezvous, hosted by rank
+    0's member (which the platform never removes while the job runs), with 1 to ``elastic_max`` members and
+    this member's cards as its processes; a member that joins or leaves makes every torchrun restart its
+    processes in a new world (``services.elastic``). ``PET_LOCAL_ADDR``: this member's address, which torchrun
+    gives its fellows (by default its host name, which no other host resolves)."""
+    master = rendezvous.master_addr or "127.0.0.1"
+    local = rendezvous.address or rendezvous.host_address or master
+    return {
+        "PET_NNODES": f"1:{workload.elastic_max}",
+        "PET_NPROC_PER_NODE": str(local_cards),
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"{master}:{rendezvous.master_port}",
+        # One rendezvous a placement: a requeued job's members never meet a round of its last placement.
+        "PET_RDZV_ID": f"{workload.uid}-{workload.preemptions}",
+        "PET_RDZV_CONF": f"is_host={'true' if rendezvous.rank == 0 else 'false'}",
+        "PET_MAX_RESTARTS": str(ELASTIC_MAX_RESTARTS),
+        "PET_LOCAL_ADDR": local,
+        **ELASTIC_STORE_NOT_SHARED,
+    }
 
 
 def hostfile(workload, rendezvous: Rendezvous) -> bytes:

@@ -120,7 +120,7 @@ def _settle_members(node_name: str) -> list[int]:
     """Gang members of this node whose container ended by itself: reported (the control plane steps the gang)."""
     changed = []
     members = WorkloadMember.objects.filter(
-        node_name=node_name, status=MemberStatus.RUNNING, workload__status=S.RUNNING
+        node_name=node_name, status__in=[MemberStatus.RUNNING, MemberStatus.LEAVING], workload__status=S.RUNNING
     ).select_related("workload")
     for member in members:
         state = launcher.container_state(member.container_name)
@@ -275,7 +275,7 @@ def _fence(node_name: str, containers: dict, volumes: dict) -> None:
     members = {
         m.workload_id: m for m in WorkloadMember.objects.filter(node_name=node_name, workload__uid__in=containers)
     }
-    live = [MemberStatus.STARTING, MemberStatus.RUNNING]
+    live = MemberStatus.live()
     for uid, state in containers.items():
         workload = owners.get(uid)
         member = members.get(workload.pk) if workload is not None else None

@@ -155,7 +155,7 @@ class SelfFence:
         # there now, and is none of this node's business.
         # A gang's member here is reported stopped: the control plane stops and requeues the gang as one.
         for member in WorkloadMember.objects.filter(
-            workload_id__in=pending, node_name=self.node_name, status=MemberStatus.RUNNING
+            workload_id__in=pending, node_name=self.node_name, status__in=[MemberStatus.RUNNING, MemberStatus.LEAVING]
         ):
             if member_stopped(member, exit_code=None, reason=f"its host {self.node_name} lost contact and stopped it"):
                 requeued.append(member.workload_id)

@@ -27,7 +27,8 @@ def meter_open(*, workload_id: int, at=None) -> None:
             # Started without cards: the whole run is at the no-GPU price (its cards come back only
             # with a new start, which opens a new segment).
             # Spot or on-demand as it starts: a spot job that falls back to on-demand does so between runs.
-            # The cards it holds for this run: an elastic job's size changes only between runs.
+            # The cards it holds now: an elastic job's size changes between runs, or while it runs when a
+            # member joins or leaves (then a resize closes one segment and opens the next: receivers).
             no_gpu, spot, cards = Workload.objects.filter(pk=workload_id).values_list(
                 "no_gpu", "spot", "gpu_count"
             ).first() or (False, False, None)
@@ -46,13 +47,17 @@ def meter_close(*, workload_id: int, reason: str, at=None) -> None:
 
 def running_intervals(events) -> list[tuple[datetime, datetime | None, str]]:
     """(start, end or None while still running, end reason) for each stretch the events say ran and charge:
-    a pause of the meter (its host lost) ends one, its resume (the host back, the work still running) starts one."""
+    a pause of the meter (its host lost) ends one, its resume (the host back, the work still running) starts one,
+    a resize (an elastic gang's member joined or left) ends one and starts the next at the same time."""
     intervals = []
     start = None
     for event in events:
         if event.meter == MeterChange.PAUSE and start is not None:
             intervals.append((start, event.created_at, f"not charged: {event.reason}"))
             start = None
+        elif event.meter == MeterChange.RESIZE and start is not None:
+            intervals.append((start, event.created_at, f"resized: {event.reason}"))
+            start = event.created_at
         elif event.meter == MeterChange.RESUME and event.to_status == RUNNING and start is None:
             start = event.created_at
         elif event.to_status == RUNNING and event.from_status != RUNNING and start is None:

@@ -31,8 +31,14 @@ def meter_on_lifecycle(sender, workload_id, from_status, to_status, reason, at, 
 
 @receiver(workload_metering)
 def meter_on_pause_or_resume(sender, workload_id, change, at, **kwargs):
-    """A running workload's host lost (pause: closed and settled at its last heartbeat) or back (resume)."""
-    if change == MeterChange.PAUSE:
+    """A running workload's host lost (pause: closed and settled at its last heartbeat) or back (resume), or its
+    cards changed (resize: the segment at the old size closed and settled, one at the new size opened)."""
+    if change == MeterChange.RESIZE:
+        meter_close(workload_id=workload_id, reason="resized: a member joined or left", at=at)
+        meter_open(workload_id=workload_id, at=at)
+        send_after_commit(ToScheduler.SETTLE_USAGE, workload_id, robust=True)
+        send_after_commit(ToScheduler.SEGMENT_ASSIGN, workload_id, robust=True)
+    elif change == MeterChange.PAUSE:
         meter_close(workload_id=workload_id, reason="not charged: its host is unreachable", at=at)
         send_after_commit(ToScheduler.SETTLE_USAGE, workload_id, robust=True)
     elif change == MeterChange.RESUME:

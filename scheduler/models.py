@@ -444,6 +444,15 @@ class MemberStatus(models.TextChoices):
     RUNNING = "running", _("Running")
     EXITED = "exited", _("Exited")  # its container ended by itself (exit_code)
     STOPPED = "stopped", _("Stopped")  # stopped by the platform (the gang stops as one), or its host was lost
+    # An elastic gang's member told to leave while the gang runs on (its container has the grace to checkpoint),
+    # then gone: its cards given back, the gang not stopped (``services.elastic``).
+    LEAVING = "leaving", _("Leaving")
+    LEFT = "left", _("Left")
+
+    @classmethod
+    def live(cls) -> list[str]:
+        """Members whose container may be running: started or starting, or leaving through its grace."""
+        return [cls.STARTING, cls.RUNNING, cls.LEAVING]
 
 
 class WorkloadMember(models.Model):
@@ -485,10 +494,12 @@ class WorkloadMember(models.Model):
 
 
 class MeterChange(models.TextChoices):
-    """A running workload's meter stopped or started again without a change of status (its host lost, then back)."""
+    """A running workload's meter stopped or started again without a change of status (its host lost, then back),
+    or its cards changed while it runs (an elastic gang's member joined or left: a new segment at the new size)."""
 
     PAUSE = "pause", _("Not charged from here")
     RESUME = "resume", _("Charged again from here")
+    RESIZE = "resize", _("Charged for its new cards from here")
 
 
 class WorkloadEvent(models.Model):

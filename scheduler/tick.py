@@ -333,7 +333,10 @@ def _tick() -> TickResult:
     resizing = Workload.objects.select_related("node").in_bulk([r.work_id for r in decisions.resize])
     for resize in decisions.resize:
         w = resizing.get(resize.work_id)
-        if w is not None and workload_resize(w, gpu_count=resize.gpu_count, reason=resize.reason):
+        if w is None:
+            continue
+        parts = [Part(cluster.node_ids[p.node], _shares(p, w, cluster)) for p in resize.parts]
+        if workload_resize(w, gpu_count=resize.gpu_count, reason=resize.reason, parts=parts):
             result.resized.append(resize.work_id)
     _record_waiting(decisions, by_id, _estimated_starts(decisions.waiting, by_id, holding, cluster))
     HOLDING.rows_written(service_record(accrued, decisions.levels, now=now, **HOLDING.write_guard()))
@@ -371,20 +374,23 @@ def _record_on_demand(work_ids: list, by_id: dict) -> None:
         w.spot = False
 
 
+def _shares(part, workload: Workload, cluster) -> list[Share]:
+    """One node's part of the policy's place (or resize) as shares of card rows."""
+    return [
+        Share(cluster.card_ids[part.node][card], workload.gpu_milli, memory)
+        for card, memory in zip(part.cards, part.memory_mb, strict=True)
+    ]
+
+
 def _placement(place, workload: Workload, cluster, levels: dict) -> Placement:
     """The policy's place as rows: rank 0's node and shares, and a gang's other members (``place.rest``)."""
-
-    def shares(part) -> list[Share]:
-        return [
-            Share(cluster.card_ids[part.node][card], workload.gpu_milli, memory)
-            for card, memory in zip(part.cards, part.memory_mb, strict=True)
-        ]
-
     if workload.elastic_min is not None:
         workload.gpu_count = place.gpu_count  # elastic work starts at the size the policy gave it
     rank0, *rest = place.parts
-    members = tuple(Part(cluster.node_ids[part.node], shares(part)) for part in rest)
-    return Placement(workload, cluster.node_ids[rank0.node], shares(rank0), levels[workload.pk], rest=members)
+    members = tuple(Part(cluster.node_ids[part.node], _shares(part, workload, cluster)) for part in rest)
+    return Placement(
+        workload, cluster.node_ids[rank0.node], _shares(rank0, workload, cluster), levels[workload.pk], rest=members
+    )
 
 
 def _running_works(

@@ -57,6 +57,7 @@ from scheduler.policy.placement import (
     _relevant_cards,
     choose_gang,
     choose_parts,
+    extend_fit,
     fits_after,
     gang_plan,
     give_parts,
@@ -648,7 +649,10 @@ def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, c
         if reserved is not None and any(reserved[node] for node, _ in work.parts):
             continue
         old = work.request.gpu_count
-        parts = largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
+        parts = None
+        if work.request.pinned_node is None:  # (work that keeps to its node grows there or not at all)
+            parts = extend_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
+        parts = parts or largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
         if parts is not None:
             count = sum(len(p.cards) for p in parts)
             _apply_resize(work, parts, now, f"grown from {old} to {count} cards into idle capacity", out)

@@ -541,22 +541,41 @@ def largest_fit(cluster, request: Request, parts, most: int, strategy: str, allo
     """Re-place work holding ``parts`` at the largest size up to ``most`` that fits; None if it cannot grow."""
     scratch = cluster.copy()
     give_parts(scratch, request, parts)
-
-    def fits(count):
-        return choose_parts(scratch, replace(request, gpu_count=count, nodes=None), strategy, allowed=allowed)
-
-    low, high, best = request.gpu_count, most, None
-    while low < high:  # the largest count that fits, above the current one (fitting is monotone in the count)
-        mid = (low + high + 1) // 2
-        choices = fits(mid)
-        if choices is not None:
-            low, best = mid, (mid, choices)
-        else:
-            high = mid - 1
+    best = _most_that_fits(scratch, request, request.gpu_count, most, strategy, allowed)
     if best is None:
         return None
     give_parts(cluster, request, parts)
     return take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
+
+
+def extend_fit(cluster, request: Request, parts, most: int, strategy: str, allowed=None) -> list[Part] | None:
+    """Grow work holding ``parts`` in place: the same cards on the same nodes (rank 0's first) and new members
+    on other nodes, up to ``most`` cards in all; None if no other node can take any. What an elastic gang can
+    do without a restart: members join it (``services.elastic``)."""
+    mask = np.ones(len(cluster.free), dtype=bool) if allowed is None else allowed.copy()
+    for node, _ in parts:
+        mask[node] = False
+    best = _most_that_fits(cluster, request, 0, most - sum(len(cards) for _, cards in parts), strategy, mask)
+    if best is None:
+        return None
+    kept = [
+        Part(node, list(cards), [cluster.memory_for(node, card, WHOLE_CARD) for card in cards]) for node, cards in parts
+    ]
+    return kept + take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
+
+
+def _most_that_fits(cluster, request: Request, low: int, high: int, strategy: str, allowed):
+    """(count, choices) for the largest count above ``low`` and up to ``high`` that fits, or None (a binary
+    search: fitting is monotone in the count)."""
+    best = None
+    while low < high:
+        mid = (low + high + 1) // 2
+        choices = choose_parts(cluster, replace(request, gpu_count=mid, nodes=None), strategy, allowed=allowed)
+        if choices is not None:
+            low, best = mid, (mid, choices)
+        else:
+            high = mid - 1
+    return best
 
 
 def row_fits(cluster: ClusterState, node: int, free, card_mem, card_class, cpu: int, mem: int, request) -> bool:

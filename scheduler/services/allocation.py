@@ -25,7 +25,8 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
+from scheduler import sharedfs
+from scheduler.models import Allocation, Gpu, MemberStatus, Node, NodeStatus, Workload, WorkloadMember, WorkloadStatus
 from scheduler.policy.cluster import WHOLE_CARD
 from scheduler.selectors import disk_held, disk_reserved_gb
 from scheduler.services.bulk import rows_insert, rows_update
@@ -60,6 +61,12 @@ class Placement:
     @property
     def parts(self) -> list[Part]:
         return [Part(self.node_id, self.shares), *self.rest]
+
+    @property
+    def gang(self) -> bool:
+        """Placed as a gang: on several nodes; or elastic work where checkpoints are shared (a gang of one
+        member, so that members can join it while it runs: ``services.elastic``)."""
+        return bool(self.rest) or (self.workload.elastic_min is not None and sharedfs.enabled())
 
 
 def allocation_create(*, workload: Workload, node_id: int, shares: list[Share]) -> bool:
@@ -105,7 +112,7 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
             }
             _share_sizes_held(cards)
             _disk_room(nodes)
-            ports = _ports_in_use([p.node_id for p in placements if p.rest])
+            ports = _ports_in_use([p.node_id for p in placements if p.gang])
             placed = [p for p in placements if p.workload.pk in queued and _take(p, nodes, cards, ports)]
             if placed:
                 _write(placed, nodes, cards)
@@ -166,28 +173,10 @@ def _take(placement: Placement, nodes: dict, cards: dict, ports: dict) -> bool:
         return False
     if any(s.milli != workload.gpu_milli for s in shares):
         return False  # exactly the share asked for (and billed), on as many distinct cards as asked
-    for part in parts:
-        node = nodes.get(part.node_id)
-        if node is None:
-            return False
-        if node.cpu_cores - node.allocated_cpu < workload.held_cpu_cores:
-            return False
-        if node.memory_mb - node.allocated_memory_mb < workload.held_memory_mb:
-            return False
-        if node.disk_room is not None and node.disk_room < _disk_taken(workload, node):
-            return False
-        for share in part.shares:
-            card = cards.get(share.gpu_id)
-            if card is None or card.node_id != node.pk or card.model != workload.gpu_model:
-                return False
-            if card.allocated_milli + share.milli > WHOLE_CARD:
-                return False
-            if share.milli < WHOLE_CARD and card.fractions - {share.milli}:
-                return False  # the card serves fractions of another size
-            if card.allocated_memory_mb + share.memory_mb > card.memory_mb:
-                return False
+    if not all(_part_fits(workload, part, nodes, cards) for part in parts):
+        return False
     port = None
-    if len(parts) > 1:
+    if placement.gang:
         taken = ports[placement.node_id]
         port = next((p for p in range(settings.GANG_PORT_MIN, settings.GANG_PORT_MAX + 1) if p not in taken), None)
         if port is None:
@@ -195,17 +184,97 @@ def _take(placement: Placement, nodes: dict, cards: dict, ports: dict) -> bool:
         taken.add(port)
     workload.master_port = port
     for part in parts:
-        for share in part.shares:
-            cards[share.gpu_id].allocated_milli += share.milli
-            cards[share.gpu_id].allocated_memory_mb += share.memory_mb
-            if share.milli < WHOLE_CARD:
-                cards[share.gpu_id].fractions.add(share.milli)
-        node = nodes[part.node_id]
-        node.allocated_cpu += workload.held_cpu_cores
-        node.allocated_memory_mb += workload.held_memory_mb
-        if node.disk_room is not None:
-            node.disk_room -= _disk_taken(workload, node)
+        _part_take(workload, part, nodes, cards)
     return True
+
+
+def _part_fits(workload: Workload, part: Part, nodes: dict, cards: dict) -> bool:
+    """Whether the locked rows (less what was taken before) still hold one node's part of the work."""
+    node = nodes.get(part.node_id)
+    if node is None:
+        return False
+    if node.cpu_cores - node.allocated_cpu < workload.held_cpu_cores:
+        return False
+    if node.memory_mb - node.allocated_memory_mb < workload.held_memory_mb:
+        return False
+    if node.disk_room is not None and node.disk_room < _disk_taken(workload, node):
+        return False
+    for share in part.shares:
+        card = cards.get(share.gpu_id)
+        if card is None or card.node_id != node.pk or card.model != workload.gpu_model:
+            return False
+        if card.allocated_milli + share.milli > WHOLE_CARD:
+            return False
+        if share.milli < WHOLE_CARD and card.fractions - {share.milli}:
+            return False  # the card serves fractions of another size
+        if card.allocated_memory_mb + share.memory_mb > card.memory_mb:
+            return False
+    return True
+
+
+def _part_take(workload: Workload, part: Part, nodes: dict, cards: dict) -> None:
+    """Subtract one node's part from the locked rows in memory (it fits: ``_part_fits``)."""
+    for share in part.shares:
+        cards[share.gpu_id].allocated_milli += share.milli
+        cards[share.gpu_id].allocated_memory_mb += share.memory_mb
+        if share.milli < WHOLE_CARD:
+            cards[share.gpu_id].fractions.add(share.milli)
+    node = nodes[part.node_id]
+    node.allocated_cpu += workload.held_cpu_cores
+    node.allocated_memory_mb += workload.held_memory_mb
+    if node.disk_room is not None:
+        node.disk_room -= _disk_taken(workload, node)
+
+
+def members_join(workload: Workload, parts: list[Part]) -> list[WorkloadMember]:
+    """Members of a running elastic gang on more nodes (``services.elastic``): each part's cards taken under the
+    same locks and re-checks as a placement's, a member row each (starting, ranks after the last), and the
+    work's size; all or nothing (returns [] when any part no longer fits). Call inside a transaction holding
+    the workload's row lock (the lock order: the workload, its nodes, their cards)."""
+    if not parts or workload.gpu_milli != WHOLE_CARD or not all(p.shares for p in parts):
+        return []
+    held = set(
+        WorkloadMember.objects.filter(workload=workload, status__in=MemberStatus.live()).values_list(
+            "node_id", flat=True
+        )
+    )
+    if len({p.node_id for p in parts} | held) != len(parts) + len(held):
+        return []  # one member per node
+    nodes = {
+        n.pk: n
+        for n in Node.objects.select_for_update()
+        .filter(pk__in=[p.node_id for p in parts], status=NodeStatus.ACTIVE)
+        .order_by("pk")
+    }
+    cards = {
+        c.pk: c
+        for c in Gpu.objects.select_for_update()
+        .filter(id__in={s.gpu_id for p in parts for s in p.shares})
+        .order_by("id")
+    }
+    _share_sizes_held(cards)
+    _disk_room(nodes)
+    for part in parts:
+        if not _part_fits(workload, part, nodes, cards):
+            return []
+        _part_take(workload, part, nodes, cards)
+    rows_update(Gpu, [cards[s.gpu_id] for p in parts for s in p.shares], ["allocated_milli", "allocated_memory_mb"])
+    rows_update(Node, [nodes[p.node_id] for p in parts], ["allocated_cpu", "allocated_memory_mb"])
+    rows_insert(
+        Allocation,
+        ["workload_id", "gpu_id", "milli", "memory_mb"],
+        [(workload.pk, s.gpu_id, s.milli, s.memory_mb) for p in parts for s in p.shares],
+    )
+    # A member that ended on one of these nodes (left, or exited) gives its row to the one that joins there.
+    WorkloadMember.objects.filter(workload=workload, node_id__in=list(nodes)).delete()
+    last = WorkloadMember.objects.filter(workload=workload).order_by("-rank").values_list("rank", flat=True).first()
+    joined = WorkloadMember.objects.bulk_create(
+        WorkloadMember(workload_id=workload.pk, rank=last + 1 + i, node_id=p.node_id, node_name=nodes[p.node_id].name)
+        for i, p in enumerate(parts)
+    )
+    workload.gpu_count += sum(len(p.shares) for p in parts)
+    Workload.objects.filter(pk=workload.pk).update(gpu_count=workload.gpu_count)
+    return joined
 
 
 def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
@@ -251,6 +320,6 @@ def _members_write(placed: list[Placement], nodes: dict) -> None:
     WorkloadMember.objects.bulk_create(
         WorkloadMember(workload_id=p.workload.pk, rank=rank, node_id=part.node_id, node_name=nodes[part.node_id].name)
         for p in placed
-        if p.rest
+        if p.gang
         for rank, part in enumerate(p.parts)
     )

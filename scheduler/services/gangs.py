@@ -27,16 +27,18 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.db.models.functions import Now
 
 from core.clock import db_now
 from core.messages import ToNode, ToScheduler, send, send_after_commit
-from scheduler.models import MemberStatus, Workload, WorkloadMember, WorkloadStatus
-from scheduler.services.lifecycle import workload_transition
+from scheduler.models import Allocation, MemberStatus, MeterChange, Workload, WorkloadMember, WorkloadStatus
+from scheduler.services.lifecycle import allocations_free, workload_meter_change, workload_transition
 
 S = WorkloadStatus
 M = MemberStatus
-LIVE = [M.STARTING, M.RUNNING]
+LIVE = M.live()
+GONE = [M.LEAVING, M.LEFT]  # an elastic gang's members leaving or gone while it runs on: not the gang's end
 FAILED_PREFIX = "failed: "  # a stopping gang whose reason says so ends failed, not stopped
 
 
@@ -66,13 +68,23 @@ def member_running(member: WorkloadMember, *, container_id: str, address: str) -
 
 
 def member_exited(member: WorkloadMember, *, exit_code: int | None, reason: str) -> bool:
-    """Its container ended by itself (or never started: ``exit_code`` None)."""
-    return _member_moved(member, LIVE, status=M.EXITED, exit_code=exit_code, reason=reason[:255])
+    """Its container ended by itself (or never started: ``exit_code`` None); a leaving member's has left."""
+    return _member_ended(member, M.EXITED, exit_code=exit_code, reason=reason)
 
 
 def member_stopped(member: WorkloadMember, *, exit_code: int | None, reason: str = "stopped") -> bool:
-    """Its container was stopped by the platform (the gang stops as one)."""
-    return _member_moved(member, LIVE, status=M.STOPPED, exit_code=exit_code, reason=reason[:255])
+    """Its container was stopped by the platform (the gang stops as one, or this member leaves it)."""
+    return _member_ended(member, M.STOPPED, exit_code=exit_code, reason=reason)
+
+
+def _member_ended(member: WorkloadMember, status: str, *, exit_code: int | None, reason: str) -> bool:
+    """A leaving member's container ended, whichever way: it left (``gang_step`` gives its cards back); any
+    other live member's ended as ``status``."""
+    fields = dict(exit_code=exit_code, reason=reason[:255])
+    if WorkloadMember.objects.filter(pk=member.pk, status=M.LEAVING).update(status=M.LEFT, changed_at=Now(), **fields):
+        _step_soon(member.workload_id)
+        return True
+    return _member_moved(member, [M.STARTING, M.RUNNING], status=status, **fields)
 
 
 def _member_moved(member: WorkloadMember, allowed_from: list, **fields) -> bool:
@@ -100,10 +112,14 @@ def gang_step(workload_id: int) -> str | None:
             return _settle(workload, members)
         if workload.status not in (S.STARTING, S.RUNNING):
             return None
+        if workload.status == S.RUNNING:
+            members_left_release(workload, members)
+        gone = [m for m in members if m.status in GONE]
+        members = [m for m in members if m.status not in GONE]
         failed = next((m for m in members if m.status == M.STOPPED or (m.status == M.EXITED and m.exit_code)), None)
         failed = failed or next((m for m in members if m.status == M.EXITED and m.exit_code is None), None)
         if failed is None and workload.status == S.RUNNING and any(m.status == M.EXITED for m in members):
-            if all(m.status == M.EXITED for m in members):
+            if all(m.status == M.EXITED for m in members) and not any(m.status == M.LEAVING for m in gone):
                 workload_transition(
                     workload,
                     to=S.SUCCEEDED,
@@ -136,6 +152,35 @@ def gang_step(workload_id: int) -> str | None:
             )
             return S.RUNNING
     return None
+
+
+def members_left_release(workload: Workload, members: list[WorkloadMember]) -> int:
+    """Give back the cards of an elastic gang's members that left while it runs on (call holding the workload's
+    row lock): their shares, CPU and memory, its size, and a new meter segment at that size. Returns the
+    cards given back (0: none held by a member that left)."""
+    left = [m for m in members if m.status == M.LEFT and m.node_id is not None]
+    if not left:
+        return 0
+    held = dict(
+        Allocation.objects.filter(workload_id=workload.pk, gpu__node_id__in=[m.node_id for m in left])
+        .values_list("gpu__node_id")
+        .annotate(n=Count("id"))
+        .values_list("gpu__node_id", "n")
+    )
+    given = 0
+    for member in left:
+        if held.get(member.node_id):
+            allocations_free(workload.pk, member_node_id=member.node_id)
+            given += held[member.node_id]
+    if given:
+        old = workload.gpu_count
+        workload.gpu_count = old - given
+        Workload.objects.filter(pk=workload.pk).update(gpu_count=workload.gpu_count)
+        names = ", ".join(f"rank {m.rank} on {m.node_name}" for m in left if held.get(m.node_id))
+        workload_meter_change(
+            workload, MeterChange.RESIZE, f"shrunk from {old} to {workload.gpu_count} cards: {names} left"
+        )
+    return given
 
 
 def gang_tell(workload_id: int) -> None:
@@ -206,6 +251,11 @@ def gangs_of_lost_node(node, *, why: str) -> list[int]:
     requeued as one."""
     requeued = []
     for member in WorkloadMember.objects.filter(node=node, status__in=LIVE).select_related("workload"):
+        if WorkloadMember.objects.filter(pk=member.pk, status=M.LEAVING).update(
+            status=M.LEFT, reason=f"left; its host is lost ({why})"[:255], changed_at=Now()
+        ):
+            _step_soon(member.workload_id)  # it was leaving anyway: the gang runs on
+            continue
         WorkloadMember.objects.filter(pk=member.pk, status__in=LIVE).update(
             status=M.STOPPED, reason=f"its host is lost ({why})"[:255], changed_at=Now()
         )
@@ -223,6 +273,7 @@ def gangs_step_all() -> None:
     maximum runtime."""
     now = db_now()
     overdue = now - timedelta(seconds=settings.TRANSITION_DEADLINE_S)
+    joins_overdue(now)
     on_the_move = Workload.objects.filter(members__isnull=False, status__in=[S.STARTING, S.RUNNING, S.STOPPING])
     for workload in on_the_move.distinct():
         if (
@@ -240,3 +291,21 @@ def gangs_step_all() -> None:
             gang_stop(
                 workload, reason=f"{what}; the gang starts again" if again else f"{FAILED_PREFIX}{what}", requeue=again
             )
+
+
+def joins_overdue(now) -> None:
+    """Members joining a running elastic gang (``services.elastic``): their launch sent again after
+    ``LAUNCH_RESEND_S`` (its message may have been lost), and given up after ``TRANSITION_DEADLINE_S`` (the gang
+    runs on without them: they leave, and ``gang_step`` gives their cards back)."""
+    joining = WorkloadMember.objects.filter(status=M.STARTING, workload__status=S.RUNNING)
+    resend = now - timedelta(seconds=settings.LAUNCH_RESEND_S)
+    overdue = now - timedelta(seconds=settings.TRANSITION_DEADLINE_S)
+    for member in joining.filter(changed_at__lt=resend):
+        if member.changed_at < overdue:
+            reason = f"did not start within {settings.TRANSITION_DEADLINE_S} s; the gang runs on without it"
+            if WorkloadMember.objects.filter(pk=member.pk, status=M.STARTING).update(
+                status=M.LEFT, reason=reason, changed_at=Now()
+            ):
+                gang_step(member.workload_id)  # (a launch still under way stops its container: member_running)
+        else:
+            send(ToNode.LAUNCH, member.workload_id, member.node_name, node=member.node_name)

@@ -91,11 +91,15 @@ def workload_changed_send(payload: dict) -> None:
             log.error("receiver %s of workload %s failed: %r", receiver, payload["workload_id"], error)
 
 
-def allocations_free(workload_id: int, *, node_id: int | None = None) -> None:
+def allocations_free(workload_id: int, *, node_id: int | None = None, member_node_id: int | None = None) -> None:
     """Give back every share the workload holds, and its CPU and memory on each node that holds its cards
-    (a gang's members: one per node), or on ``node_id`` (default its node) when it holds no card.
+    (a gang's members: one per node), or on ``node_id`` (default its node) when it holds no card;
+    ``member_node_id``: only what it holds on that node (an elastic gang's member that left while it runs on).
     Call inside a transaction."""
-    allocations = list(Allocation.objects.filter(workload_id=workload_id).select_related("gpu"))
+    allocations = Allocation.objects.filter(workload_id=workload_id).select_related("gpu")
+    if member_node_id is not None:
+        allocations = allocations.filter(gpu__node_id=member_node_id)
+    allocations = list(allocations)
     workload = Workload.objects.only("node_id", "cpu_cores", "memory_mb", "no_gpu").get(pk=workload_id)
     if node_id is not None:
         workload.node_id = node_id
@@ -115,7 +119,8 @@ def allocations_free(workload_id: int, *, node_id: int | None = None) -> None:
         allocated_cpu=F("allocated_cpu") - workload.held_cpu_cores,
         allocated_memory_mb=F("allocated_memory_mb") - workload.held_memory_mb,
     )
-    Allocation.objects.filter(workload_id=workload_id).delete()
+    gone = Allocation.objects.filter(workload_id=workload_id)
+    (gone if member_node_id is None else gone.filter(pk__in=[a.pk for a in allocations])).delete()
 
 
 def workload_meter_change(workload: Workload, change: str, reason: str, *, at=None) -> None:

@@ -174,32 +174,6 @@ def test_work_known_to_end_before_a_reservation_backfills_on_its_nodes_and_other
     assert (short.status, short.node_id) == (S.STARTING, a.pk)  # ends before a frees up: it backfills there
 
 
-def test_an_elastic_gang_shrinks_by_stopping_every_member_and_comes_back_on_one_node(user):
-    from scheduler.services import gangs
-
-    nodes = [make_node("sim:2xRTX3090", cpu_cores=8, memory_mb=16384) for _ in range(2)]
-    job = elastic_job(user, gpu_count=4, low=2, high=4, attained_service=10**6, queue_level=2)
-    tick.schedule_tick()
-    for member in gangs.gang_members(job):
-        gangs.member_running(member, container_id="c", address="")
-    gangs.gang_step(job.pk)
-    job.refresh_from_db()
-    assert job.status == S.RUNNING and job.is_gang
-    urgent = workload(user, kind="job", gpu_count=2, preemptible=True)
-
-    assert tick.schedule_tick().resized == [job.pk]
-    job.refresh_from_db()
-    assert job.status == S.STOPPING and job.preempt_requested and job.gpu_count == 2
-    for member in gangs.gang_members(job):
-        gangs.member_stopped(member, exit_code=0)
-    assert gangs.gang_step(job.pk) == S.QUEUED  # requeued as one, anywhere (its checkpoint is shared)
-    tick.schedule_tick()
-    job.refresh_from_db()
-    urgent.refresh_from_db()
-    assert (urgent.status, job.status, job.gpu_count, cards(job)) == (S.STARTING, S.STARTING, 2, 2)
-    assert {job.node_id, urgent.node_id} == {n.pk for n in nodes} and not job.is_gang
-
-
 def submit(user, **fields):
     from scheduler.services.workloads import workload_submit
 
