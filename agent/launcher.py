@@ -140,7 +140,9 @@ def elastic_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dict[s
         "PET_RDZV_ENDPOINT": f"{master}:{rendezvous.master_port}",
         # One rendezvous a placement: a requeued job's members never meet a round of its last placement.
         "PET_RDZV_ID": f"{workload.uid}-{workload.preemptions}",
-        "PET_RDZV_CONF": f"is_host={'true' if rendezvous.rank == 0 else 'false'}",
+        "PET_RDZV_CONF": (
+            f"is_host={'true' if rendezvous.rank == 0 else 'false'},last_call_timeout={settings.ELASTIC_LAST_CALL_S}"
+        ),
         "PET_MAX_RESTARTS": str(ELASTIC_MAX_RESTARTS),
         "PET_LOCAL_ADDR": local,
         **ELASTIC_STORE_NOT_SHARED,

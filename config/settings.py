@@ -522,6 +522,9 @@ SCHEDULER_RESERVE_AFTER_S = env.float("SCHEDULER_RESERVE_AFTER_S", default=3600)
 SCHEDULER_RESERVATIONS = env.int("SCHEDULER_RESERVATIONS", default=1)
 # Elastic jobs grow at most this often (each resize is a restart from checkpoint); bench/elastic.py's tuning.
 SCHEDULER_RESIZE_INTERVAL_S = env.float("SCHEDULER_RESIZE_INTERVAL_S", default=600)
+# An elastic gang's torchrun rendezvous waits this long for more members once it has enough to start, at its start
+# and after each member joins or leaves (torch's last_call_timeout; its default, 30 s, here too).
+ELASTIC_LAST_CALL_S = env.int("ELASTIC_LAST_CALL_S", default=30)
 SCHEDULER_PREEMPTION = env.bool("SCHEDULER_PREEMPTION", default=True)
 # Inside a queue, the job with the least service left (as its owner's past jobs of its image and cards predict)
 # goes first; a job past its prediction sorts by its attained service. Off: first come first served. Off by

@@ -17,9 +17,9 @@ CPU and NCCL where it sees cards. What it reads (all optional):
     SAVE_EVERY   steps between checkpoints (default 1)
     AUTO_TMPDIR  where the checkpoint goes (the platform sets it; default ./)
 
-What it prints, from rank 0, one line each:
+What it prints: each member's first process as it starts, rank 0 for each step and at the end:
 
-    start: step S, world_size W
+    start: step S, world_size W, rank R
     step S world_size W loss L
     done: step S
 """
@@ -51,8 +51,8 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
     ddp = DistributedDataParallel(model)
-    if rank == 0:
-        print(f"start: step {step}, world_size {world}", flush=True)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each member says so: its own output is followed live
+        print(f"start: step {step}, world_size {world}, rank {rank}", flush=True)
     generator = torch.Generator().manual_seed(1)
     target = torch.randn(16, 1, generator=generator).to(device)
     while step < steps:

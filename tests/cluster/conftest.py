@@ -32,6 +32,9 @@ TIMINGS = {
     "TRANSITION_DEADLINE_S": "20",
     "INSTANCE_STOP_GRACE_S": "1",
     "PREEMPTION_GRACE_S": "1",
+    # An elastic job may grow 5 s after its start; its torchrun rendezvous waits 3 s for more members.
+    "SCHEDULER_RESIZE_INTERVAL_S": "5",
+    "ELASTIC_LAST_CALL_S": "3",
     # The cluster's database is its own (not pytest's): connections may stay open, so the
     # tests see the agents' connections where they come from.
     "DB_CONN_MAX_AGE": "60",

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.cluster.harness import GANG_TORCHRUN, ROOT, uploaded
+from tests.cluster.harness import GANG_TORCHRUN, ROOT, uploaded, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -109,3 +109,84 @@ def test_a_plain_torchrun_all_reduce_runs_between_two_members_on_two_hosts(clust
         f"torchrun all-reduce job {time.monotonic() - started:.0f} s: 16 MB all-reduced at {rate[0]} MB/s, "
         f"raw {rate[1]} MB/s"
     )
+
+
+ELASTIC = ROOT / "examples" / "elastic" / "train.py"
+
+
+def starts(cluster, job_id: int) -> list[tuple[int, int]]:
+    """(step, world size) of each start of rank 0's member's torchrun processes, from its followed log."""
+    log = cluster.api("get", f"jobs/{job_id}/logs/", params={"format": "ndjson"}).text
+    lines = [json.loads(line) for line in log.splitlines()]
+    said = [r.get("line", "") for r in lines if r.get("rank") == 0]
+    return [(int(m[1]), int(m[2])) for text in said if (m := re.match(r"start: step (\d+), world_size (\d+)", text))]
+
+
+@pytest.mark.timeout(480)
+def test_an_elastic_job_grows_by_a_member_when_a_host_frees_up_and_shrinks_back_for_on_demand_work_under_torchrun(
+    cluster, pytorch
+):
+    # Every RTX 3090 card but one taken (h1 and h3 hold four each): one host's four by an instance, three of the
+    # other's by another; the elastic job (1 to 2 cards, a member per card here) starts on the one card left.
+    whole = cluster.create_instance("RTX3090", 4)
+    three = cluster.create_instance("RTX3090", 3)
+    for instance in (whole, three):
+        cluster.wait_instance(instance["id"], "running", timeout=60)
+    command = uploaded(ELASTIC, "torchrun train.py")  # what a user types: torchrun reads the platform's PET_*
+    body = cluster.work_body(
+        "RTX3090",
+        gpus=1,
+        command=command,
+        image=pytorch,
+        memory_gb=2,
+        elastic_min=1,
+        elastic_max=2,
+        env={"STEPS": "100000", "STEP_S": "0.3"},
+    )
+    response = cluster.api("post", "jobs/", json=body)
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    began = time.monotonic()
+    first = wait_until(lambda: starts(cluster, job_id), timeout=180, what="the elastic job's first start")
+    assert first == [(0, 1)], first
+
+    # A host frees up: a member joins on it, the first keeps running (no requeue) and both go on from the
+    # checkpoint in a world of two.
+    cluster.release(whole["id"])
+    grown = wait_until(
+        lambda: (s := starts(cluster, job_id)) and s[-1][1] == 2 and s, timeout=150, what="a start in a world of 2"
+    )
+    state = cluster.api("get", f"jobs/{job_id}/").json()
+    assert state["status"] == "running" and len(state["members"]) == 2, state
+    assert {m["status"] for m in state["members"]} == {"running"}, state["members"]
+    assert grown[-1][0] > 0, grown  # from where it was, not step 0
+    print(f"grown to 2 members {time.monotonic() - began:.0f} s after its submission: {grown}")
+
+    # On-demand work needs a whole host: the member that joined leaves (the grace to checkpoint) and the instance
+    # starts on its cards; the job runs on, in a world of one again, from where it was.
+    urgent = cluster.create_instance("RTX3090", 4)
+    shrunk = wait_until(
+        lambda: (s := starts(cluster, job_id)) and len(s) > len(grown) and s[-1][1] == 1 and s,
+        timeout=150,
+        what="a start in a world of 1 again",
+    )
+    assert shrunk[-1][0] > grown[-1][0], shrunk
+    cluster.wait_instance(urgent["id"], "running", timeout=60)
+    state = cluster.api("get", f"jobs/{job_id}/").json()
+    assert state["status"] == "running", state
+    assert [(m["rank"], m["status"]) for m in state["members"]] == [(0, "running"), (1, "left")], state["members"]
+    print(f"shrunk back {time.monotonic() - began:.0f} s after its submission: {shrunk}")
+
+    # Billed for the cards it held, second by second: one card, two, one.
+    cards = [
+        c
+        for (c,) in cluster.sql(
+            "SELECT cards FROM billing_metersegment WHERE workload_id = "
+            "(SELECT workload_id FROM portal_job WHERE id = %s) ORDER BY started_at",
+            (job_id,),
+        )
+    ]
+    assert cards == [1, 2, 1], cards
+    assert cluster.api("post", f"jobs/{job_id}/cancel/").status_code in (200, 202)
+    for instance in (three, urgent):
+        cluster.release(instance["id"])

@@ -92,13 +92,13 @@ def test_an_elastic_job_runs_as_a_gang_of_one_member_whose_torchrun_hosts_the_jo
     env = launcher.rendezvous_env(job, rendezvous, local_cards=2)
     assert env["PET_NNODES"] == "1:2" and env["PET_NPROC_PER_NODE"] == "2"
     assert (env["PET_RDZV_BACKEND"], env["PET_RDZV_ENDPOINT"]) == ("c10d", "10.233.1.2:29500")
-    assert env["PET_RDZV_CONF"] == "is_host=true" and env["PET_LOCAL_ADDR"] == "10.233.1.2"
+    assert env["PET_RDZV_CONF"] == "is_host=true,last_call_timeout=30" and env["PET_LOCAL_ADDR"] == "10.233.1.2"
     assert env["PET_RDZV_ID"] == f"{job.uid}-0" and env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     joiner = launcher.Rendezvous(
         rank=1, hosts=(), master_addr="10.233.1.2", master_port=29500, address="10.233.2.2", host_address="10.0.0.2"
     )
     env = launcher.rendezvous_env(job, joiner, local_cards=1)
-    assert env["PET_RDZV_CONF"] == "is_host=false" and env["PET_LOCAL_ADDR"] == "10.233.2.2"
+    assert env["PET_RDZV_CONF"] == "is_host=false,last_call_timeout=30" and env["PET_LOCAL_ADDR"] == "10.233.2.2"
     assert env["PET_RDZV_ENDPOINT"] == "10.233.1.2:29500" and env["PET_NPROC_PER_NODE"] == "1"
 
 
