@@ -90,7 +90,7 @@ def rendezvous_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dic
     saves its checkpoints there). A gang's MASTER_ADDR is rank 0's address for every member, rank 0
     included; on the fenced network that is its container's, and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
     name the interface every member reaches the others on (gloo and NCCL bind and advertise its address)."""
-    gang = rendezvous.nnodes > 1
+    gang = is_member(workload, rendezvous)
     if workload.kind == WorkloadKind.JOB:
         keep = checkpoint_dir(workload)
     else:
@@ -105,12 +105,17 @@ def rendezvous_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dic
         "GPUCLOUD_HOSTFILE": HOSTFILE,
         "AUTO_TMPDIR": keep,
     }
-    elastic = workload.elastic_min is not None and workload.is_gang
-    if (gang or elastic) and settings.INSTANCE_NETWORK_MODE == "fenced":
+    if gang and settings.INSTANCE_NETWORK_MODE == "fenced":
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = INTERFACE
-    if elastic:
+    if workload.elastic_min is not None and workload.is_gang:
         env.update(elastic_env(workload, rendezvous, local_cards=local_cards))
     return env
+
+
+def is_member(workload, rendezvous: Rendezvous) -> bool:
+    """Whether the container is a gang's member: of work on several nodes, or of an elastic gang (which may have
+    one member now and more later: each has its fixed address on the tenants' network from the start)."""
+    return rendezvous.nnodes > 1 or (workload.elastic_min is not None and workload.is_gang)
 
 
 # torchrun's elastic rendezvous keeps no state of its own between the rounds a member's joining or leaving
@@ -191,7 +196,7 @@ def container_spec(
     """Arguments for ``containers.create`` for a placed workload (``with_code``: a job that came with its code,
     which runs in JOB_CODE_PATH; ``rendezvous``: a gang's member, named ``name`` on its node)."""
     rendezvous = rendezvous or Rendezvous()
-    gang = rendezvous.nnodes > 1
+    gang = is_member(workload, rendezvous)
     uuids = [s.uuid for s in shares]
     gpu_environment, device_requests = gpu_request(node, uuids)
     environment = {

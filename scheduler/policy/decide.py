@@ -32,9 +32,13 @@ work's cards), it shrinks if that lets the queued work fit: at once, by at least
 ``elastic_min``), so that one restart serves the jobs that arrive after it rather than one restart per
 arriving job (each costs the whole job its restart time, the penalty Pollux weighs against a
 re-allocation); a job grown to twice its asked size comes back to it. On a node, rigid victims are
-evicted before elastic ones: shrinking is elastic work's way of giving cards back. A resize is a
-restart from checkpoint with the new world size: ``Decisions.resize`` carries the new parts, and
-``decide`` updates the resized running ``Work`` and the cluster's free capacity.
+evicted before elastic ones: shrinking is elastic work's way of giving cards back. A grow first keeps the
+cards it holds and adds members on other nodes (``placement.extend_fit``: what an elastic gang does in place,
+members joining it while it runs), and re-places the whole work only where that finds no card; a shrink keeps
+its first cards, rank 0's first, so it drops whole members where it can (leaving in place). Whether a resize is
+done in place or as a restart from checkpoint with the new world size is the live system's to see
+(``services.elastic``): ``Decisions.resize`` carries the new parts, and ``decide`` updates the resized running
+``Work`` and the cluster's free capacity.
 """
 
 from __future__ import annotations
@@ -632,7 +636,8 @@ def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, con
 def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, config, strategy, out, reserved) -> None:
     """Elastic work grows into idle cards: those still free once every queued work has had its turn this
     tick (no queued work could take them), outside reserved nodes. Work placed this tick grows before it
-    starts (no resize); running work restarts at its new size. ``reserved``: mask of reserved nodes or None."""
+    starts (no resize); running work grows by members on other nodes where it can (in place), else at a new
+    placement (a restart). ``reserved``: mask of reserved nodes or None."""
     allowed = None if reserved is None else ~reserved
     for place, work in placed:
         request = replace(work.request, gpu_count=place.gpu_count, nodes=None)

@@ -111,7 +111,23 @@ def test_a_plain_torchrun_all_reduce_runs_between_two_members_on_two_hosts(clust
     )
 
 
+# What the elastic test adds to a run (6 Dec 2026, a cluster of its own): the member joined 55 s after the
+# host freed up (33 s of it between the joiner's torchrun reaching the rendezvous and the new world's first
+# step) and the shrink took 26 s to a world of one; about 3 minutes in all.
 ELASTIC = ROOT / "examples" / "elastic" / "train.py"
+
+
+def waited(cluster, job_id: int, predicate, *, timeout: float, what: str):
+    """``wait_until``, whose failure shows the job's state and its log's last lines."""
+    try:
+        return wait_until(predicate, timeout=timeout, what=what, every=1)
+    except AssertionError as exc:
+        state = cluster.api("get", f"jobs/{job_id}/").json()
+        log = cluster.api("get", f"jobs/{job_id}/logs/", params={"format": "ndjson"}).text
+        records = [json.loads(line) for line in log.splitlines()][-40:]
+        raise AssertionError(
+            f"{exc}\n{state['status']}: {state['status_reason']}; members {state.get('members')}\n{shown(records)}"
+        ) from None
 
 
 def starts(cluster, job_id: int) -> list[tuple[int, int]]:
@@ -147,14 +163,18 @@ def test_an_elastic_job_grows_by_a_member_when_a_host_frees_up_and_shrinks_back_
     assert response.status_code == 201, response.text
     job_id = response.json()["id"]
     began = time.monotonic()
-    first = wait_until(lambda: starts(cluster, job_id), timeout=180, what="the elastic job's first start")
+    first = waited(cluster, job_id, lambda: starts(cluster, job_id), timeout=180, what="the elastic job's first start")
     assert first == [(0, 1)], first
 
     # A host frees up: a member joins on it, the first keeps running (no requeue) and both go on from the
     # checkpoint in a world of two.
     cluster.release(whole["id"])
-    grown = wait_until(
-        lambda: (s := starts(cluster, job_id)) and s[-1][1] == 2 and s, timeout=150, what="a start in a world of 2"
+    grown = waited(
+        cluster,
+        job_id,
+        lambda: (s := starts(cluster, job_id)) and s[-1][1] == 2 and s,
+        timeout=150,
+        what="a start in a world of 2",
     )
     state = cluster.api("get", f"jobs/{job_id}/").json()
     assert state["status"] == "running" and len(state["members"]) == 2, state
@@ -165,7 +185,9 @@ def test_an_elastic_job_grows_by_a_member_when_a_host_frees_up_and_shrinks_back_
     # On-demand work needs a whole host: the member that joined leaves (the grace to checkpoint) and the instance
     # starts on its cards; the job runs on, in a world of one again, from where it was.
     urgent = cluster.create_instance("RTX3090", 4)
-    shrunk = wait_until(
+    shrunk = waited(
+        cluster,
+        job_id,
         lambda: (s := starts(cluster, job_id)) and len(s) > len(grown) and s[-1][1] == 1 and s,
         timeout=150,
         what="a start in a world of 1 again",
@@ -187,6 +209,15 @@ def test_an_elastic_job_grows_by_a_member_when_a_host_frees_up_and_shrinks_back_
         )
     ]
     assert cards == [1, 2, 1], cards
+    # Stopped by its owner: its last member stops, nothing of it is held any more.
     assert cluster.api("post", f"jobs/{job_id}/cancel/").status_code in (200, 202)
+    stopped = waited(
+        cluster,
+        job_id,
+        lambda: (s := cluster.api("get", f"jobs/{job_id}/").json())["status"] == "stopped" and s,
+        timeout=60,
+        what="the job stopped",
+    )
+    assert [m["status"] for m in stopped["members"]] == ["stopped", "left"], stopped["members"]
     for instance in (three, urgent):
         cluster.release(instance["id"])
