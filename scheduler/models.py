@@ -300,6 +300,9 @@ class Workload(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    resized_at = models.DateTimeField(
+        null=True, blank=True, help_text="An elastic gang's last change of members while it ran (services.elastic)."
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -222,12 +222,14 @@ HOLDING_TIMES = {
     "queued_s": "queued_at",
     "started_s": "started_at",
     "accrued_s": "accrued_at",
+    "resized_s": "resized_at",
 }
 
 
 def holding_rows(*, ids: list[int] | None = None, version: str | None = None) -> list:
     """Work holding resources (starting, running, stopping) as named rows of ``HOLDING_FIELDS`` and its
-    times as seconds since 1970 (``created_s``, ``queued_s``, ``started_s``, ``accrued_s``; None where unset).
+    times as seconds since 1970 (``created_s``, ``queued_s``, ``started_s``, ``accrued_s``, ``resized_s``; None where
+    unset).
     ``ids``: only these (None: all); ``version``: an SQL expression of the row's version, read as ``version``
     (``scheduler.holding``).
 

@@ -174,8 +174,9 @@ def _holding_work(w, epoch: float, attained: float, now: float) -> policy.Work:
     fallback to on-demand matter only while work waits, and are left out. ``now``: seconds since 1970.
 
     Its ``remaining`` runs to the end of its maximum runtime (the latest it frees its cards: what a
-    reservation's start is reckoned from). Elastic work last changed size when its run started (each
-    resize is a new run); while it starts it may not be resized. Elastic work of one node keeps to that
+    reservation's start is reckoned from). Elastic work last changed size when its run started (a restart
+    is a new run) or when a member last joined or left it (``resized_at``); while it starts it may not be
+    resized. Elastic work of one node keeps to that
     node (its checkpoint volume is there): it grows only there, and is requeued there after a resize."""
     kept = _kept_for(w, epoch)
     work = policy.Work(
@@ -231,7 +232,10 @@ def _kept_for(w, epoch: float) -> _Kept:
         "started": (w.started_s or w.created_s) - epoch,
         "elastic_min": w.elastic_min,
         "elastic_max": w.elastic_max,
-        "resized_at": w.started_s - epoch if elastic and w.started_s is not None else -float("inf"),
+        # Its last resize: its run's start (a restart is a new run), or a member's joining or leaving since.
+        "resized_at": max(w.started_s, w.resized_s or 0) - epoch
+        if elastic and w.started_s is not None
+        else -float("inf"),
     }
     end = w.started_s + w.max_runtime_s if w.max_runtime_s and w.started_s is not None else None
     kept = _kept[w.pk] = _Kept(w, epoch, fixed, end, resized_now=elastic and w.started_s is None)

@@ -103,6 +103,9 @@ def resize_in_place(workload: Workload, joins: list[Part], leaves: list[Workload
                 status=M.LEAVING, reason=f"leaving: {reason}"[:255], changed_at=Now()
             )
         ]
+        if not (joined or left):
+            return False
+        Workload.objects.filter(pk=locked.pk).update(resized_at=Now())  # the next resize waits its interval
         if joined:
             names = ", ".join(f"rank {m.rank} joins on {m.node_name}" for m in joined)
             workload_meter_change(locked, MeterChange.RESIZE, f"{reason}: {names}")
@@ -111,4 +114,4 @@ def resize_in_place(workload: Workload, joins: list[Part], leaves: list[Workload
         for member in left:
             send_after_commit(ToNode.STOP, locked.pk, member.node_name, node=member.node_name)
         workload.gpu_count = locked.gpu_count
-        return bool(joined or left)
+        return True

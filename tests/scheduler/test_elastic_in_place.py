@@ -247,3 +247,23 @@ def test_a_resize_that_changes_a_members_own_cards_restarts_the_gang_which_comes
     job.refresh_from_db()
     assert (job.status, job.gpu_count, sum(cards_by_node(job).values())) == (S.STARTING, 1, 1)
     assert job.is_gang and [status for _, _, status in members(job)] == [M.STARTING]  # a gang of one again
+
+
+def test_a_gang_grown_in_place_waits_the_resize_interval_before_it_grows_again(user, nodes, settings):
+    settings.SCHEDULER_RESIZE_INTERVAL_S = 1800
+    a, b = nodes
+    c = make_node("sim:2xRTX3090", cpu_cores=8, memory_mb=16384)
+    held = [workload(user, gpu_count=2, priority=0, pinned_node=node) for node in (b, c)]
+    job = elastic_job(user, high=6)
+    tick.schedule_tick()
+    job.refresh_from_db()
+    all_running(job, since_s=3600)  # started an hour ago: it may grow
+    workload_transition(held[0], to=S.STOPPED, allowed_from=[S.QUEUED, S.STARTING], reason="stopped")
+    assert tick.schedule_tick().resized == [job.pk]  # a member joins on b
+    all_running(job, since_s=3600)
+    workload_transition(held[1], to=S.STOPPED, allowed_from=[S.QUEUED, S.STARTING], reason="stopped")
+
+    assert tick.schedule_tick().resized == []  # c is idle, but the last change was a moment ago
+    Workload.objects.filter(pk=job.pk).update(resized_at=timezone.now() - timedelta(seconds=1801))
+    assert tick.schedule_tick().resized == [job.pk]
+    assert [node for _, node, _ in members(job)] == [a.name, b.name, c.name]
