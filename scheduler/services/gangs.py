@@ -27,7 +27,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.db.models.functions import Now
 
 from core.clock import db_now
@@ -78,10 +78,12 @@ def member_stopped(member: WorkloadMember, *, exit_code: int | None, reason: str
 
 
 def _member_ended(member: WorkloadMember, status: str, *, exit_code: int | None, reason: str) -> bool:
-    """A leaving member's container ended, whichever way: it left (``gang_step`` gives its cards back); any
-    other live member's ended as ``status``."""
+    """A leaving member's container ended, whichever way: it left (``gang_step`` gives its cards back), and so
+    did a member joining a running gang that ended before it ran (it never started: the gang runs on without
+    it); any other live member's ended as ``status``."""
     fields = dict(exit_code=exit_code, reason=reason[:255])
-    if WorkloadMember.objects.filter(pk=member.pk, status=M.LEAVING).update(status=M.LEFT, changed_at=Now(), **fields):
+    leaving = Q(status=M.LEAVING) | Q(status=M.STARTING, workload__status=S.RUNNING)
+    if WorkloadMember.objects.filter(leaving, pk=member.pk).update(status=M.LEFT, changed_at=Now(), **fields):
         _step_soon(member.workload_id)
         return True
     return _member_moved(member, [M.STARTING, M.RUNNING], status=status, **fields)

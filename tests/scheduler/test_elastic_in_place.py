@@ -267,3 +267,21 @@ def test_a_gang_grown_in_place_waits_the_resize_interval_before_it_grows_again(u
     Workload.objects.filter(pk=job.pk).update(resized_at=timezone.now() - timedelta(seconds=1801))
     assert tick.schedule_tick().resized == [job.pk]
     assert [node for _, node, _ in members(job)] == [a.name, b.name, c.name]
+
+
+def test_a_member_that_fails_to_join_leaves_and_the_gang_runs_on(user, nodes):
+    a, b = nodes
+    instance = workload(user, gpu_count=2, priority=0, pinned_node=b)
+    job = elastic_job(user)
+    tick.schedule_tick()
+    job.refresh_from_db()
+    all_running(job)
+    workload_transition(instance, to=S.STOPPED, allowed_from=[S.QUEUED, S.STARTING], reason="stopped")
+    assert tick.schedule_tick().resized == [job.pk]
+    joiner = WorkloadMember.objects.get(workload=job, rank=1)
+
+    assert gangs.member_exited(joiner, exit_code=None, reason="cannot pull image x")  # its agent's launch failed
+    assert gangs.gang_step(job.pk) is None
+    job.refresh_from_db()
+    assert job.status == S.RUNNING and job.gpu_count == 2 and cards_by_node(job) == {a.pk: 2}
+    assert members(job) == [(0, a.name, M.RUNNING), (1, b.name, M.LEFT)]
