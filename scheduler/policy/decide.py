@@ -654,13 +654,21 @@ def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, c
         if reserved is not None and any(reserved[node] for node, _ in work.parts):
             continue
         old = work.request.gpu_count
-        parts = None
+        args = (work.request, work.parts, work.elastic_max, strategy, allowed)
+        grow = largest_fit
         if work.request.pinned_node is None:  # (work that keeps to its node grows there or not at all)
-            parts = extend_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
-        parts = parts or largest_fit(cluster, work.request, work.parts, work.elastic_max, strategy, allowed)
+            # In place (members join) where that grows it as much as a new placement would.
+            extended, placed = extend_fit(cluster.copy(), *args), largest_fit(cluster.copy(), *args)
+            if extended is not None and _cards(extended) >= (_cards(placed) if placed else 0):
+                grow = extend_fit
+        parts = grow(cluster, *args)
         if parts is not None:
             count = sum(len(p.cards) for p in parts)
             _apply_resize(work, parts, now, f"grown from {old} to {count} cards into idle capacity", out)
+
+
+def _cards(parts: list[Part]) -> int:
+    return sum(len(p.cards) for p in parts)
 
 
 def _victim_order(victim: Work, run_levels: dict):
