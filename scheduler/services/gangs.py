@@ -39,6 +39,8 @@ S = WorkloadStatus
 M = MemberStatus
 LIVE = M.live()
 GONE = [M.LEAVING, M.LEFT]  # an elastic gang's members leaving or gone while it runs on: not the gang's end
+# Members whose end is a leaving, not the gang's: told to leave, or joining a running gang (never started).
+LEAVES = Q(status=M.LEAVING) | Q(status=M.STARTING, workload__status=S.RUNNING)
 FAILED_PREFIX = "failed: "  # a stopping gang whose reason says so ends failed, not stopped
 
 
@@ -82,8 +84,7 @@ def _member_ended(member: WorkloadMember, status: str, *, exit_code: int | None,
     did a member joining a running gang that ended before it ran (it never started: the gang runs on without
     it); any other live member's ended as ``status``."""
     fields = dict(exit_code=exit_code, reason=reason[:255])
-    leaving = Q(status=M.LEAVING) | Q(status=M.STARTING, workload__status=S.RUNNING)
-    if WorkloadMember.objects.filter(leaving, pk=member.pk).update(status=M.LEFT, changed_at=Now(), **fields):
+    if WorkloadMember.objects.filter(LEAVES, pk=member.pk).update(status=M.LEFT, changed_at=Now(), **fields):
         _step_soon(member.workload_id)
         return True
     return _member_moved(member, [M.STARTING, M.RUNNING], status=status, **fields)
@@ -253,10 +254,10 @@ def gangs_of_lost_node(node, *, why: str) -> list[int]:
     requeued as one."""
     requeued = []
     for member in WorkloadMember.objects.filter(node=node, status__in=LIVE).select_related("workload"):
-        if WorkloadMember.objects.filter(pk=member.pk, status=M.LEAVING).update(
+        if WorkloadMember.objects.filter(LEAVES, pk=member.pk).update(
             status=M.LEFT, reason=f"left; its host is lost ({why})"[:255], changed_at=Now()
         ):
-            _step_soon(member.workload_id)  # it was leaving anyway: the gang runs on
+            _step_soon(member.workload_id)  # it was leaving (or joining) anyway: the gang runs on
             continue
         WorkloadMember.objects.filter(pk=member.pk, status__in=LIVE).update(
             status=M.STOPPED, reason=f"its host is lost ({why})"[:255], changed_at=Now()

@@ -285,3 +285,17 @@ def test_a_member_that_fails_to_join_leaves_and_the_gang_runs_on(user, nodes):
     job.refresh_from_db()
     assert job.status == S.RUNNING and job.gpu_count == 2 and cards_by_node(job) == {a.pk: 2}
     assert members(job) == [(0, a.name, M.RUNNING), (1, b.name, M.LEFT)]
+
+
+def test_a_lost_host_of_a_member_leaving_or_joining_does_not_stop_the_gang(user, nodes):
+    a, b = nodes
+    job = grown(user, nodes)
+    workload(user, kind="job", gpu_count=2, preemptible=True)
+    tick.schedule_tick()  # rank 1 leaves
+    rank0, rank1 = gangs.gang_members(job)
+    lost = next(n for n in nodes if n.name == rank1.node_name)
+
+    assert gangs.gangs_of_lost_node(lost, why="no heartbeat") == []
+    gangs.gang_step(job.pk)
+    job.refresh_from_db()
+    assert job.status == S.RUNNING and job.gpu_count == 2 and members(job)[1][2] == M.LEFT
