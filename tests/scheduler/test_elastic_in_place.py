@@ -12,6 +12,7 @@ import pytest
 from django.utils import timezone
 
 from agent import launcher
+from billing.metering import meter_reconcile, running_intervals
 from billing.models import MeterSegment, RateCard
 from core.messages import ToNode, node_queue
 from scheduler import tick
@@ -133,6 +134,9 @@ def test_a_running_elastic_gang_grows_by_a_member_that_joins_on_a_freed_node_and
     segments = list(MeterSegment.objects.filter(workload=job).order_by("started_at"))
     assert [(s.cards, s.ended_at is not None) for s in segments] == [(2, True), (4, False)]
     assert segments[0].ended_at == segments[1].started_at  # no second lost or counted twice
+    # The event history says the same: rebuilding the segments from it changes nothing.
+    assert meter_reconcile(since=timezone.now() - timedelta(hours=2)) == 0
+    assert [(s.started_at, s.ended_at) for s in segments] == [(a, b) for a, b, _ in running_intervals(job.events.all())]
     event = WorkloadEvent.objects.filter(workload=job, meter=MeterChange.RESIZE).get()
     assert "grown from 2 to 4 cards" in event.reason and f"rank 1 joins on {b.name}" in event.reason
 
