@@ -98,20 +98,7 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
                 .order_by("pk")
                 .values_list("pk", flat=True)
             )
-            nodes = {
-                n.pk: n
-                for n in Node.objects.select_for_update()
-                .filter(pk__in={part.node_id for p in placements for part in p.parts}, status=NodeStatus.ACTIVE)
-                .order_by("pk")
-            }
-            cards = {
-                c.pk: c
-                for c in Gpu.objects.select_for_update()
-                .filter(id__in={s.gpu_id for p in placements for part in p.parts for s in part.shares})
-                .order_by("id")
-            }
-            _share_sizes_held(cards)
-            _disk_room(nodes)
+            nodes, cards = _rows_locked([part for p in placements for part in p.parts])
             ports = _ports_in_use([p.node_id for p in placements if p.gang])
             placed = [p for p in placements if p.workload.pk in queued and _take(p, nodes, cards, ports)]
             if placed:
@@ -120,6 +107,40 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
         # A check constraint caught what the re-check above should have: treat as no fit.
         return []
     return placed
+
+
+def _rows_locked(parts: list[Part]) -> tuple[dict, dict]:
+    """The parts' active nodes and their cards by id, locked in the lock order (nodes, then cards, each by id),
+    with the share sizes each card serves and each node's disk room."""
+    nodes = {
+        n.pk: n
+        for n in Node.objects.select_for_update()
+        .filter(pk__in={part.node_id for part in parts}, status=NodeStatus.ACTIVE)
+        .order_by("pk")
+    }
+    cards = {
+        c.pk: c
+        for c in Gpu.objects.select_for_update()
+        .filter(id__in={s.gpu_id for part in parts for s in part.shares})
+        .order_by("id")
+    }
+    _share_sizes_held(cards)
+    _disk_room(nodes)
+    return nodes, cards
+
+
+def _taken_write(taken: list[tuple[int, list[Part]]], nodes: dict, cards: dict) -> None:
+    """What was taken in memory ((workload id, its parts) each), written: the cards' and the nodes' counters,
+    and an allocation row per share."""
+    touched_cards = {s.gpu_id for _, parts in taken for part in parts for s in part.shares}
+    rows_update(Gpu, [cards[i] for i in touched_cards], ["allocated_milli", "allocated_memory_mb"])
+    touched_nodes = {part.node_id for _, parts in taken for part in parts}
+    rows_update(Node, [nodes[i] for i in touched_nodes], ["allocated_cpu", "allocated_memory_mb"])
+    rows_insert(
+        Allocation,
+        ["workload_id", "gpu_id", "milli", "memory_mb"],
+        [(pk, s.gpu_id, s.milli, s.memory_mb) for pk, parts in taken for part in parts for s in part.shares],
+    )
 
 
 def _share_sizes_held(cards: dict) -> None:
@@ -240,31 +261,12 @@ def members_join(workload: Workload, parts: list[Part]) -> list[WorkloadMember]:
     )
     if len({p.node_id for p in parts} | held) != len(parts) + len(held):
         return []  # one member per node
-    nodes = {
-        n.pk: n
-        for n in Node.objects.select_for_update()
-        .filter(pk__in=[p.node_id for p in parts], status=NodeStatus.ACTIVE)
-        .order_by("pk")
-    }
-    cards = {
-        c.pk: c
-        for c in Gpu.objects.select_for_update()
-        .filter(id__in={s.gpu_id for p in parts for s in p.shares})
-        .order_by("id")
-    }
-    _share_sizes_held(cards)
-    _disk_room(nodes)
+    nodes, cards = _rows_locked(parts)
     for part in parts:
         if not _part_fits(workload, part, nodes, cards):
             return []
         _part_take(workload, part, nodes, cards)
-    rows_update(Gpu, [cards[s.gpu_id] for p in parts for s in p.shares], ["allocated_milli", "allocated_memory_mb"])
-    rows_update(Node, [nodes[p.node_id] for p in parts], ["allocated_cpu", "allocated_memory_mb"])
-    rows_insert(
-        Allocation,
-        ["workload_id", "gpu_id", "milli", "memory_mb"],
-        [(workload.pk, s.gpu_id, s.milli, s.memory_mb) for p in parts for s in p.shares],
-    )
+    _taken_write([(workload.pk, parts)], nodes, cards)
     # A member that ended on one of these nodes (left, or exited) gives its row to the one that joins there.
     WorkloadMember.objects.filter(workload=workload, node_id__in=list(nodes)).delete()
     last = WorkloadMember.objects.filter(workload=workload).order_by("-rank").values_list("rank", flat=True).first()
@@ -278,15 +280,7 @@ def members_join(workload: Workload, parts: list[Part]) -> list[WorkloadMember]:
 
 
 def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
-    touched_cards = {s.gpu_id for p in placed for part in p.parts for s in part.shares}
-    rows_update(Gpu, [cards[i] for i in touched_cards], ["allocated_milli", "allocated_memory_mb"])
-    touched_nodes = {part.node_id for p in placed for part in p.parts}
-    rows_update(Node, [nodes[i] for i in touched_nodes], ["allocated_cpu", "allocated_memory_mb"])
-    rows_insert(
-        Allocation,
-        ["workload_id", "gpu_id", "milli", "memory_mb"],
-        [(p.workload.pk, s.gpu_id, s.milli, s.memory_mb) for p in placed for part in p.parts for s in part.shares],
-    )
+    _taken_write([(p.workload.pk, p.parts) for p in placed], nodes, cards)
     _members_write(placed, nodes)
     now = timezone.now()
     workloads = []
