@@ -73,11 +73,9 @@ def agent_launch(workload_id: int, node_name: str | None = None) -> None:
 
 def _launch(workload_id: int, node_name: str) -> None:
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
-    if workload is None or workload.status not in (S.STARTING, S.RUNNING):
+    if not _launchable(workload):
         return
-    if workload.status == S.RUNNING and not workload.is_gang:
-        return
-    if workload.is_gang:  # starting, or running: an elastic gang's member that joins it (services.elastic)
+    if workload.is_gang:
         members = gang_service.gang_members(workload)
         member = next((m for m in members if m.node_name == node_name), None)
         if member is not None and member.status == MemberStatus.STARTING:
@@ -122,6 +120,14 @@ def _launch(workload_id: int, node_name: str) -> None:
         # Stopped, released or lost while it launched: do not leave its container running.
         log.info("workload %s left starting while it launched; stopping its container", workload_id)
         launcher.container_stop(workload.container_name, grace_s=settings.INSTANCE_STOP_GRACE_S)
+
+
+def _launchable(workload: Workload | None) -> bool:
+    """Whether a launch (or its image's pull) may go on: the work is starting, or it is a gang that runs while
+    a member joins it (an elastic gang: ``services.elastic``)."""
+    return workload is not None and (
+        workload.status == S.STARTING or (workload.status == S.RUNNING and workload.is_gang)
+    )
 
 
 def _launch_member(workload: Workload, members: list[WorkloadMember], member: WorkloadMember) -> None:
@@ -231,12 +237,10 @@ def agent_image_pull(workload_id: int, node_name: str | None = None) -> None:
     the node's queue; a pull that fails fails the launch, saying why. ``node_name``: this host, where a
     gang's member is launched (its failure is the member's: the gang stops as one)."""
     workload = Workload.objects.select_related("node").filter(pk=workload_id).first()
-    if workload is None or workload.status not in (S.STARTING, S.RUNNING):
-        return
-    if workload.status == S.RUNNING and not workload.is_gang:
+    if not _launchable(workload):
         return
     member = None
-    if workload.is_gang:  # a running gang's: a member that joins it
+    if workload.is_gang:
         member = gang_service.gang_member_on(workload, node_name or settings.NODE_NAME)
         if member is None or member.status != MemberStatus.STARTING:
             return

@@ -107,15 +107,20 @@ def rendezvous_env(workload, rendezvous: Rendezvous, *, local_cards: int) -> dic
     }
     if gang and settings.INSTANCE_NETWORK_MODE == "fenced":
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = INTERFACE
-    if workload.elastic_min is not None and workload.is_gang:
+    if elastic_gang(workload):
         env.update(elastic_env(workload, rendezvous, local_cards=local_cards))
     return env
+
+
+def elastic_gang(workload) -> bool:
+    """Elastic work placed as a gang: its members may join and leave while it runs (``services.elastic``)."""
+    return workload.elastic_min is not None and workload.is_gang
 
 
 def is_member(workload, rendezvous: Rendezvous) -> bool:
     """Whether the container is a gang's member: of work on several nodes, or of an elastic gang (which may have
     one member now and more later: each has its fixed address on the tenants' network from the start)."""
-    return rendezvous.nnodes > 1 or (workload.elastic_min is not None and workload.is_gang)
+    return rendezvous.nnodes > 1 or elastic_gang(workload)
 
 
 # torchrun's elastic rendezvous keeps no state of its own between the rounds a member's joining or leaving
