@@ -126,14 +126,23 @@ class ClusterState:
         self.card_class[at] = share_class
         self.model[at] = model
 
+    # What a placement changes: a scratch copy has its own, the rest is shared.
+    CAPACITY = ("cpu_free", "mem_free", "disk_free", "free", "card_mem_free", "card_class", "version")
+
     def copy(self) -> ClusterState:
         """A scratch copy whose capacity can change without touching this one."""
         other = object.__new__(ClusterState)
         other.__dict__.update(self.__dict__)
-        for name in ("cpu_free", "mem_free", "disk_free", "free", "card_mem_free", "card_class", "version"):
+        for name in self.CAPACITY:
             setattr(other, name, getattr(self, name).copy())
         other.score_cache = {}
         return other
+
+    def adopt(self, scratch: ClusterState) -> None:
+        """Take a scratch copy's capacity as this one's (what was tried on it is kept). This one's scores stay
+        valid: a node the copy changed has a higher version than any score of it here."""
+        for name in self.CAPACITY:
+            getattr(self, name)[...] = getattr(scratch, name)
 
     def model_code(self, name: str | None) -> int:
         if name is None:

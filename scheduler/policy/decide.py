@@ -65,6 +65,7 @@ from scheduler.policy.placement import (
     fits_after,
     gang_plan,
     give_parts,
+    held_parts,
     is_gang,
     largest_fit,
     take_parts,
@@ -591,7 +592,7 @@ def _resizable(work: Work, now: float, config: MlfqConfig) -> bool:
 
 
 def _apply_resize(work: Work, parts: list[Part], now: float, reason: str, out: Decisions) -> None:
-    count = sum(len(p.cards) for p in parts)
+    count = _cards(parts)
     work.request = replace(work.request, gpu_count=count, nodes=None)
     work.node, work.cards = parts[0].node, parts[0].cards
     work.rest = [(p.node, p.cards) for p in parts[1:]]
@@ -628,7 +629,7 @@ def _shrink_for(cluster, waiter: Work, r: Request, elastic: list[Work], now, con
     for work, count, kept, dropped in plan:
         old = work.request.gpu_count
         _give_dropped(cluster, work.request, dropped)
-        parts = [Part(n, c, [cluster.memory_for(n, card, WHOLE_CARD) for card in c]) for n, c in kept]
+        parts = held_parts(cluster, kept)
         _apply_resize(work, parts, now, f"shrunk from {old} to {count} cards for queued work {waiter.id}", out)
     return True
 
@@ -655,16 +656,19 @@ def _grow(cluster, elastic: list[Work], placed: list[tuple[Place, Work]], now, c
             continue
         old = work.request.gpu_count
         args = (work.request, work.parts, work.elastic_max, strategy, allowed)
-        grow = largest_fit
         if work.request.pinned_node is None:  # (work that keeps to its node grows there or not at all)
-            # In place (members join) where that grows it as much as a new placement would.
-            extended, placed = extend_fit(cluster.copy(), *args), largest_fit(cluster.copy(), *args)
-            if extended is not None and _cards(extended) >= (_cards(placed) if placed else 0):
-                grow = extend_fit
-        parts = grow(cluster, *args)
+            # In place (members join) where that grows it as much as a new placement would: each tried on a
+            # scratch copy, the one kept adopted.
+            in_place, placed = cluster.copy(), cluster.copy()
+            parts, other = extend_fit(in_place, *args), largest_fit(placed, *args)
+            if parts is None or (other is not None and _cards(parts) < _cards(other)):
+                parts, in_place = other, placed
+            if parts is not None:
+                cluster.adopt(in_place)
+        else:
+            parts = largest_fit(cluster, *args)
         if parts is not None:
-            count = sum(len(p.cards) for p in parts)
-            _apply_resize(work, parts, now, f"grown from {old} to {count} cards into idle capacity", out)
+            _apply_resize(work, parts, now, f"grown from {old} to {_cards(parts)} cards into idle capacity", out)
 
 
 def _cards(parts: list[Part]) -> int:

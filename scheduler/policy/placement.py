@@ -558,10 +558,14 @@ def extend_fit(cluster, request: Request, parts, most: int, strategy: str, allow
     best = _most_that_fits(cluster, request, 0, most - sum(len(cards) for _, cards in parts), strategy, mask)
     if best is None:
         return None
-    kept = [
+    return held_parts(cluster, parts) + take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
+
+
+def held_parts(cluster, parts) -> list[Part]:
+    """Whole cards held as they are ((node, cards) each) as ``Part``s, with each card's memory."""
+    return [
         Part(node, list(cards), [cluster.memory_for(node, card, WHOLE_CARD) for card in cards]) for node, cards in parts
     ]
-    return kept + take_parts(cluster, replace(request, gpu_count=best[0], nodes=None), best[1])
 
 
 def _most_that_fits(cluster, request: Request, low: int, high: int, strategy: str, allowed):
