@@ -209,7 +209,8 @@ def test_a_member_leaving_whose_gang_stops_meanwhile_ends_with_it_and_the_gang_s
     assert not Allocation.objects.filter(workload=job).exists()
 
 
-def test_a_member_that_never_joins_is_given_up_and_the_gang_runs_on_without_its_cards(user, nodes, settings):
+def joining(user, nodes) -> tuple[Workload, WorkloadMember]:
+    """An elastic gang running on the first node, and the member joining it on the second (its node freed up)."""
     a, b = nodes
     instance = workload(user, gpu_count=2, priority=0, pinned_node=b)
     job = elastic_job(user)
@@ -219,7 +220,12 @@ def test_a_member_that_never_joins_is_given_up_and_the_gang_runs_on_without_its_
     workload_transition(instance, to=S.STOPPED, allowed_from=[S.QUEUED, S.STARTING], reason="stopped")
     assert tick.schedule_tick().resized == [job.pk]
     sent(b)
-    joiner = WorkloadMember.objects.get(workload=job, rank=1)
+    return job, WorkloadMember.objects.get(workload=job, rank=1)
+
+
+def test_a_member_that_never_joins_is_given_up_and_the_gang_runs_on_without_its_cards(user, nodes, settings):
+    a, b = nodes
+    job, joiner = joining(user, nodes)
 
     WorkloadMember.objects.filter(pk=joiner.pk).update(changed_at=timezone.now() - timedelta(seconds=45))
     gangs.gangs_step_all()
@@ -275,14 +281,7 @@ def test_a_gang_grown_in_place_waits_the_resize_interval_before_it_grows_again(u
 
 def test_a_member_that_fails_to_join_leaves_and_the_gang_runs_on(user, nodes):
     a, b = nodes
-    instance = workload(user, gpu_count=2, priority=0, pinned_node=b)
-    job = elastic_job(user)
-    tick.schedule_tick()
-    job.refresh_from_db()
-    all_running(job)
-    workload_transition(instance, to=S.STOPPED, allowed_from=[S.QUEUED, S.STARTING], reason="stopped")
-    assert tick.schedule_tick().resized == [job.pk]
-    joiner = WorkloadMember.objects.get(workload=job, rank=1)
+    job, joiner = joining(user, nodes)
 
     assert gangs.member_exited(joiner, exit_code=None, reason="cannot pull image x")  # its agent's launch failed
     assert gangs.gang_step(job.pk) is None
