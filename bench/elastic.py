@@ -61,7 +61,9 @@ def run(task: tuple):
     rigid, gpus, load = philly_jct.window(start_day, days, load)
     config = replace(MlfqConfig(), resize_interval_s=args.resize_interval_s)
     row = {"window": name, "jobs": len(rigid), "gpus": gpus, "offered_load": load}
-    for kind, jobs in (("rigid", rigid), ("elastic", elastic(rigid, args.grow))):
+    flexible = elastic(rigid, args.grow)
+    chosen = {j.id for j in flexible if j.elastic_min is not None}  # the jobs that are elastic in the second run
+    for kind, jobs in (("rigid", rigid), ("elastic", flexible)):
         started = time.perf_counter()
         result = simulate(
             jobs,
@@ -71,8 +73,8 @@ def run(task: tuple):
             restart_s=args.restart_s,
             scale_above=args.scale_above,
         )
-        # The jobs that may be elastic, in both runs: what a user who chooses elastic gets.
-        own = np.array([result.done[j.id] - j.submit for j in rigid if j.gpu_count >= 2 and j.id in result.done])
+        # The same jobs in both runs: what a user who chooses elastic gets.
+        own = np.array([result.done[j.id] - j.submit for j in rigid if j.id in chosen and j.id in result.done])
         row |= {
             f"{kind}_elastic_jobs_avg_jct_s": round(float(own.mean())) if own.size else 0,
             f"{kind}_elastic_jobs_p95_jct_s": round(float(np.percentile(own, 95))) if own.size else 0,
@@ -83,7 +85,7 @@ def run(task: tuple):
             f"{kind}_seconds": round(time.perf_counter() - started, 1),
         }
         if kind == "elastic":
-            row |= {"elastic_jobs": sum(j.elastic_min is not None for j in jobs), "resizes": result.resizes}
+            row |= {"elastic_jobs": len(chosen), "resizes": result.resizes}
     row["avg_jct_change_pct"] = round(100 * (row["elastic_avg_jct_s"] / row["rigid_avg_jct_s"] - 1), 1)
     row["p95_jct_change_pct"] = round(100 * (row["elastic_p95_jct_s"] / row["rigid_p95_jct_s"] - 1), 1)
     for stat in ("avg", "p95"):
