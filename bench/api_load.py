@@ -11,14 +11,18 @@ a constant answer; /healthz/, with no authentication, is shown too):
     from each request's scheduled time (so queueing counts);
 (3) the list alone and the trivial view alone, each at half its own capacity,
     in turns (list, trivial, trivial, list; --seconds in all per kind) after a
-    CHECKPOINT: their p99s and the ratio.
+    CHECKPOINT: their p99s and the ratio;
+(4) both in one open loop, each at a quarter of its own capacity, for --seconds:
+    their p99s and the ratio ("together_..."), which a stall of the machine
+    cannot tilt towards one kind.
 
     python bench/api_load.py [--seconds 30] [--closed-seconds 8]
 
 The load generator is a raw asyncio HTTP/1.1 client with keep-alive, on the same
 machine (it takes part of a core: the numbers are a floor). Uses its own
 PostgreSQL database (gpucloud_bench, recreated) and Redis database 14.
-Ends with {"rps", "ratio_vs_trivial", "scaling_1_to_50", "p50_ms", "p99_ms", "list_p99_vs_trivial"}.
+Ends with {"rps", "ratio_vs_trivial", "scaling_1_to_50", "p50_ms", "p99_ms", "list_p99_vs_trivial",
+"together_list_p99_vs_trivial"}.
 """
 
 import argparse
@@ -176,9 +180,10 @@ async def closed_loop(port: int, headers: str, traffic: Traffic, mix: dict, clie
 
 
 async def open_loop(
-    port: int, headers: str, traffic: Traffic, mix: dict, rate: float, seconds: float
+    port: int, headers: str, traffic: Traffic, mix: dict, rate: float, seconds: float, by_kind: dict | None = None
 ) -> tuple[list[float], list]:
-    """Poisson arrivals at ``rate``/s of ``mix``; latency from each request's scheduled time."""
+    """Poisson arrivals at ``rate``/s of ``mix``; latency from each request's scheduled time (also in
+    ``by_kind``, per kind, when given)."""
     idle: list[Connection] = []
     latencies: list[float] = []
     errors = []
@@ -187,6 +192,8 @@ async def open_loop(
         connection = idle.pop() if idle else Connection(port, headers)
         status = await traffic.send(connection, kind)
         latencies.append(time.monotonic() - scheduled)
+        if by_kind is not None:
+            by_kind.setdefault(kind, []).append(latencies[-1])
         if status >= 400:
             errors.append((kind, status))
         idle.append(connection)
@@ -260,6 +267,13 @@ def main():
             more, failed = asyncio.run(open_loop(port, auth, traffic, {kind: 1}, rate, args.seconds / 2))
             alone[kind].extend(more)
             errors.extend(failed)
+        # Both in one stream, each at a quarter of its capacity (half the server's in all), request by request:
+        # a stall of the machine (bursts of slow answers a second or two long are seen with either alone)
+        # then falls on both kinds alike, and the ratio is the list's own tail against the trivial view's.
+        together: dict[str, list] = {}
+        rates = {kind: capacity[kind, 50] / 4 for kind in ("list", "trivial")}
+        _, failed = asyncio.run(open_loop(port, auth, traffic, rates, sum(rates.values()), args.seconds, together))
+        errors.extend(failed)
     finally:
         server.terminate()
         server.wait(20)
@@ -280,6 +294,11 @@ def main():
         "trivial_p99_ms": round(1000 * percentile(alone["trivial"], 0.99), 1),
     }
     result["list_p99_vs_trivial"] = round(result["list_p99_ms"] / result["trivial_p99_ms"], 2)
+    result["together_list_p99_ms"] = round(1000 * percentile(together["list"], 0.99), 1)
+    result["together_trivial_p99_ms"] = round(1000 * percentile(together["trivial"], 0.99), 1)
+    result["together_list_p99_vs_trivial"] = round(
+        result["together_list_p99_ms"] / result["together_trivial_p99_ms"], 2
+    )
     _setup.report(result, errors=len(errors))
 
 
