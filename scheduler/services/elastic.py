@@ -37,18 +37,23 @@ from scheduler.services.lifecycle import workload_meter_change, workload_transit
 S = WorkloadStatus
 M = MemberStatus
 BUSY = "busy"  # a member still joins or leaves: no other change now
+UNCHANGED = "unchanged"  # the members already hold what the tick decided (it decided on a view of a moment ago)
 
 
 def workload_resize(workload: Workload, *, gpu_count: int, reason: str, parts: list[Part] | None = None) -> bool:
     """Resize running elastic work to ``gpu_count`` cards, at ``parts`` (each node's cards, rank 0's first, as
     the tick decided): in place where it can, else a restart (see the module). Returns False, changing nothing,
     when it is not running (it stopped or is being stopped meanwhile), a member still joins or leaves, the
-    size is outside its range, or the cards to join with were taken meanwhile."""
+    size is outside its range, the cards to join with were taken meanwhile, or it already is at that size:
+    the tick decides on what it read at its start, and a member that was leaving may have left since (its
+    cards given back, the size the tick wanted reached), which is no reason to restart it."""
     if workload.elastic_min is None or not workload.elastic_min <= gpu_count <= workload.elastic_max:
+        return False
+    if gpu_count == workload.gpu_count:
         return False
     if parts is not None and workload.is_gang and workload.status == S.RUNNING:
         change = membership_change(workload, parts)
-        if change == BUSY:
+        if change in (BUSY, UNCHANGED):
             return False
         if change is not None:
             return resize_in_place(workload, *change, reason=reason)
@@ -69,7 +74,8 @@ def workload_resize(workload: Workload, *, gpu_count: int, reason: str, parts: l
 
 def membership_change(workload: Workload, parts: list[Part]):
     """(parts that join, members that leave) when going to ``parts`` keeps every remaining member's cards, rank
-    0's among them; None when it does not (a restart), ``BUSY`` while a member joins or leaves."""
+    0's among them; None when it does not (a restart), ``BUSY`` while a member joins or leaves, ``UNCHANGED``
+    when the live members hold just ``parts`` already."""
     members = list(WorkloadMember.objects.filter(workload=workload, status__in=M.live()).order_by("rank"))
     if not members or any(m.status != M.RUNNING for m in members):
         return BUSY if members else None
@@ -84,7 +90,7 @@ def membership_change(workload: Workload, parts: list[Part]):
             return None  # a member's own cards change: torchrun cannot change a member's processes in place
     joins = [part for part in parts if part.node_id not in held]
     leaves = [m for m in members if m.node_id not in wanted]
-    return (joins, leaves) if joins or leaves else None
+    return (joins, leaves) if joins or leaves else UNCHANGED
 
 
 def resize_in_place(workload: Workload, joins: list[Part], leaves: list[WorkloadMember], *, reason: str) -> bool:

@@ -194,6 +194,40 @@ def test_an_elastic_gang_shrinks_by_a_member_that_leaves_with_the_grace_and_the_
     assert gangs.gang_step(job.pk) == S.SUCCEEDED
 
 
+def test_a_shrink_decided_as_the_leaving_member_leaves_changes_nothing_more_and_the_gang_runs_on(
+    user, nodes, monkeypatch, django_capture_on_commit_callbacks
+):
+    # Each tick decides the shrink again while the work it is for waits; one of them reads the gang while its
+    # leaving member still holds its cards, and that member's agent reports it gone before the tick applies the
+    # decision. The size it wanted is reached already: no restart (the CI run of 6 Dec 2026 saw the whole gang
+    # requeued as one here, its member that had left gone from its list).
+    job = grown(user, nodes)
+    rank0, rank1 = gangs.gang_members(job)
+    urgent = workload(user, kind="job", gpu_count=2, preemptible=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tick.schedule_tick().resized == [job.pk]
+    rank1.refresh_from_db()
+    assert rank1.status == M.LEAVING
+
+    applied = tick.workload_resize
+
+    def left_meanwhile(w, **decided):
+        with django_capture_on_commit_callbacks(execute=True):
+            assert gangs.member_stopped(rank1, exit_code=143, reason="stopped")  # its agent, after the grace
+            gangs.gang_step(job.pk)
+        return applied(w, **decided)
+
+    monkeypatch.setattr(tick, "workload_resize", left_meanwhile)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tick.schedule_tick().resized == []
+    job.refresh_from_db()
+    assert (job.status, job.preempt_requested, job.gpu_count) == (S.RUNNING, False, 2), job.status_reason
+    assert members(job) == [(0, rank0.node_name, M.RUNNING), (1, rank1.node_name, M.LEFT)]
+    assert cards_by_node(job) == {job.node_id: 2}
+    monkeypatch.undo()
+    assert tick.schedule_tick().placed == [urgent.pk]
+
+
 def test_a_member_leaving_whose_gang_stops_meanwhile_ends_with_it_and_the_gang_settles(user, nodes):
     job = grown(user, nodes)
     workload(user, kind="job", gpu_count=2, preemptible=True)
