@@ -76,6 +76,27 @@ def cluster():
             pytest.fail(str(exc))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.stash[CALL_FAILED] = report.failed
+
+
+CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(request, cluster):
+    """A test that failed midway may leave its work holding cards: stopped before the next test, which would
+    otherwise find the cards it counts on taken (one failure reported as several)."""
+    yield
+    if request.node.stash.get(CALL_FAILED, False):
+        stopped = cluster.stop_everything()
+        print(f"after the failure: stopped {', '.join(stopped) or 'nothing'}", file=sys.stderr)
+
+
 def pytest_collection_modifyitems(items):
     """The session's cluster starts inside its first test's time (cluster.sh up: engines, the images into its
     registry — on a clean checkout the PyTorch image's root filesystem too): minutes on a busy machine, past

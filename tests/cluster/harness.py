@@ -218,6 +218,30 @@ class Cluster:
         self.action(instance_id, "release")
         self.wait_instance(instance_id, "released")
 
+    def stop_everything(self, timeout: float = 180) -> list[str]:
+        """After a test that failed midway: its owners stop every instance and job still queued or holding cards
+        (what a later test needs free), as a user would; returns what was stopped."""
+        live = "('queued', 'starting', 'running', 'stopping')"
+        rows = self.sql(
+            "SELECT i.id, j.id, u.username FROM scheduler_workload w JOIN auth_user u ON u.id = w.owner_id "
+            "LEFT JOIN portal_instance i ON i.workload_id = w.id LEFT JOIN portal_job j ON j.workload_id = w.id "
+            f"WHERE w.status IN {live} ORDER BY w.id"
+        )
+        stopped = []
+        for instance_id, job_id, user in rows:
+            if instance_id is not None:
+                self.api("post", f"instances/{instance_id}/stop/", user=user)
+                stopped.append(f"instance {instance_id}")
+            elif job_id is not None:
+                self.api("post", f"jobs/{job_id}/cancel/", user=user)
+                stopped.append(f"job {job_id}")
+        wait_until(
+            lambda: not self.sql(f"SELECT 1 FROM scheduler_workload WHERE status IN {live}"),
+            timeout=timeout,
+            what=f"{', '.join(stopped)} to stop",
+        )
+        return stopped
+
     # --- where the outcome lives -------------------------------------------------------------
     def sql(self, query: str, params=()) -> list[tuple]:
         with psycopg.connect(self.info["OWNER_DATABASE_URL"], connect_timeout=10) as conn:

@@ -131,6 +131,15 @@ def waited(cluster, job_id: int, predicate, *, timeout: float, what: str):
         ) from None
 
 
+def history(cluster, job_id: int) -> list[tuple]:
+    """The job's workload's events (status changes, resizes), oldest first: what a failure shows."""
+    return cluster.sql(
+        "SELECT e.from_status, e.to_status, e.reason FROM scheduler_workloadevent e JOIN portal_job j "
+        "ON j.workload_id = e.workload_id WHERE j.id = %s ORDER BY e.id",
+        (job_id,),
+    )
+
+
 def starts(cluster, job_id: int) -> list[tuple[int, int]]:
     """(step, world size) of each start of rank 0's member's torchrun processes, from its followed log."""
     log = cluster.api("get", f"jobs/{job_id}/logs/", params={"format": "ndjson"}).text
@@ -197,7 +206,10 @@ def test_an_elastic_job_grows_by_a_member_when_a_host_frees_up_and_shrinks_back_
     cluster.wait_instance(urgent["id"], "running", timeout=60)
     state = cluster.api("get", f"jobs/{job_id}/").json()
     assert state["status"] == "running", state
-    assert [(m["rank"], m["status"]) for m in state["members"]] == [(0, "running"), (1, "left")], state["members"]
+    assert [(m["rank"], m["status"]) for m in state["members"]] == [(0, "running"), (1, "left")], (
+        state["members"],
+        history(cluster, job_id),
+    )
     print(f"shrunk back {time.monotonic() - began:.0f} s after its submission: {shrunk}")
 
     # Billed for the cards it held, second by second: one card, two, one.
