@@ -44,12 +44,10 @@ def workload_resize(workload: Workload, *, gpu_count: int, reason: str, parts: l
     """Resize running elastic work to ``gpu_count`` cards, at ``parts`` (each node's cards, rank 0's first, as
     the tick decided): in place where it can, else a restart (see the module). Returns False, changing nothing,
     when it is not running (it stopped or is being stopped meanwhile), a member still joins or leaves, the
-    size is outside its range, the cards to join with were taken meanwhile, or it already is at that size:
-    the tick decides on what it read at its start, and a member that was leaving may have left since (its
-    cards given back, the size the tick wanted reached), which is no reason to restart it."""
+    size is outside its range, the cards to join with were taken meanwhile, or its members hold ``parts``
+    already: the tick decides on what it read at its start, and a member that was leaving may have left since
+    (its cards given back, the size the tick wanted reached), which is no reason to restart it."""
     if workload.elastic_min is None or not workload.elastic_min <= gpu_count <= workload.elastic_max:
-        return False
-    if gpu_count == workload.gpu_count:
         return False
     if parts is not None and workload.is_gang and workload.status == S.RUNNING:
         change = membership_change(workload, parts)
