@@ -30,7 +30,7 @@ from django.db import connection
 from django.db.models.expressions import RawSQL
 
 from scheduler.models import Allocation, Workload, WorkloadStatus
-from scheduler.policy import CardSpec, NodeSpec
+from scheduler.policy import CardSpec, ClusterState, NodeSpec
 from scheduler.selectors import EpochSeconds, capacity_nodes, card_specs, holding_rows, id_in
 
 WHOLE_READ_S = 300.0
@@ -144,14 +144,39 @@ class CapacityCache:
         self.mark: tuple[int, tuple] | None = None  # the last read's (horizon, (number of cards, sum of their ids))
         self.last_whole: float | None = None
         self.last_changed = 0  # cards read by the last read
+        # The cards the last read took again, where every card kept its place (node, index) and the nodes stayed
+        # the same: what ``state`` rewrites in the state it keeps. None: the places may have changed.
+        self.fresh: list | None = None
+        self.kept_state: ClusterState | None = None
+
+    def state(self) -> ClusterState:
+        """The capacity as the policy's ``ClusterState``, to change at will: a copy of one kept across reads, in
+        which only the nodes' own capacity and the cards read again are rewritten (building it from 8,000 cards
+        took ~20 ms of every tick); built again where a card or a node came, went or moved."""
+        nodes = self._read()
+        if self.fresh is None or self.kept_state is None:
+            self.kept_state = ClusterState(nodes)
+        else:
+            state = self.kept_state
+            state.nodes_set(nodes)
+            for node, index, card in self.fresh:
+                state.card_set(state.node_index[node], index, card)
+        return self.kept_state.copy()
 
     def read(self) -> list[NodeSpec]:
+        """Every active node's free capacity with its cards, as of now."""
+        nodes = self._read()
+        self.kept_state = None  # it missed this read's cards
+        return nodes
+
+    def _read(self) -> list[NodeSpec]:
         nodes = capacity_nodes()
         mark, now_xid = _mark() if connection.vendor == "postgresql" else (None, None)
         if _whole_due(self.last_whole) or self.mark is None or not _same_epoch(self.mark[0], now_xid):
             whole = True
         else:
             whole = mark[1] != self.mark[1]  # a card added or deleted
+        self.fresh = None
         if whole:
             self.last_whole = time.monotonic()
             self.cards = {card.id: (node, index, card) for node, index, card in card_specs(nodes)}
@@ -166,6 +191,8 @@ class CapacityCache:
             if moved or nodes.keys() != self.nodes:  # or a node came or went
                 kept = (entry for entry in self.cards.values() if entry[0] in nodes)
                 self.cards = {entry[2].id: entry for entry in sorted(kept, key=lambda entry: entry[:2])}
+            else:
+                self.fresh = fresh
             self.last_changed = len(fresh)
         self.mark, self.nodes = mark, set(nodes)
         for node, _, card in self.cards.values():

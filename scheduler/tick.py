@@ -8,6 +8,7 @@ their commit. A tick decides while work waits or while elastic work could grow.
 """
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from django.utils import timezone
 from core.clients import redis_client
 from core.memory import collector_paused
 from scheduler import policy
-from scheduler.holding import CAPACITY, HOLDING
+from scheduler.holding import ACCRUAL_RETURNING, CAPACITY, HOLDING
 from scheduler.models import Quota, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus, card_share
 from scheduler.selectors import disk_reserved_gb, job_history
 from scheduler.services.accrual import service_accrue, service_record
@@ -169,34 +170,17 @@ def _predict(waiting: list[policy.Work], by_id: dict) -> None:
         work.predicted = history.predict(row.owner_id, row.image_ref, work.request.gpus)
 
 
-def _holding_work(w, epoch: float, attained: float, now: float) -> policy.Work:
-    """A holding row (``selectors.holding_rows``) as the policy sees it: its array's limits and its
-    fallback to on-demand matter only while work waits, and are left out. ``now``: seconds since 1970.
-
-    Its ``remaining`` runs to the end of its maximum runtime (the latest it frees its cards: what a
-    reservation's start is reckoned from). Elastic work last changed size when its run started (a restart
-    is a new run) or when a member last joined or left it (``resized_at``); while it starts it may not be
-    resized. Elastic work of one node keeps to that
-    node (its checkpoint volume is there): it grows only there, and is requeued there after a resize."""
-    kept = _kept_for(w, epoch)
-    work = policy.Work(
-        **kept.fixed, attained=attained, remaining=None if kept.end is None else max(kept.end - now, 0.0)
-    )
-    if kept.resized_now:
-        work.resized_at = now - epoch
-    return work
-
-
 @dataclass(eq=False)
 class _Kept:
     """What a holding row gives the policy that stays the same while its row object does (``scheduler.holding``
-    keeps the objects of unchanged rows) and the epoch too: its ``Work``'s fields but the service and the time
-    left (``fixed``; its request is a frozen value the policy only replaces); and while its cards and the
-    cluster's card layout stay the same objects, where it runs (``where``: node row, cards, other members)."""
+    keeps the objects of unchanged rows), or changes only in what the accrual writes (its level is taken), and the
+    epoch stays too: its ``Work`` but the service and the time left
+    (``work``, copied for each tick; its request is a frozen value the policy only replaces); and while its cards
+    and the cluster's card layout stay the same objects, where it runs (``where``: node row, cards, other members)."""
 
     row: object
     epoch: float
-    fixed: dict
+    work: policy.Work
     end: float | None  # when its maximum runtime ends, in seconds since 1970
     resized_now: bool  # elastic work not started yet: its size is as of now
     cards_held: object = None
@@ -209,37 +193,67 @@ _kept: dict[int, _Kept] = {}
 
 def _kept_for(w, epoch: float) -> _Kept:
     kept = _kept.get(w.pk)
-    if kept is not None and kept.row is w and kept.epoch == epoch:
-        return kept
+    if kept is not None and kept.epoch == epoch:
+        if kept.row is w:
+            return kept
+        if _accrued_only(kept.row, w):  # the accrual's own write (hundreds a tick): only the level matters here
+            kept.row, kept.work.level = w, w.queue_level
+            return kept
     request = _request(w)
     elastic = w.elastic_min is not None
     if elastic and w.master_port is None:
         request = replace(request, pinned_node=w.node_id)
-    fixed = {
-        "id": w.pk,
-        "user": str(w.owner_id),
-        "team": w.team,
-        "request": request,
-        "submitted": w.created_s - epoch,
-        "waiting_since": (w.queued_s or w.created_s) - epoch,
-        "priority": w.priority,
-        "preemptible": w.preemptible,
-        "spot": w.spot,
-        "group": w.group_id,
-        "preemptions": w.preemptions,
-        "level": w.queue_level,
-        "stopping": w.status == S.STOPPING,
-        "started": (w.started_s or w.created_s) - epoch,
-        "elastic_min": w.elastic_min,
-        "elastic_max": w.elastic_max,
+    work = policy.Work(
+        id=w.pk,
+        user=str(w.owner_id),
+        team=w.team,
+        request=request,
+        submitted=w.created_s - epoch,
+        waiting_since=(w.queued_s or w.created_s) - epoch,
+        priority=w.priority,
+        preemptible=w.preemptible,
+        spot=w.spot,
+        group=w.group_id,
+        preemptions=w.preemptions,
+        level=w.queue_level,
+        stopping=w.status == S.STOPPING,
+        started=(w.started_s or w.created_s) - epoch,
+        elastic_min=w.elastic_min,
+        elastic_max=w.elastic_max,
         # Its last resize: its run's start (a restart is a new run), or a member's joining or leaving since.
-        "resized_at": max(w.started_s, w.resized_s or 0) - epoch
-        if elastic and w.started_s is not None
-        else -float("inf"),
-    }
+        resized_at=max(w.started_s, w.resized_s or 0) - epoch if elastic and w.started_s is not None else -float("inf"),
+    )
     end = w.started_s + w.max_runtime_s if w.max_runtime_s and w.started_s is not None else None
-    kept = _kept[w.pk] = _Kept(w, epoch, fixed, end, resized_now=elastic and w.started_s is None)
+    kept = _kept[w.pk] = _Kept(w, epoch, work, end, resized_now=elastic and w.started_s is None)
     return kept
+
+
+def _holding_work(kept: _Kept, epoch: float, attained: float, now: float) -> policy.Work:
+    """A holding row (``selectors.holding_rows``, as ``_kept_for`` keeps it) as the policy sees it: its array's
+    limits and its fallback to on-demand matter only while work waits, and are left out. ``now``: seconds since 1970.
+
+    Its ``remaining`` runs to the end of its maximum runtime (the latest it frees its cards: what a
+    reservation's start is reckoned from). Elastic work last changed size when its run started (a restart
+    is a new run) or when a member last joined or left it (``resized_at``); while it starts it may not be
+    resized. Elastic work of one node keeps to that
+    node (its checkpoint volume is there): it grows only there, and is requeued there after a resize."""
+    work = object.__new__(policy.Work)  # a copy of the kept one: the policy mutates what it is given
+    work.__dict__.update(kept.work.__dict__)
+    work.attained = attained
+    work.remaining = None if kept.end is None else max(kept.end - now, 0.0)
+    if kept.resized_now:
+        work.resized_at = now - epoch
+    return work
+
+
+def _accrued_only(before, after) -> bool:
+    """Whether two versions of a holding row differ at most in what the accrual writes (``ACCRUAL_RETURNING``)."""
+    return before._fields == after._fields and all(before[i] == after[i] for i in _not_accrued(before._fields))
+
+
+@functools.cache
+def _not_accrued(fields: tuple) -> tuple[int, ...]:
+    return tuple(i for i, name in enumerate(fields) if name not in ACCRUAL_RETURNING)
 
 
 def _quotas() -> policy.Quotas:
@@ -305,7 +319,7 @@ def _tick() -> TickResult:
         HOLDING.rows_written(service_record(accrued, {}, now=now, **HOLDING.write_guard()))
         return result
     epoch = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding])
-    cluster = policy.ClusterState(CAPACITY.read())
+    cluster = CAPACITY.state()
     by_id = {w.pk: w for w in queued}
     waiting = [_queued_work(w, epoch) for w in queued]
     if config.predict:
@@ -408,13 +422,13 @@ def _running_works(
     for w in holding:
         if w.no_gpu:
             continue  # holds no card: nothing for the policy to pack around or preempt
-        work = _holding_work(w, epoch, attained[w.pk], now)
-        kept = _kept[w.pk]
+        kept = _kept_for(w, epoch)
         held = cards_held.get(w.pk, ())
         if kept.cards_held is not held or kept.layout is not layout:
             kept.cards_held, kept.layout, kept.where = held, layout, _where(w, held, cluster, where)
         if kept.where is None:
             continue  # its node is not active: reconciliation deals with it
+        work = _holding_work(kept, epoch, attained[w.pk], now)
         work.node, cards, rest = kept.where
         work.cards, work.rest = list(cards), [(node, list(columns)) for node, columns in rest]
         running.append(work)

@@ -115,8 +115,8 @@ class ClusterState:
                 columns.append(j)
                 free.append(card.free_milli)
                 memory.append(card.memory_mb)
-                memory_free.append(card.memory_mb if card.free_memory_mb is None else card.free_memory_mb)
-                share_class.append(NO_CLASS if card.free_milli >= WHOLE_CARD else card.share_class)
+                memory_free.append(_memory_free(card))
+                share_class.append(_class(card))
                 model.append(self.model_code(card.model))
         at = (np.array(rows, dtype=np.intp), np.array(columns, dtype=np.intp))
         self.exists[at] = True
@@ -125,6 +125,29 @@ class ClusterState:
         self.card_mem_free[at] = memory_free
         self.card_class[at] = share_class
         self.model[at] = model
+
+    def nodes_set(self, nodes: list[NodeSpec]) -> None:
+        """Take the nodes' own free capacity (CPU, memory, disk) and names from ``nodes``: the same nodes, in the same
+        order, as this state was built from (their cards are not read: ``card_set``)."""
+        if [n.id for n in nodes] != self.node_ids:
+            raise ValueError("nodes_set takes the nodes this state holds, in its order")
+        self.node_names = [str(n.id) if n.name is None else n.name for n in nodes]
+        self.cpu_free[...] = [n.cpu_free for n in nodes]
+        self.mem_free[...] = [n.memory_free_mb for n in nodes]
+        self.disk_free[...] = [UNCOUNTED if n.disk_free_gb is None else n.disk_free_gb for n in nodes]
+        self.version += 1
+        self.score_cache = {}
+
+    def card_set(self, node: int, column: int, card: CardSpec) -> None:
+        """Take one card's capacity from ``card``: the card at (node row, column), as this state was built."""
+        if self.card_ids[node][column] != card.id:
+            raise ValueError(f"card {card.id} is not at ({node}, {column})")
+        self.free[node, column] = card.free_milli
+        self.card_mem_total[node, column] = card.memory_mb
+        self.card_mem_free[node, column] = _memory_free(card)
+        self.card_class[node, column] = _class(card)
+        self.model[node, column] = self.model_code(card.model)
+        self.version[node] += 1
 
     # What a placement changes: a scratch copy has its own, the rest is shared.
     CAPACITY = ("cpu_free", "mem_free", "disk_free", "free", "card_mem_free", "card_class", "version")
@@ -200,6 +223,14 @@ class ClusterState:
         """Fraction of all GPU capacity allocated (0..1)."""
         total = self.exists.sum() * WHOLE_CARD
         return float((WHOLE_CARD * self.exists - np.where(self.exists, self.free, 0)).sum() / total) if total else 0.0
+
+
+def _memory_free(card: CardSpec) -> int:
+    return card.memory_mb if card.free_memory_mb is None else card.free_memory_mb
+
+
+def _class(card: CardSpec) -> int:
+    return NO_CLASS if card.free_milli >= WHOLE_CARD else card.share_class
 
 
 def joinable(card_class, milli: int, one_size_per_card: bool = True):

@@ -15,6 +15,7 @@ from django.utils import timezone
 from scheduler import holding
 from scheduler.holding import WHOLE_READ_S, CapacityCache, HoldingCache
 from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
+from scheduler.policy import ClusterState
 from scheduler.selectors import cluster_capacity, holding_rows
 from scheduler.services.accrual import ACCRUAL_WRITE_S, service_accrue, service_record
 from scheduler.services.allocation import Share, allocation_create
@@ -140,6 +141,47 @@ def test_the_capacity_kept_across_reads_equals_a_whole_read_and_reads_only_the_c
     workload_transition(w, to=S.SUCCEEDED, allowed_from=[S.STARTING], reason="exited")
     assert capacity(cache.read()) == capacity(cluster_capacity())
     assert cache.last_changed == 1
+
+
+def arrays(state: ClusterState) -> dict:
+    """Everything the policy reads of a state, model codes as the models' names (codes are given in reading order)."""
+    names = {code: name for name, code in state.models.items()}
+    return {
+        "layout": (state.node_ids, state.node_names, state.card_ids),
+        "nodes": [a.tolist() for a in (state.cpu_free, state.mem_free, state.disk_free)],
+        "cards": [a.tolist() for a in (state.exists, state.free, state.card_mem_total, state.card_mem_free)],
+        "classes": state.card_class.tolist(),
+        "models": [[names.get(code) for code in row] for row in state.model.tolist()],
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_state_kept_across_reads_equals_one_built_from_a_whole_read(user):
+    first = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    second = make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20)
+    cache = CapacityCache()
+    assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
+    kept = cache.kept_state
+
+    w = workload(user, gpu_milli=250)
+    place(w, second)  # a card's free share and class, the node's CPU and memory
+    state = cache.state()
+    assert arrays(state) == arrays(ClusterState(cluster_capacity()))
+    assert cache.kept_state is kept  # rewritten where it changed, not built again
+    state.take(0, [0, 1], 1000, 1, 1)  # the policy's changes stay in its copy
+    assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
+
+    workload_transition(w, to=S.SUCCEEDED, allowed_from=[S.STARTING], reason="exited")
+    cache.read()  # a read that took the change, which the kept state did not follow
+    assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
+
+    Node.objects.filter(pk=first.pk).update(status=NodeStatus.DRAINING)  # a node leaves: built again
+    assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
+    assert cache.kept_state is not kept
+    Node.objects.filter(pk=first.pk).update(status=NodeStatus.ACTIVE, cpu_cores=32)
+    assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
+    Node.objects.filter(pk=second.pk).update(allocated_cpu=5)
+    assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -2,12 +2,14 @@
 running gang is seen on every node it holds; it is evicted whole."""
 
 import pytest
+from django.utils import timezone
 
 from scheduler import policy, tick
 from scheduler.holding import HoldingCache
-from scheduler.models import Allocation, WorkloadMember, WorkloadStatus
+from scheduler.models import Allocation, Workload, WorkloadMember, WorkloadStatus
 from scheduler.selectors import cluster_capacity
 from scheduler.services import gangs
+from scheduler.services.accrual import service_accrue, service_record
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
 
@@ -71,3 +73,26 @@ def test_a_spot_gang_is_evicted_whole_for_on_demand_work(user, nodes):
     tick.schedule_tick()
     urgent.refresh_from_db()
     assert urgent.status == S.STARTING
+
+
+def test_the_running_work_kept_across_ticks_follows_its_row_and_the_policys_changes_stay_in_its_copy(user, nodes):
+    job = workload(user, kind="job", gpu_count=1, preemptible=True)
+    tick.schedule_tick()
+    cache, cluster, epoch = HoldingCache(), policy.ClusterState(cluster_capacity()), job.created_at.timestamp()
+
+    def running_work():
+        holding, cards_held = cache.read()
+        [work] = tick._running_works(holding, cluster, epoch, cards_held, {job.pk: 0})
+        return work, holding
+
+    first, holding = running_work()
+    first.stopping, first.cards = True, []  # what the policy changes in the work it is given
+    accrued = service_accrue(holding, now=timezone.now(), idle_util=0.05, idle_weight=0.5)
+    written = service_record(accrued, {job.pk: 3}, now=timezone.now(), **cache.write_guard())
+    assert [pk for pk, *_ in written] == [job.pk]
+    cache.rows_written(written)  # the accrual's own write: the row is kept, at its new level
+    second, _ = running_work()
+    assert second.level == 3 and not second.stopping and len(second.cards) == 1
+    Workload.objects.filter(pk=job.pk).update(priority=0)  # any other change: read again
+    third, _ = running_work()
+    assert third.priority == 0 and third.level == 3
