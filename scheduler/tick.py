@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 S = WorkloadStatus
 TICK_LOCK_KEY = 0x67707563  # "gpuc": one advisory lock id for the whole cluster
 MIX_WINDOW = 500  # recent submissions that define the expected task mix for FGD
+MIX_REFRESH_S = 60.0
 # Placements committed together: few statements per placement, yet rows are locked only briefly.
 PLACEMENTS_PER_TRANSACTION = 200
 MAX_RERUNS = 10  # a tick re-runs for wake-ups that came while it ran, at most this often in a row
@@ -266,9 +267,23 @@ def _quotas() -> policy.Quotas:
     return quotas
 
 
+_kept_mix: list = [None, -float("inf")]  # the mix, and when it was read (time.monotonic)
+
+
 def _mix() -> list[policy.TaskType]:
-    recent = Workload.objects.order_by("-id").values_list("gpu_count", "gpu_milli", "cpu_cores", "memory_mb")
-    return policy.task_mix(recent[:MIX_WINDOW])
+    """The expected task mix, read again once every MIX_REFRESH_S (the trace simulator keeps one for a whole
+    trace). The same object while it is the same: FGD's scores cached across ticks are of one mix object."""
+    mix, read_at = _kept_mix
+    if mix is None or time.monotonic() - read_at >= MIX_REFRESH_S:
+        recent = Workload.objects.order_by("-id").values_list("gpu_count", "gpu_milli", "cpu_cores", "memory_mb")
+        fresh = policy.task_mix(recent[:MIX_WINDOW])
+        _kept_mix[:] = [mix if fresh == mix else fresh, time.monotonic()]
+    return _kept_mix[0]
+
+
+def mix_forget() -> None:
+    """Read the mix afresh at the next tick."""
+    _kept_mix[:] = [None, -float("inf")]
 
 
 def _estimated_starts(waiting: dict, by_id: dict, holding: list, cluster) -> dict:

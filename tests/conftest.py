@@ -66,6 +66,15 @@ def fresh_pins():
 
 
 @pytest.fixture(autouse=True)
+def fresh_mix():
+    """Each test's tick reads the task mix of its own submissions, as a scheduler worker does when it starts (it keeps
+    one for a minute): a mix an earlier test left would steer FGD's choices."""
+    from scheduler import tick
+
+    tick.mix_forget()
+
+
+@pytest.fixture(autouse=True)
 def fresh_throttles(monkeypatch):
     """Each test counts its own requests: throttle state never leaks from one test into the next."""
     from django.core.cache.backends.locmem import LocMemCache

@@ -13,6 +13,7 @@ join it, until it is empty again (class 0: any size). Whole-card work takes only
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -102,8 +103,8 @@ class ClusterState:
         labels: dict[object, int] = {}
         # Group code per node (-1: no label); gangs keep to one group when one can hold them.
         self.group = np.array([-1 if n.group is None else labels.setdefault(n.group, len(labels)) for n in nodes])
-        # Bumped whenever a node's free capacity changes: scores cached per node stay valid until then.
-        self.version = np.zeros(count, dtype=np.int64)
+        # A node's version changes whenever its free capacity does: scores cached per node stay valid until then.
+        self.version = _new_versions(count)
         self.score_cache: dict = {}
         # Gathered in lists, then set at once: one numpy assignment per card and array took ~8 ms of every live tick
         # (8,000 cards).
@@ -132,22 +133,26 @@ class ClusterState:
         if [n.id for n in nodes] != self.node_ids:
             raise ValueError("nodes_set takes the nodes this state holds, in its order")
         self.node_names = [str(n.id) if n.name is None else n.name for n in nodes]
-        self.cpu_free[...] = [n.cpu_free for n in nodes]
-        self.mem_free[...] = [n.memory_free_mb for n in nodes]
-        self.disk_free[...] = [UNCOUNTED if n.disk_free_gb is None else n.disk_free_gb for n in nodes]
-        self.version += 1
-        self.score_cache = {}
+        cpu = np.array([n.cpu_free for n in nodes], dtype=np.int64)
+        memory = np.array([n.memory_free_mb for n in nodes], dtype=np.int64)
+        disk = np.array([UNCOUNTED if n.disk_free_gb is None else n.disk_free_gb for n in nodes], dtype=np.int64)
+        changed = np.flatnonzero((cpu != self.cpu_free) | (memory != self.mem_free) | (disk != self.disk_free))
+        self.cpu_free[...], self.mem_free[...], self.disk_free[...] = cpu, memory, disk
+        self.version[changed] = _new_versions(changed.size)
 
-    def card_set(self, node: int, column: int, card: CardSpec) -> None:
-        """Take one card's capacity from ``card``: the card at (node row, column), as this state was built."""
+    def card_set(self, node: int, column: int, card: CardSpec) -> bool:
+        """Take one card's capacity from ``card``: the card at (node row, column), as this state was built. False
+        (nothing set) when the card is of another model now: build the state again."""
         if self.card_ids[node][column] != card.id:
             raise ValueError(f"card {card.id} is not at ({node}, {column})")
-        self.free[node, column] = card.free_milli
-        self.card_mem_total[node, column] = card.memory_mb
-        self.card_mem_free[node, column] = _memory_free(card)
-        self.card_class[node, column] = _class(card)
-        self.model[node, column] = self.model_code(card.model)
-        self.version[node] += 1
+        if self.model[node, column] != self.model_code(card.model):
+            return False
+        at = (node, column)
+        values = (card.free_milli, card.memory_mb, _memory_free(card), _class(card))
+        if values != (self.free[at], self.card_mem_total[at], self.card_mem_free[at], self.card_class[at]):
+            self.free[at], self.card_mem_total[at], self.card_mem_free[at], self.card_class[at] = values
+            self.version[node] = next(_VERSIONS)
+        return True
 
     # What a placement changes: a scratch copy has its own, the rest is shared.
     CAPACITY = ("cpu_free", "mem_free", "disk_free", "free", "card_mem_free", "card_class", "version")
@@ -163,7 +168,7 @@ class ClusterState:
 
     def adopt(self, scratch: ClusterState) -> None:
         """Take a scratch copy's capacity as this one's (what was tried on it is kept). This one's scores stay
-        valid: a node the copy changed has a higher version than any score of it here."""
+        valid: a node the copy changed has a version no score of it here was computed at."""
         for name in self.CAPACITY:
             getattr(self, name)[...] = getattr(scratch, name)
 
@@ -205,7 +210,7 @@ class ClusterState:
         self.cpu_free[node] -= cpu
         self.mem_free[node] -= memory_mb
         self.disk_free[node] -= disk_gb
-        self.version[node] += 1
+        self.version[node] = next(_VERSIONS)
         return taken
 
     def give(self, node: int, cards: list[int], milli: int, cpu: int, memory_mb: int, disk_gb: int = 0) -> None:
@@ -217,12 +222,21 @@ class ClusterState:
         self.cpu_free[node] += cpu
         self.mem_free[node] += memory_mb
         self.disk_free[node] += disk_gb
-        self.version[node] += 1
+        self.version[node] = next(_VERSIONS)
 
     def allocated_share(self) -> float:
         """Fraction of all GPU capacity allocated (0..1)."""
         total = self.exists.sum() * WHOLE_CARD
         return float((WHOLE_CARD * self.exists - np.where(self.exists, self.free, 0)).sum() / total) if total else 0.0
+
+
+# Versions are numbered across every state of this process: one number is one node's capacity at one moment, in
+# whichever state (or copy of one) it was given, so scores cached at a version may be shared between states.
+_VERSIONS = itertools.count()
+
+
+def _new_versions(count: int) -> np.ndarray:
+    return np.fromiter(itertools.islice(_VERSIONS, count), dtype=np.int64, count=count)
 
 
 def _memory_free(card: CardSpec) -> int:

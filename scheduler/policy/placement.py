@@ -270,6 +270,9 @@ def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarr
     scores = cluster.score_cache.get(shape)
     count = len(cluster.node_ids)
     if scores is None or scores.mix is not mix:
+        other = [key for key, kept in cluster.score_cache.items() if isinstance(kept, _Scores) and kept.mix is not mix]
+        for key in other:  # scores of another mix are not used again (a state kept across ticks keeps its cache)
+            del cluster.score_cache[key]
         scores = _Scores(mix, np.full(count, -1), np.full(count, np.inf), np.zeros(count), np.zeros(count, np.int64))
         cluster.score_cache[shape] = scores
     stale = np.flatnonzero(scores.versions != cluster.version)

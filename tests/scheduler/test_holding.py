@@ -15,7 +15,7 @@ from django.utils import timezone
 from scheduler import holding
 from scheduler.holding import WHOLE_READ_S, CapacityCache, HoldingCache
 from scheduler.models import Allocation, Gpu, Node, NodeStatus, Workload, WorkloadStatus
-from scheduler.policy import ClusterState
+from scheduler.policy import ClusterState, Request, TaskType, choose, placement
 from scheduler.selectors import cluster_capacity, holding_rows
 from scheduler.services.accrual import ACCRUAL_WRITE_S, service_accrue, service_record
 from scheduler.services.allocation import Share, allocation_create
@@ -182,6 +182,25 @@ def test_the_state_kept_across_reads_equals_one_built_from_a_whole_read(user):
     assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
     Node.objects.filter(pk=second.pk).update(allocated_cpu=5)
     assert arrays(cache.state()) == arrays(ClusterState(cluster_capacity()))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scores_kept_with_the_state_are_computed_again_only_where_the_capacity_changed(user, monkeypatch):
+    nodes = [make_node("sim:4xRTX3090", cpu_cores=64, memory_mb=1 << 20) for _ in range(3)]
+    mix = [TaskType(1, 1000, 1, 1024, 1.0), TaskType(2, 1000, 1, 1024, 1.0)]
+    request = Request(1, "RTX3090", 1, 1000, 1, 1024)
+    scored = []
+    rescore = placement._rescore
+    monkeypatch.setattr(placement, "_rescore", lambda *args: scored.append(args[3].tolist()) or rescore(*args))
+    cache = CapacityCache()
+    choose(cache.state(), request, "fgd", mix=mix)
+    assert scored == [[0, 1, 2]]
+    for _ in range(2):
+        place(workload(user), nodes[1])  # a card, the node's CPU and memory
+        expected = choose(ClusterState(cluster_capacity()), request, "fgd", mix=mix)
+        scored.clear()
+        assert choose(cache.state(), request, "fgd", mix=mix) == expected
+        assert scored == [[1]]
 
 
 @pytest.mark.django_db(transaction=True)

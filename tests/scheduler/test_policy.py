@@ -61,6 +61,19 @@ def test_fgd_keeps_whole_cards_whole_for_the_expected_mix():
     assert choose(c, Request(1, "A100", 1, 500), "fgd", mix=mix).node == 1
 
 
+def test_fgd_scores_shared_by_a_state_and_its_copies_are_never_taken_for_another_capacity():
+    mix = [TaskType(1, 1000, 0, 0, 1.0), TaskType(2, 1000, 0, 0, 1.0)]
+    base = cluster(node("n1", 1000, 1000, 1000, 1000), node("n2", 1000, 1000, 0, 0))
+    copy = base.copy()
+    copy.score_cache = base.score_cache  # as the tick's state kept across ticks shares its scores with its copies
+    copy.take(0, [0, 1, 2, 3], 1000, 0, 0)
+    assert choose(copy, Request(1, "A100"), "fgd", mix=mix).node == 1  # n1 scored full in the copy
+    base.take(0, [0], 1000, 0, 0)  # n1 with three cards left here: as often changed, another capacity
+    fresh = cluster(node("n1", 0, 1000, 1000, 1000), node("n2", 1000, 1000, 0, 0))
+    assert choose(fresh, Request(2, "A100"), "fgd", mix=mix).node == 0  # two cards stay together on n2
+    assert choose(base, Request(2, "A100"), "fgd", mix=mix).node == 0
+
+
 def test_fgd_gives_near_equal_candidates_to_best_fit():
     # Both nodes absorb the fraction into a partial card; n2 would leave 0.1 that the rare 0.15 type cannot
     # use, a growth of under 0.01 card in expectation, so the tighter fit wins instead of the exact minimum.
