@@ -190,6 +190,7 @@ class _Kept:
 
 
 _kept: dict[int, _Kept] = {}
+_epoch: list[float] = [float("inf")]  # the last tick's epoch (seconds since 1970): it moves only back
 
 
 def _kept_for(w, epoch: float) -> _Kept:
@@ -333,7 +334,9 @@ def _tick() -> TickResult:
     if not queued and not any(_may_grow(w) for w in holding):
         HOLDING.rows_written(service_record(accrued, {}, now=now, **HOLDING.write_guard()))
         return result
-    epoch = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding])
+    # Times are seconds since the oldest work's creation, or an older epoch kept: moving it forward would rebuild
+    # every kept running work (``_kept_for``) whenever the oldest work ends; only differences count to the policy.
+    epoch = _epoch[0] = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding] + _epoch)
     cluster = CAPACITY.state()
     by_id = {w.pk: w for w in queued}
     waiting = [_queued_work(w, epoch) for w in queued]

@@ -10,6 +10,7 @@ from scheduler.models import Allocation, Workload, WorkloadMember, WorkloadStatu
 from scheduler.selectors import cluster_capacity
 from scheduler.services import gangs
 from scheduler.services.accrual import service_accrue, service_record
+from scheduler.services.lifecycle import workload_transition
 from tests.conftest import make_node
 from tests.scheduler.factories import workload
 
@@ -96,3 +97,16 @@ def test_the_running_work_kept_across_ticks_follows_its_row_and_the_policys_chan
     Workload.objects.filter(pk=job.pk).update(priority=0)  # any other change: read again
     third, _ = running_work()
     assert third.priority == 0 and third.level == 3
+
+
+def test_the_kept_running_work_stays_when_the_oldest_work_ends(user, nodes):
+    first = workload(user, kind="job", gpu_count=1, preemptible=True)
+    second = workload(user, kind="job", gpu_count=1, preemptible=True)
+    tick.schedule_tick()
+    workload(user, kind="job", gpu_count=8, preemptible=True)  # waits: the ticks go on deciding
+    tick.schedule_tick()
+    kept = tick._kept[second.pk]
+    first.refresh_from_db()
+    assert workload_transition(first, to=S.SUCCEEDED, allowed_from=[S.STARTING], reason="exited")
+    tick.schedule_tick()  # the times' epoch stays where it was: the kept work is not built again
+    assert tick._kept[second.pk] is kept and first.pk not in tick._kept
