@@ -144,9 +144,6 @@ class CapacityCache:
         self.mark: tuple[int, tuple] | None = None  # the last read's (horizon, (number of cards, sum of their ids))
         self.last_whole: float | None = None
         self.last_changed = 0  # cards read by the last read
-        # The cards the last read took again, where every card kept its place (node, index) and the nodes stayed
-        # the same: what ``state`` rewrites in the state it keeps. None: the places may have changed.
-        self.fresh: list | None = None
         self.kept_state: ClusterState | None = None
         self.scores: dict = {}  # what the policy cached on the states handed out (``ClusterState.score_cache``)
 
@@ -156,13 +153,13 @@ class CapacityCache:
         took ~20 ms of every tick); built again where a card or a node came, went or moved. The scores the policy
         cached on the last copy come with it (FGD scored each request's shape on all 1,000 nodes every tick, ~6,000
         of the ~7,000 nodes it scored a tick): only the nodes whose capacity changed since are scored again."""
-        nodes = self._read()
-        state = self.kept_state
-        if self.fresh is not None and state is not None:
+        nodes, fresh = self._read()
+        state = None if fresh is None else self.kept_state
+        if state is not None:
             state.nodes_set(nodes)
-            if not all(state.card_set(state.node_index[node], index, card) for node, index, card in self.fresh):
+            if not all(state.card_set(state.node_index[node], index, card) for node, index, card in fresh):
                 state = None
-        if self.fresh is None or state is None:
+        if state is None:
             state = self.kept_state = ClusterState(nodes)
             self.scores = {}
         scratch = state.copy()
@@ -171,18 +168,21 @@ class CapacityCache:
 
     def read(self) -> list[NodeSpec]:
         """Every active node's free capacity with its cards, as of now."""
-        nodes = self._read()
+        nodes, _ = self._read()
         self.kept_state = None  # it missed this read's cards
         return nodes
 
-    def _read(self) -> list[NodeSpec]:
+    def _read(self) -> tuple[list[NodeSpec], list | None]:
+        """The nodes with their cards, and the cards read again where every card kept its place (node, index) and
+        the nodes stayed the same (what ``state`` rewrites in the state it keeps); None where places may have
+        changed."""
         nodes = capacity_nodes()
         mark, now_xid = _mark() if connection.vendor == "postgresql" else (None, None)
         if _whole_due(self.last_whole) or self.mark is None or not _same_epoch(self.mark[0], now_xid):
             whole = True
         else:
             whole = mark[1] != self.mark[1]  # a card added or deleted
-        self.fresh = None
+        unmoved = None
         if whole:
             self.last_whole = time.monotonic()
             self.cards = {card.id: (node, index, card) for node, index, card in card_specs(nodes)}
@@ -198,12 +198,12 @@ class CapacityCache:
                 kept = (entry for entry in self.cards.values() if entry[0] in nodes)
                 self.cards = {entry[2].id: entry for entry in sorted(kept, key=lambda entry: entry[:2])}
             else:
-                self.fresh = fresh
+                unmoved = fresh
             self.last_changed = len(fresh)
         self.mark, self.nodes = mark, set(nodes)
         for node, _, card in self.cards.values():
             nodes[node].cards.append(card)
-        return list(nodes.values())
+        return list(nodes.values()), unmoved
 
 
 XID_MASK = (1 << 32) - 1
