@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from scheduler.policy import fgd_few
 from scheduler.policy.cluster import NO_CLASS, WHOLE_CARD, ClusterState, joinable
 
 if TYPE_CHECKING:
@@ -292,7 +293,11 @@ def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarr
 
 
 def _rescore(cluster: ClusterState, request: Request, mix: _MixArrays, stale: np.ndarray, scores: _Scores) -> None:
-    """Recompute the best score of each stale node (pinning is applied by the caller, not cached)."""
+    """Recompute the best score of each stale node (pinning is applied by the caller, not cached): a few nodes in
+    plain Python (``fgd_few``: the same scores, without numpy's cost per call), more over the arrays."""
+    if mix.rows is not None and stale.size <= fgd_few.FEW_NODES:
+        fgd_few.rescore(cluster, request, mix.rows, stale, scores.delta, scores.tiebreak, scores.card)
+        return
     scores.delta[stale] = np.inf
     room = (cluster.cpu_free[stale] >= request.cpu) & (cluster.mem_free[stale] >= request.memory_mb)
     hosts = stale[room & (cluster.disk_free[stale] >= request.disk_gb)]
@@ -340,7 +345,10 @@ def _cached_mix_arrays(cluster: ClusterState, mix: list[TaskType]) -> _MixArrays
 
 
 class _MixArrays(NamedTuple):
-    weights: np.ndarray  # normalised to sum 1
+    # Counts (integers) where every weight is a whole number, as ``task_mix`` gives them: a node's fragmentation
+    # is then an exact integer, divided by ``total`` once per score; otherwise the weights as given.
+    weights: np.ndarray
+    total: float
     milli: np.ndarray
     count: np.ndarray
     cpu: np.ndarray
@@ -351,29 +359,34 @@ class _MixArrays(NamedTuple):
     # type's index into them: per-card terms are computed once per share size, not once per type.
     sizes: np.ndarray
     size_of: np.ndarray
+    rows: fgd_few.MixRows | None  # the same as plain values, where the weights are counts (``fgd_few``)
 
 
 def _mix_arrays(mix: list[TaskType]) -> _MixArrays:
     weights = np.array([t.weight for t in mix], dtype=np.float64)
+    counts = all(float(t.weight).is_integer() for t in mix) and weights.sum() < 2**31
+    if counts:
+        weights = weights.astype(np.int64)
     milli = np.array([t.gpu_milli for t in mix], dtype=np.int64)
     count = np.array([t.gpu_count for t in mix], dtype=np.int64)
+    cpu = np.array([t.cpu for t in mix], dtype=np.int64)
+    memory = np.array([t.memory_mb for t in mix], dtype=np.int64)
     fraction = (milli > 0) & (milli < WHOLE_CARD)
     sizes = np.unique(milli[fraction]) if fraction.any() else np.array([WHOLE_CARD])
-    return _MixArrays(
-        weights / weights.sum(),
-        milli,
-        count,
-        np.array([t.cpu for t in mix], dtype=np.int64),
-        np.array([t.memory_mb for t in mix], dtype=np.int64),
-        fraction,
-        count > 0,
-        sizes,
-        np.where(fraction, np.searchsorted(sizes, milli), 0),
-    )
+    size_of = np.where(fraction, np.searchsorted(sizes, milli), 0)
+    rows = None
+    if counts:
+        types = zip(weights, count > 0, fraction, size_of, count, cpu, memory, strict=True)
+        rows = fgd_few.MixRows(
+            tuple(sizes.tolist()), tuple(tuple(t.item() for t in typ) for typ in types), int(weights.sum())
+        )
+    total = weights.sum()
+    return _MixArrays(weights, total.item(), milli, count, cpu, memory, fraction, count > 0, sizes, size_of, rows)
 
 
 def _fragmentation(total, fragsum, whole, usable, cpu, mem, mix: _MixArrays) -> np.ndarray:
-    """Expected fragmentation of node states (rows) over the task mix (columns summed by weight).
+    """Expected fragmentation of node states (rows) over the task mix (columns summed by weight), times the
+    weights' total (``mix.total``): exact integers where the weights are counts.
 
     total: free share of the node; fragsum[:, s]: free share on cards a fraction of size s (``mix.sizes``)
     cannot use (too small a share left, or a card of another share size); whole: whole free cards;
@@ -394,7 +407,7 @@ def fragmentation(cluster: ClusterState, mix: list[TaskType]) -> float:
     rule = cluster.one_size_per_card
     total, whole, fragsum, usable = _node_stats_sub(cluster.free, _classes(cluster), cluster.exists, arrays, rule)
     frag = _fragmentation(total, fragsum, whole, usable, cluster.cpu_free, cluster.mem_free, arrays)
-    return float(frag.sum()) / WHOLE_CARD
+    return float(frag.sum()) / arrays.total / WHOLE_CARD
 
 
 def _card_terms(free, card_class, mix: _MixArrays, rule: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -412,7 +425,7 @@ def _growth(before: tuple, after: tuple, mix: _MixArrays) -> np.ndarray:
     """Fragmentation after minus before, for node states given as (total, fragsum, whole, usable, cpu, mem)."""
     both = _fragmentation(*(np.concatenate(pair) for pair in zip(before, after, strict=True)), mix)
     half = len(before[0])
-    return _exact(both[half:] - both[:half])
+    return _exact((both[half:] - both[:half]) / mix.total)
 
 
 def _fgd_delta_fraction(cluster, request, rows, cols, relevant, mix: _MixArrays) -> np.ndarray:
