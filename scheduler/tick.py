@@ -175,9 +175,10 @@ def _predict(waiting: list[policy.Work], by_id: dict) -> None:
 class _Kept:
     """What a holding row gives the policy that stays the same while its row object does (``scheduler.holding``
     keeps the objects of unchanged rows), or changes only in what the accrual writes (its level is taken), and the
-    epoch stays too: its ``Work`` but the service and the time left
-    (``work``, copied for each tick; its request is a frozen value the policy only replaces); and while its cards
-    and the cluster's card layout stay the same objects, where it runs (``where``: node row, cards, other members)."""
+    epoch stays too: its ``Work`` (``work``, handed to the policy itself, its service and time left set each tick:
+    what the policy changes of a running work it says in its decisions, and those works are built again:
+    ``_changed_by``); and while its cards and the cluster's card layout stay the same objects, where it runs
+    (``where``: node row, cards, other members, set on the work)."""
 
     row: object
     epoch: float
@@ -239,13 +240,20 @@ def _holding_work(kept: _Kept, epoch: float, attained: float, now: float) -> pol
     is a new run) or when a member last joined or left it (``resized_at``); while it starts it may not be
     resized. Elastic work of one node keeps to that
     node (its checkpoint volume is there): it grows only there, and is requeued there after a resize."""
-    work = object.__new__(policy.Work)  # a copy of the kept one: the policy mutates what it is given
-    work.__dict__.update(kept.work.__dict__)
+    work = kept.work
     work.attained = attained
     work.remaining = None if kept.end is None else max(kept.end - now, 0.0)
     if kept.resized_now:
         work.resized_at = now - epoch
     return work
+
+
+def _changed_by(decisions) -> None:
+    """Forget the kept works the policy changed (``_Kept``): an evicted one is marked stopping, a resized one
+    has its new size and cards; they are built from their rows at the next tick, whether the change committed
+    or not."""
+    for pk in [p.work_id for p in decisions.preempt] + [r.work_id for r in decisions.resize]:
+        _kept.pop(pk, None)
 
 
 def _accrued_only(before, after) -> bool:
@@ -342,18 +350,24 @@ def _tick() -> TickResult:
     waiting = [_queued_work(w, epoch) for w in queued]
     if config.predict:
         _predict(waiting, by_id)
-    decisions = policy.decide(
-        waiting,
-        _running_works(
-            holding, cluster, epoch, cards_held, {pk: a.attained for pk, a in accrued.items()}, now.timestamp()
-        ),
-        cluster,
-        now=now.timestamp() - epoch,
-        discipline=policy.DISCIPLINES["mlfq"](config),
-        strategy=settings.SCHEDULER_PLACEMENT,
-        mix=_mix(),
-        quotas=_quotas(),
+    running = _running_works(
+        holding, cluster, epoch, cards_held, {pk: a.attained for pk, a in accrued.items()}, now.timestamp()
     )
+    try:
+        decisions = policy.decide(
+            waiting,
+            running,
+            cluster,
+            now=now.timestamp() - epoch,
+            discipline=policy.DISCIPLINES["mlfq"](config),
+            strategy=settings.SCHEDULER_PLACEMENT,
+            mix=_mix(),
+            quotas=_quotas(),
+        )
+    except BaseException:
+        _kept.clear()  # what it changed of the running works before it failed is not known
+        raise
+    _changed_by(decisions)
     _record_on_demand(decisions.on_demand, by_id)
     placements = [_placement(place, by_id[place.work_id], cluster, decisions.levels) for place in decisions.place]
     for start in range(0, len(placements), PLACEMENTS_PER_TRANSACTION):
@@ -444,12 +458,11 @@ def _running_works(
         held = cards_held.get(w.pk, ())
         if kept.cards_held is not held or kept.layout is not layout:
             kept.cards_held, kept.layout, kept.where = held, layout, _where(w, held, cluster, where)
+            if kept.where is not None:
+                kept.work.node, kept.work.cards, kept.work.rest = kept.where
         if kept.where is None:
             continue  # its node is not active: reconciliation deals with it
-        work = _holding_work(kept, epoch, attained[w.pk], now)
-        work.node, cards, rest = kept.where
-        work.cards, work.rest = list(cards), [(node, list(columns)) for node, columns in rest]
-        running.append(work)
+        running.append(_holding_work(kept, epoch, attained[w.pk], now))
     for pk in _kept.keys() - {w.pk for w in holding}:
         del _kept[pk]
     return running

@@ -7,6 +7,7 @@ from django.utils import timezone
 from scheduler import policy, tick
 from scheduler.holding import HoldingCache
 from scheduler.models import Allocation, Workload, WorkloadMember, WorkloadStatus
+from scheduler.policy.decide import Preempt
 from scheduler.selectors import cluster_capacity
 from scheduler.services import gangs
 from scheduler.services.accrual import service_accrue, service_record
@@ -76,7 +77,7 @@ def test_a_spot_gang_is_evicted_whole_for_on_demand_work(user, nodes):
     assert urgent.status == S.STARTING
 
 
-def test_the_running_work_kept_across_ticks_follows_its_row_and_the_policys_changes_stay_in_its_copy(user, nodes):
+def test_the_running_work_kept_across_ticks_follows_its_row_and_is_built_again_where_the_policy_changed_it(user, nodes):
     job = workload(user, kind="job", gpu_count=1, preemptible=True)
     tick.schedule_tick()
     cache, cluster, epoch = HoldingCache(), policy.ClusterState(cluster_capacity()), job.created_at.timestamp()
@@ -87,16 +88,19 @@ def test_the_running_work_kept_across_ticks_follows_its_row_and_the_policys_chan
         return work, holding
 
     first, holding = running_work()
-    first.stopping, first.cards = True, []  # what the policy changes in the work it is given
     accrued = service_accrue(holding, now=timezone.now(), idle_util=0.05, idle_weight=0.5)
     written = service_record(accrued, {job.pk: 3}, now=timezone.now(), **cache.write_guard())
     assert [pk for pk, *_ in written] == [job.pk]
     cache.rows_written(written)  # the accrual's own write: the row is kept, at its new level
     second, _ = running_work()
-    assert second.level == 3 and not second.stopping and len(second.cards) == 1
-    Workload.objects.filter(pk=job.pk).update(priority=0)  # any other change: read again
+    assert second is first and second.level == 3
+    second.stopping, second.cards = True, []  # what the policy changes in a work it evicts, and says so
+    tick._changed_by(policy.Decisions(preempt=[Preempt(job.pk, 0, "for other work")]))
     third, _ = running_work()
-    assert third.priority == 0 and third.level == 3
+    assert third is not second and not third.stopping and len(third.cards) == 1 and third.level == 3
+    Workload.objects.filter(pk=job.pk).update(priority=0)  # any other change: read again
+    fourth, _ = running_work()
+    assert fourth is not third and fourth.priority == 0 and fourth.level == 3
 
 
 def test_the_kept_running_work_stays_when_the_oldest_work_ends(user, nodes):
