@@ -92,17 +92,19 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
         return []
     try:
         with transaction.atomic():
-            queued = set(
+            queued = dict(
                 Workload.objects.select_for_update()
                 .filter(pk__in=[p.workload.pk for p in placements], status=S.QUEUED)
                 .order_by("pk")
-                .values_list("pk", flat=True)
+                .values_list("pk", "master_port")
             )
+            # Work whose last placement was a gang (``Workload.is_gang``, as locked): the only work with members.
+            had_members = {pk for pk, port in queued.items() if port is not None}
             nodes, cards = _rows_locked([part for p in placements for part in p.parts])
             ports = _ports_in_use([p.node_id for p in placements if p.gang])
             placed = [p for p in placements if p.workload.pk in queued and _take(p, nodes, cards, ports)]
             if placed:
-                _write(placed, nodes, cards)
+                _write(placed, nodes, cards, had_members)
     except IntegrityError:
         # A check constraint caught what the re-check above should have: treat as no fit.
         return []
@@ -279,9 +281,9 @@ def members_join(workload: Workload, parts: list[Part]) -> list[WorkloadMember]:
     return joined
 
 
-def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
+def _write(placed: list[Placement], nodes: dict, cards: dict, had_members: set[int]) -> None:
     _taken_write([(p.workload.pk, p.parts) for p in placed], nodes, cards)
-    _members_write(placed, nodes)
+    _members_write(placed, nodes, had_members)
     now = timezone.now()
     workloads = []
     for p in placed:
@@ -308,9 +310,13 @@ def _write(placed: list[Placement], nodes: dict, cards: dict) -> None:
     transitions_recorded(workloads, from_status=S.QUEUED)
 
 
-def _members_write(placed: list[Placement], nodes: dict) -> None:
-    """A gang's members, rank by rank, replacing those of its last placement (single-node work has none)."""
-    WorkloadMember.objects.filter(workload_id__in=[p.workload.pk for p in placed]).delete()
+def _members_write(placed: list[Placement], nodes: dict, had_members: set[int]) -> None:
+    """A gang's members, rank by rank, replacing those of its last placement. Only work last placed as a gang has
+    any (``had_members``: a port is written with every gang's members and none without): a batch of single-node
+    work deletes nothing."""
+    replaced = [p.workload.pk for p in placed if p.workload.pk in had_members]
+    if replaced:
+        WorkloadMember.objects.filter(workload_id__in=replaced).delete()
     WorkloadMember.objects.bulk_create(
         WorkloadMember(workload_id=p.workload.pk, rank=rank, node_id=part.node_id, node_name=nodes[part.node_id].name)
         for p in placed
