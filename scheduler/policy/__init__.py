@@ -2,7 +2,8 @@
 
 - ``cluster``: free capacity as arrays, each card's share class (one share size per card) and the
   offered share sizes; ``placement``: where one request goes
-  (FGD, best fit, first fit, random; gangs across nodes); ``mlfq``: queue levels
+  (FGD, best fit, first fit, random; gangs across nodes; ``fgd_few``: FGD's scores of a few nodes in
+  plain Python, the same to the bit); ``mlfq``: queue levels
   and service; ``decide``: one tick's placements (``Place``, one ``Part`` per
   member), preemptions, reservations, elastic resizes and waiting reasons.
 """
