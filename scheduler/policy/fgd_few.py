@@ -69,6 +69,11 @@ def rescore(cluster: ClusterState, request, mix: MixRows, stale, delta, tiebreak
             tiebreak[row] = len(eligible) - request.gpu_count
 
 
+def _joins(free: int, share_class: int, size: int, rule: bool) -> bool:
+    """Whether a fraction of ``size`` could join a card with this free share and class (``placement._card_terms``)."""
+    return free >= size and (not rule or share_class == NO_CLASS or share_class == size)
+
+
 def _stats(mix: MixRows, cards: list, rule: bool) -> tuple[int, list[int], int, list[int]]:
     """(total free share, fragsum per size, whole free cards, usable per size) of a node's cards, as
     ``placement._node_stats_sub`` gives them."""
@@ -78,7 +83,7 @@ def _stats(mix: MixRows, cards: list, rule: bool) -> tuple[int, list[int], int, 
         total += free
         whole += free == WHOLE_CARD
         for s, size in enumerate(mix.sizes):
-            if free >= size and (not rule or share_class == NO_CLASS or share_class == size):
+            if _joins(free, share_class, size, rule):
                 fits[s] += 1
             else:
                 lost[s] += free
@@ -125,8 +130,8 @@ def _best_card(mix: MixRows, request, before: tuple, eligible: list, rule: bool)
         left = free - milli
         lost_after, fits_after = list(lost), list(fits)
         for s, size in enumerate(mix.sizes):
-            fit_before = free >= size and (not rule or share_class == NO_CLASS or share_class == size)
-            fit_after = left >= size and (not rule or milli == size)  # the card's class is now the request's
+            fit_before = _joins(free, share_class, size, rule)
+            fit_after = _joins(left, milli, size, rule)  # the card's class is now the request's
             lost_after[s] += (0 if fit_after else left) - (0 if fit_before else free)
             fits_after[s] += fit_after - fit_before
         after = (

@@ -374,14 +374,12 @@ def _mix_arrays(mix: list[TaskType]) -> _MixArrays:
     fraction = (milli > 0) & (milli < WHOLE_CARD)
     sizes = np.unique(milli[fraction]) if fraction.any() else np.array([WHOLE_CARD])
     size_of = np.where(fraction, np.searchsorted(sizes, milli), 0)
+    total = weights.sum().item()
     rows = None
     if counts:
         types = zip(weights, count > 0, fraction, size_of, count, cpu, memory, strict=True)
-        rows = fgd_few.MixRows(
-            tuple(sizes.tolist()), tuple(tuple(t.item() for t in typ) for typ in types), int(weights.sum())
-        )
-    total = weights.sum()
-    return _MixArrays(weights, total.item(), milli, count, cpu, memory, fraction, count > 0, sizes, size_of, rows)
+        rows = fgd_few.MixRows(tuple(sizes.tolist()), tuple(tuple(t.item() for t in typ) for typ in types), total)
+    return _MixArrays(weights, total, milli, count, cpu, memory, fraction, count > 0, sizes, size_of, rows)
 
 
 def _fragmentation(total, fragsum, whole, usable, cpu, mem, mix: _MixArrays) -> np.ndarray:
