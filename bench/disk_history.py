@@ -4,8 +4,8 @@ with and without the history, in the same run.
 ``selectors.disk_held`` runs at every tick (every node) and at every batch of placements (the batch's nodes): it
 sums the disks of every workload not released. Released workloads are never deleted, so a cluster's workload table
 grows all its life, and ended jobs keep their disks ``HOUSEKEEPING_DAYS`` (5,000 jobs a day for 15 days is 75,000);
-the sums must not grow with either (the partial index ``workload_disk_live``, and the ended jobs' disks kept per
-node by a trigger, ``EndedDiskDelta``: scheduler migrations 0027 and 0028).
+the sums must not grow with either (on PostgreSQL every workload's disks are kept per node by a trigger,
+``DiskDelta``: scheduler migration 0030, after 0027's partial index and 0028's ended jobs' deltas).
 
 Set up (not timed) on its own PostgreSQL database: ``--nodes`` nodes and ``--live`` running workloads, spread over
 the nodes, each row a copy of one workload made through the ORM. Timed: the sum over every node and over ``--batch``
@@ -79,18 +79,22 @@ def main():
 
     from scheduler.models import Node
     from scheduler.selectors import disk_held
-    from scheduler.services.cluster import ended_disk_fold
+    from scheduler.services.cluster import disk_delta_fold
+
+    def folded() -> None:  # as the control plane's reconciliation beat does (every RECONCILE_S), then autovacuum
+        disk_delta_fold()
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE scheduler_diskdelta")
 
     cluster_create(args.nodes)
     queue_add(1, users_create(1), random.Random(1), [(1, 1000)])  # the template every row copies
     batch = list(Node.objects.order_by("?").values_list("pk", flat=True)[: args.batch])
     copies(args.live, "running", 0)
+    folded()
     live, _ = timed(args.calls, disk_held)
     some_live, _ = timed(args.calls, lambda: disk_held(batch))
     copies(args.ended, "succeeded", args.live)
-    ended_disk_fold()  # as the control plane's reconciliation beat does (every RECONCILE_S), then autovacuum
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE scheduler_endeddiskdelta")
+    folded()
     every, every_held = timed(args.calls, disk_held)
     some, some_held = timed(args.calls, lambda: disk_held(batch))
     copies(args.released, "released", args.live + args.ended)

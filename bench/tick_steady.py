@@ -15,8 +15,9 @@ the nodes' queues on Redis. What it placed is then marked running.
     python bench/tick_steady.py --against REV [--rounds 3] [--ticks 20]
 
 ``--against REV``: the same ticks in this tree and in commit REV (a git worktree), each on a fresh copy of
-the one prepared database, interleaved (ABBA...) so the machine's drift falls on both; ends with both trees'
-medians and this tree's ratios to REV's (``bench/_tick_rounds.py`` runs each side in its own tree).
+the one prepared database (for REV, with this tree's later migrations unapplied: its own tables and triggers),
+interleaved (ABBA...) so the machine's drift falls on both; ends with both trees' medians and this tree's
+ratios to REV's (``bench/_tick_rounds.py`` runs each side in its own tree).
 
 Uses its own PostgreSQL database (BENCH_DATABASE_URL, default gpucloud_bench_steady, recreated) and Redis
 database (BENCH_REDIS_URL, default database 14; its node queues are deleted afterwards). BENCH_PROFILE=FILE
@@ -157,6 +158,29 @@ def main():
     )
 
 
+def schema_of(tree: Path, template: str, copy: str) -> str:
+    """A database (URL) like ``template`` (prepared by this tree) in ``tree``'s schema: where this tree has
+    migrations that ``tree`` has not, ``copy`` with them unapplied (by this tree, which has them), so that each
+    tree runs on its own tables and triggers; else ``template`` itself."""
+    import subprocess
+
+    targets = []
+    for folder in sorted(_setup.ROOT.glob("*/migrations")):
+        app = folder.parent.name
+        ours = sorted(p.stem for p in folder.glob("[0-9][0-9][0-9][0-9]_*.py"))
+        theirs = sorted(p.stem for p in (tree / app / "migrations").glob("[0-9][0-9][0-9][0-9]_*.py"))
+        if ours[: len(theirs)] == theirs and len(ours) > len(theirs):
+            targets.append((app, theirs[-1] if theirs else "zero"))
+    if not targets:
+        return template
+    _setup.database_create(copy, template=template.rsplit("/", 1)[1])
+    for app, migration in targets:
+        migrate = [sys.executable, "manage.py", "migrate", "-v0", app, migration]
+        subprocess.run(migrate, cwd=_setup.ROOT, env={**os.environ, "DATABASE_URL": copy}, check=True)
+    print(f"{tree.name}: its schema, {', '.join(f'{app} {name}' for app, name in targets)}", flush=True)
+    return copy
+
+
 def against(args) -> None:
     """Time ``args.ticks`` ticks in this tree and in ``args.against``'s, ``args.rounds`` times each, interleaved."""
     import json
@@ -175,12 +199,13 @@ def against(args) -> None:
         add = ["git", "worktree", "add", "-q", "--detach", str(base), args.against]
         subprocess.run(add, cwd=_setup.ROOT, check=True)
         (base / "var").symlink_to(_setup.ROOT / "var")  # the signing keys the launches are signed with
+        templates = {"this": template, "base": schema_of(base, template, f"{DATABASE_URL}_base_tpl")}
         results: dict[str, list[dict]] = {"base": [], "this": []}
         try:
             for number in range(args.rounds):
                 order = [("base", base), ("this", _setup.ROOT)]
                 for side, tree in order if number % 2 == 0 else order[::-1]:
-                    _setup.database_create(run, template=f"{name}_tpl")
+                    _setup.database_create(run, template=templates[side].rsplit("/", 1)[1])
                     done = subprocess.run(
                         [
                             sys.executable,
@@ -202,7 +227,7 @@ def against(args) -> None:
                     print(side, results[side][-1], flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=_setup.ROOT, check=False)
-    for url in (run, template):
+    for url in {run, *templates.values()}:
         _setup.database_drop(url)
 
     def median(side: str, key: str) -> float:

@@ -184,7 +184,7 @@ class WorkloadKind(models.TextChoices):
 
 
 # A job that ended and is not released: its data disk stays on its host (``WorkloadStatus.ended_job``). The
-# PostgreSQL trigger that keeps ``EndedDiskDelta`` spells the same condition out (migration 0028): change both.
+# PostgreSQL trigger that keeps ``DiskDelta`` spells the same condition out (migration 0030): change both.
 ENDED_JOB = Q(kind=WorkloadKind.JOB, status__in=WorkloadStatus.ended_job())
 
 
@@ -316,19 +316,7 @@ class Workload(models.Model):
             ("operate_any_work", "Can stop, start, restart, release, move, grow or save anyone's work"),
             ("view_work_env", "Can read the environment of anyone's job"),
         ]
-        indexes = [
-            models.Index(fields=["status", "queued_at"]),
-            # What tenants' disks hold on each node (``selectors.disk_held``: every tick, every batch of placements)
-            # is summed over the workloads not released and not ended jobs (those are kept per node apart:
-            # ``EndedDiskDelta``), without a pass over every workload ever submitted: with 300,000 released ones
-            # the sum took 81 ms, 8 ms through an index like this one (PostgreSQL reads it alone).
-            models.Index(
-                fields=["node", "pinned_node"],
-                include=["status", "kind", "disk_gb"],
-                condition=~Q(status=WorkloadStatus.RELEASED) & ~ENDED_JOB,
-                name="workload_disk_live",
-            ),
-        ]
+        indexes = [models.Index(fields=["status", "queued_at"])]
         constraints = [
             models.CheckConstraint(
                 condition=Q(gpu_milli__gte=1, gpu_milli__lte=WHOLE_CARD), name="workload_share_range"
@@ -406,21 +394,24 @@ class Workload(models.Model):
         return f"gpucloud-{self.kind}-{self.uid}"
 
 
-class EndedDiskDelta(models.Model):
-    """GB that ended jobs' data disks (kept on their host until released) add to a node (``gb`` > 0) or give back.
+class DiskDelta(models.Model):
+    """What tenants' disks add to a node (``gb`` and ``containers`` > 0) or give back, as one workload's row changed.
 
-    Written on PostgreSQL only, by a trigger on the workload table (migration 0028): a job that ends adds its
-    disk on the node it ran on, its release (or a change of its node or disk while ended) takes it back, in the
-    same transaction as the workload's row. ``selectors.disk_held`` sums the rows by node instead of summing the
-    ended jobs themselves (75,000 of them, 5,000 jobs a day kept 15 days, took 60 ms a tick), and
-    ``services.cluster.ended_disk_fold`` folds them into one row per node now and then. On other databases (SQLite,
-    ``make run``) the table stays empty and the ended jobs are summed."""
+    Written on PostgreSQL only, by a trigger on the workload table (migration 0030), in the same transaction as the
+    workload's row: each workload counts where ``selectors.disk_held`` says (its data disk, and one container's
+    system disk while it is not an ended job), and a change of its status, kind, node, node to return to or disk
+    that moves what it counts writes the difference. ``disk_held`` sums the rows by node instead of every workload
+    (a tick's placements and departures: ~20 ms a tick of two sums over 5,000 rows), and
+    ``services.cluster.disk_delta_fold`` folds them into one row per node now and then. The system disk's size is
+    a setting, so the rows count containers, not their GB. On other databases (SQLite, ``make run``) the table
+    stays empty and the workloads are summed."""
 
     node_id = models.BigIntegerField(help_text="The node's id (no foreign key: a node may be deleted).")
-    gb = models.BigIntegerField()
+    gb = models.BigIntegerField(help_text="Data disks' GB.")
+    containers = models.BigIntegerField(help_text="Containers, each reserving INSTANCE_SYSTEM_DISK_GB.")
 
     def __str__(self):
-        return f"node {self.node_id}: {self.gb:+d} GB"
+        return f"node {self.node_id}: {self.gb:+d} GB, {self.containers:+d} containers"
 
 
 class Allocation(models.Model):

@@ -12,7 +12,7 @@ from core.pg_arrays import int_array
 from scheduler.models import (
     ENDED_JOB,
     Allocation,
-    EndedDiskDelta,
+    DiskDelta,
     Gpu,
     Move,
     MoveStatus,
@@ -103,7 +103,8 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
     ``node``, or the ``pinned_node`` it returns to): a stopped instance's, an ended job's files; queued work only
     where it must return. A placed gang's other members hold theirs on their nodes, an instance
     being moved its copy on the target. A job requeued to run anywhere is not counted where it ran before; what
-    it left there is covered by the host's measured free space (NODE_DISK_MIN_FREE_GB)."""
+    it left there is covered by the host's measured free space (NODE_DISK_MIN_FREE_GB). On PostgreSQL the
+    workloads' own part is kept per node by a trigger (``_workloads_disk``), not summed over their rows."""
     held = dict.fromkeys(node_ids or (), 0)
     if node_ids is not None and not node_ids:
         return held
@@ -113,21 +114,8 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
         if everywhere or node_id in held:
             held[node_id] = held.get(node_id, 0) + gb
 
-    # Summed in the database by the node each is counted on (``home``), ended jobs apart (``_ended_disk``): a busy
-    # cluster keeps thousands of ended jobs' disks until housekeeping releases them.
-    home = Case(
-        When(status=WorkloadStatus.QUEUED, then=F("pinned_node_id")), default=Coalesce("node_id", "pinned_node_id")
-    )
-    on = Q(node__isnull=False) | Q(pinned_node__isnull=False)
-    if not everywhere:
-        on = Q(id_in("scheduler_workload.node_id", node_ids)) | Q(id_in("scheduler_workload.pinned_node_id", node_ids))
-    live = Workload.objects.exclude(status=WorkloadStatus.RELEASED).exclude(ENDED_JOB).filter(on).order_by()
-    sums = live.annotate(home=home).values("home").annotate(gb=Sum("disk_gb"), containers=Count("*"))
-    for node_id, gb, containers in sums.values_list("home", "gb", "containers"):
-        if node_id is not None:
-            add(node_id, gb + containers * disk_reserved_gb(0))
-    for node_id, gb in _ended_disk(node_ids).items():
-        add(node_id, gb)
+    for node_id, gb, containers in _workloads_disk(node_ids):
+        add(node_id, gb + containers * disk_reserved_gb(0))
     members = WorkloadMember.objects.filter(rank__gt=0, workload__status__in=WorkloadStatus.holding_resources())
     moving = Move.objects.filter(status=MoveStatus.COPYING)  # the copy being made on the target
     if not everywhere:
@@ -140,19 +128,32 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
     return held
 
 
-def _ended_disk(node_ids: list[int] | None) -> dict[int, int]:
-    """GB the ended jobs' data disks hold on these nodes (None: on every node), by node: on PostgreSQL the sum of
-    ``EndedDiskDelta`` (kept by a trigger), elsewhere of the ended jobs themselves."""
-    if connection.vendor != "postgresql":
-        ended = Workload.objects.filter(ENDED_JOB).exclude(disk_gb=0).order_by()
-        if node_ids is not None:
-            ended = ended.filter(Q(node_id__in=node_ids) | Q(node__isnull=True, pinned_node_id__in=node_ids))
-        sums = ended.annotate(home=Coalesce("node_id", "pinned_node_id")).values("home").annotate(gb=Sum("disk_gb"))
-        return {node_id: gb for node_id, gb in sums.values_list("home", "gb") if node_id is not None}
-    deltas = EndedDiskDelta.objects.order_by()
+def _workloads_disk(node_ids: list[int] | None) -> list[tuple[int, int, int]]:
+    """(node, data disks' GB, containers) the workloads themselves hold on each of these nodes (None: on every
+    node): on PostgreSQL the sums of ``DiskDelta`` (kept by a trigger, migration 0030), elsewhere of the rows."""
+    return _disk_deltas(node_ids) if connection.vendor == "postgresql" else _disk_summed(node_ids)
+
+
+def _disk_deltas(node_ids: list[int] | None) -> list[tuple[int, int, int]]:
+    deltas = DiskDelta.objects.order_by()
     if node_ids is not None:
-        deltas = deltas.filter(id_in("scheduler_endeddiskdelta.node_id", node_ids))
-    return dict(deltas.values("node_id").annotate(gb=Sum("gb")).values_list("node_id", "gb"))
+        deltas = deltas.filter(id_in("scheduler_diskdelta.node_id", node_ids))
+    sums = deltas.values("node_id").annotate(gb=Sum("gb"), containers=Sum("containers"))
+    return list(sums.values_list("node_id", "gb", "containers"))
+
+
+def _disk_summed(node_ids: list[int] | None) -> list[tuple[int, int, int]]:
+    """The workloads' disks summed from their rows: each counts on its ``home`` (queued work only where it must
+    return), a container's system disk unless it is an ended job. The trigger spells the same rule out."""
+    home = Case(
+        When(status=WorkloadStatus.QUEUED, then=F("pinned_node_id")), default=Coalesce("node_id", "pinned_node_id")
+    )
+    counted = Workload.objects.exclude(status=WorkloadStatus.RELEASED).annotate(home=home).filter(home__isnull=False)
+    if node_ids is not None:
+        counted = counted.filter(home__in=node_ids)
+    container = Case(When(ENDED_JOB, then=0), default=1)
+    sums = counted.order_by().values("home").annotate(gb=Sum("disk_gb"), containers=Sum(container))
+    return list(sums.values_list("home", "gb", "containers"))
 
 
 def disk_room(node: Node) -> int | None:

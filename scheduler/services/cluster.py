@@ -2,8 +2,8 @@
 
 It marks silent nodes lost (``node_loss``), moves draining nodes on
 (``nodes.nodes_drain_step``), sends again the launches whose message was lost
-after commit, fails moves that stopped making progress, folds the ended jobs' disk deltas
-(``ended_disk_fold``), and asks every node in service to converge with its Docker
+after commit, fails moves that stopped making progress, folds the workloads' disk deltas
+(``disk_delta_fold``), and asks every node in service to converge with its Docker
 engine (``agent.reconcile``).
 """
 
@@ -29,7 +29,7 @@ def cluster_reconcile() -> None:
     launches_resend()
     gangs_step_all()
     moves_stalled_fail()
-    ended_disk_fold()
+    disk_delta_fold()
     for node in Node.objects.filter(status__in=IN_SERVICE):
         send(ToNode.RECONCILE, node.name, node=node.name)
 
@@ -56,20 +56,21 @@ def launches_resend() -> list[int]:
     return resent
 
 
-def ended_disk_fold(*, slack: int = 100) -> int:
-    """Fold the ended jobs' disk deltas into one row per node (none where they sum to 0) once there are more than
-    two a node and ``slack``; returns the rows folded (0: not yet). Rows written meanwhile by transactions the
-    fold does not see stay as they are, so nothing is counted twice or lost; PostgreSQL only."""
+def disk_delta_fold(*, slack: int = 100) -> int:
+    """Fold the workloads' disk deltas (``DiskDelta``) into one row per node (none where they sum to nothing) once
+    there are more than two a node and ``slack``; returns the rows folded (0: not yet). Rows written meanwhile by
+    transactions the fold does not see stay as they are, so nothing is counted twice or lost; PostgreSQL only."""
     if connection.vendor != "postgresql":
         return 0
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*), count(DISTINCT node_id) FROM scheduler_endeddiskdelta")
+        cursor.execute("SELECT count(*), count(DISTINCT node_id) FROM scheduler_diskdelta")
         rows, nodes = cursor.fetchone()
         if rows <= 2 * nodes + slack:
             return 0
         cursor.execute(
-            "WITH gone AS (DELETE FROM scheduler_endeddiskdelta RETURNING node_id, gb) "
-            "INSERT INTO scheduler_endeddiskdelta (node_id, gb) "
-            "SELECT node_id, sum(gb) FROM gone GROUP BY node_id HAVING sum(gb) <> 0"
+            "WITH gone AS (DELETE FROM scheduler_diskdelta RETURNING node_id, gb, containers) "
+            "INSERT INTO scheduler_diskdelta (node_id, gb, containers) "
+            "SELECT node_id, sum(gb), sum(containers) FROM gone GROUP BY node_id "
+            "HAVING sum(gb) <> 0 OR sum(containers) <> 0"
         )
     return rows

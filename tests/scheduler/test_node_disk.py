@@ -6,7 +6,7 @@ import pytest
 
 from agent import disks, launcher
 from scheduler import tick
-from scheduler.models import ENDED_JOB, Allocation, Move, Node, Workload, WorkloadMember, WorkloadStatus
+from scheduler.models import Allocation, Move, Node, Workload, WorkloadMember, WorkloadStatus
 from scheduler.selectors import cluster_capacity, disk_held
 from scheduler.services.allocation import Share, allocation_create
 from scheduler.services.nodes import node_heartbeat
@@ -171,65 +171,88 @@ def test_the_cluster_page_shows_each_hosts_disk_reserved_of_what_it_offers(user,
     assert " GB disk" not in section[: section.index("</h2>")]  # not counted: nothing to show
 
 
-def _ended_summed(node_ids) -> dict:
-    """The ended jobs' data disks summed from the jobs themselves: what the trigger-kept deltas must agree with."""
-    held = dict.fromkeys(node_ids, 0)
-    for job in Workload.objects.filter(ENDED_JOB):
-        home = job.node_id or job.pinned_node_id
+def _held_by_rows(node_ids) -> dict:
+    """(data disks' GB, containers) of the workloads on each node, from the rows one by one: the rule as
+    ``selectors.disk_held`` states it, apart from both the SQL sum and the trigger-kept deltas."""
+    held = {pk: (0, 0) for pk in node_ids}
+    for w in Workload.objects.all():
+        if w.status == WorkloadStatus.RELEASED:
+            continue
+        home = w.pinned_node_id if w.status == WorkloadStatus.QUEUED else (w.node_id or w.pinned_node_id)
         if home in held:
-            held[home] += job.disk_gb
+            ended = w.kind == "job" and w.status in WorkloadStatus.ended_job()
+            gb, containers = held[home]
+            held[home] = (gb + w.disk_gb, containers + (0 if ended else 1))
     return held
 
 
-def test_the_ended_jobs_disks_kept_per_node_follow_every_change_of_the_jobs(user, settings):
-    """On PostgreSQL the ended jobs' disks are kept per node by a trigger (``EndedDiskDelta``), not summed from
-    the jobs each tick: ending, release, a move of node, a disk grown while ended, a delete and a bulk update each
-    change them as a sum of the jobs would."""
-    settings.INSTANCE_SYSTEM_DISK_GB = 0
+def _held(read, node_ids) -> dict:
+    """What ``read`` (``selectors._disk_deltas`` or ``_disk_summed``) gives for each node, nothing as (0, 0)."""
+    held = {pk: (0, 0) for pk in node_ids}
+    for node_id, gb, containers in read(node_ids):
+        if node_id in held:
+            held[node_id] = (gb, containers)
+    return held
+
+
+def _agree(node_ids) -> dict:
+    from scheduler.selectors import _disk_deltas, _disk_summed
+
+    rows = _held_by_rows(node_ids)
+    assert _held(_disk_deltas, node_ids) == _held(_disk_summed, node_ids) == rows
+    return rows
+
+
+def test_the_workloads_disks_kept_per_node_follow_every_change_of_the_rows(user, settings):
+    """On PostgreSQL what the workloads' disks hold is kept per node by a trigger (``DiskDelta``), not summed from
+    every row each tick: a placement, a start, an end, a release, a requeue, a move of node or of the node to
+    return to, a disk grown, a delete, a model save and a bulk update each change it as a sum of the rows would."""
+    settings.INSTANCE_SYSTEM_DISK_GB = 30
     a, b = make_node("sim:1xRTX3090", disk_gb=10_000), make_node("sim:1xRTX3090", disk_gb=10_000)
     nodes = [a.pk, b.pk]
-    jobs = [workload(user, kind="job", name=f"j{i}", disk_gb=10 * (i + 1), status="running", node=a) for i in range(4)]
-    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 0, b.pk: 0}
+    jobs = [workload(user, kind="job", name=f"j{i}", disk_gb=10 * (i + 1), no_gpu=True) for i in range(4)]
+    box = workload(user, name="box", disk_gb=50, pinned_node=b)  # queued: counted where it must return
+    assert _agree(nodes) == {a.pk: (0, 0), b.pk: (50, 1)}
+    for job in jobs:
+        assert allocation_create(workload=job, node_id=a.pk, shares=[])  # queued -> starting on a
+    Workload.objects.filter(pk__in=[j.pk for j in jobs]).update(status=WorkloadStatus.RUNNING)
+    assert _agree(nodes) == {a.pk: (100, 4), b.pk: (50, 1)}
     ended = [WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.STOPPED]
     for job, status in zip(jobs, ended, strict=False):
+        job.refresh_from_db()
         job.status = status
-        job.save()  # every column written, as a model save does
-    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 60, b.pk: 0}
-    assert disk_held(nodes) == {a.pk: 60 + 40, b.pk: 0}  # the fourth job still runs
+        job.save()  # every column written, as a model save does: the container goes, the data disk stays
+    assert _agree(nodes) == {a.pk: (100, 1), b.pk: (50, 1)}
+    assert disk_held(nodes) == {a.pk: 100 + 30, b.pk: 50 + 30}
     Workload.objects.filter(pk=jobs[0].pk).update(node=None, pinned_node=b)  # counted where it must return
-    Workload.objects.filter(pk=jobs[1].pk).update(disk_gb=25)
+    Workload.objects.filter(pk=jobs[1].pk).update(disk_gb=25)  # grown while ended
     Workload.objects.filter(pk=jobs[2].pk).update(status=WorkloadStatus.RELEASED)
-    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 25, b.pk: 10}
+    Workload.objects.filter(pk=jobs[3].pk).update(disk_gb=45)  # grown while it runs
+    assert _agree(nodes) == {a.pk: (70, 1), b.pk: (60, 1)}
     Workload.objects.filter(pk=jobs[0].pk).update(pinned_node=a)  # only the node it returns to changes
-    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 35, b.pk: 0}
+    Workload.objects.filter(pk=box.pk).update(status=WorkloadStatus.RUNNING, node=a)  # placed away from b
+    assert _agree(nodes) == {a.pk: (130, 2), b.pk: (0, 0)}
     Workload.objects.filter(pk__in=[jobs[0].pk, jobs[1].pk]).update(status=WorkloadStatus.QUEUED)  # requeued
-    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 0, b.pk: 0}
+    assert _agree(nodes) == {a.pk: (105, 3), b.pk: (0, 0)}  # jobs[0] returns to a: counted there, as live
     Workload.objects.filter(pk__in=[jobs[0].pk, jobs[1].pk, jobs[3].pk]).update(status=WorkloadStatus.FAILED, node=b)
     Workload.objects.filter(pk=jobs[3].pk).delete()
-    assert _ended(nodes) == _ended_summed(nodes) == {a.pk: 0, b.pk: 10 + 25}
-    assert disk_held(nodes) == {a.pk: 0, b.pk: 35}
+    Workload.objects.filter(pk=box.pk).update(kind="job")  # a change of kind alone: a running job still has one
+    assert _agree(nodes) == {a.pk: (50, 1), b.pk: (35, 0)}
+    assert disk_held(nodes) == {a.pk: 50 + 30, b.pk: 35}
 
 
-def test_folding_the_ended_jobs_disks_keeps_their_sums(user, settings):
-    from scheduler.models import EndedDiskDelta
-    from scheduler.services.cluster import ended_disk_fold
+def test_folding_the_disk_deltas_keeps_their_sums(user, settings):
+    from scheduler.models import DiskDelta
+    from scheduler.services.cluster import disk_delta_fold
 
-    settings.INSTANCE_SYSTEM_DISK_GB = 0
     nodes = [make_node("sim:1xRTX3090", disk_gb=10_000).pk for _ in range(3)]
     for i in range(30):
         job = workload(user, kind="job", name=f"j{i}", disk_gb=i + 1, status="running", node_id=nodes[i % 3])
         Workload.objects.filter(pk=job.pk).update(status=WorkloadStatus.SUCCEEDED)
         if i % 2:
             Workload.objects.filter(pk=job.pk).update(status=WorkloadStatus.RELEASED)
-    before = _ended(nodes)
-    assert before == _ended_summed(nodes) and EndedDiskDelta.objects.count() == 45
-    assert ended_disk_fold(slack=100) == 0  # few rows yet: left as they are
-    assert ended_disk_fold(slack=0) == 45
-    assert EndedDiskDelta.objects.count() == 3 and _ended(nodes) == before
-
-
-def _ended(node_ids) -> dict:
-    from scheduler.selectors import _ended_disk
-
-    held = _ended_disk(node_ids)
-    return {pk: held.get(pk, 0) for pk in node_ids}
+    before = _agree(nodes)
+    assert DiskDelta.objects.count() == 30 + 30 + 15  # each start, end and release
+    assert disk_delta_fold(slack=100) == 0  # few rows yet: left as they are
+    assert disk_delta_fold(slack=0) == 75
+    assert DiskDelta.objects.count() == 3 and _agree(nodes) == before
