@@ -22,6 +22,20 @@ def on(expression: str, row: str) -> str:
     return expression.format(row=row)
 
 
+def counted(row: str, *, unless: str) -> str:
+    """The trigger's lines that set what ``row`` (OLD or NEW) counts: its home, data disk and containers (none where
+    it has no home), except in a trigger of operation ``unless`` (where the row does not exist)."""
+    side = row.lower()
+    return f"""    IF TG_OP <> '{unless}' THEN
+        {side}_home := {on(HOME, row)};
+        IF {side}_home IS NOT NULL THEN
+            {side}_gb := {row}.disk_gb;
+            {side}_containers := {on(CONTAINER, row)};
+        END IF;
+    END IF;
+"""
+
+
 # The function runs as its owner (the database owner that migrates): a node agent's role may change its own
 # workloads (``db_roles``) but has no grant on the deltas, and writes them only through this trigger, as the row's
 # change says. A trigger function cannot be called other than as a trigger.
@@ -36,21 +50,7 @@ DECLARE
     old_containers bigint := 0;
     new_containers bigint := 0;
 BEGIN
-    IF TG_OP <> 'INSERT' THEN
-        old_home := {on(HOME, "OLD")};
-        IF old_home IS NOT NULL THEN
-            old_gb := OLD.disk_gb;
-            old_containers := {on(CONTAINER, "OLD")};
-        END IF;
-    END IF;
-    IF TG_OP <> 'DELETE' THEN
-        new_home := {on(HOME, "NEW")};
-        IF new_home IS NOT NULL THEN
-            new_gb := NEW.disk_gb;
-            new_containers := {on(CONTAINER, "NEW")};
-        END IF;
-    END IF;
-    IF old_home IS NOT DISTINCT FROM new_home THEN
+{counted("OLD", unless="INSERT")}{counted("NEW", unless="DELETE")}    IF old_home IS NOT DISTINCT FROM new_home THEN
         IF new_home IS NOT NULL AND (new_gb <> old_gb OR new_containers <> old_containers) THEN
             INSERT INTO scheduler_diskdelta (node_id, gb, containers)
                 VALUES (new_home, new_gb - old_gb, new_containers - old_containers);
@@ -85,9 +85,7 @@ DROP FUNCTION scheduler_disk_delta();
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("scheduler", "0029_elastic_members_in_place"),
-    ]
+    dependencies = [("scheduler", "0029_elastic_members_in_place")]
 
     operations = [
         postgresql_sql(ENDED_DISK.DROP, ENDED_DISK.TRIGGERS),
@@ -100,12 +98,7 @@ class Migration(migrations.Migration):
                 ("containers", models.BigIntegerField(help_text="Containers, each reserving INSTANCE_SYSTEM_DISK_GB.")),
             ],
         ),
-        migrations.DeleteModel(
-            name="EndedDiskDelta",
-        ),
-        migrations.RemoveIndex(
-            model_name="workload",
-            name="workload_disk_live",
-        ),
+        migrations.DeleteModel(name="EndedDiskDelta"),
+        migrations.RemoveIndex(model_name="workload", name="workload_disk_live"),
         postgresql_sql(TRIGGERS, DROP),
     ]
