@@ -10,6 +10,7 @@ their commit. A tick decides while work waits or while elastic work could grow.
 import contextlib
 import functools
 import logging
+import operator
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -258,12 +259,16 @@ def _changed_by(decisions) -> None:
 
 def _accrued_only(before, after) -> bool:
     """Whether two versions of a holding row differ at most in what the accrual writes (``ACCRUAL_RETURNING``)."""
-    return before._fields == after._fields and all(before[i] == after[i] for i in _not_accrued(before._fields))
+    if before._fields != after._fields:
+        return False
+    columns = _not_accrued(before._fields)
+    return columns(before) == columns(after)
 
 
 @functools.cache
-def _not_accrued(fields: tuple) -> tuple[int, ...]:
-    return tuple(i for i, name in enumerate(fields) if name not in ACCRUAL_RETURNING)
+def _not_accrued(fields: tuple) -> operator.itemgetter:
+    """The columns of a row of these fields that the accrual does not write, as one tuple (compared in C)."""
+    return operator.itemgetter(*(i for i, name in enumerate(fields) if name not in ACCRUAL_RETURNING))
 
 
 def _quotas() -> policy.Quotas:
@@ -451,10 +456,12 @@ def _running_works(
     now = time.time() if now is None else now
     layout, where = _card_layout(cluster)
     running = []
+    visited = 0
     for w in holding:
         if w.no_gpu:
             continue  # holds no card: nothing for the policy to pack around or preempt
         kept = _kept_for(w, epoch)
+        visited += 1
         held = cards_held.get(w.pk, ())
         if kept.cards_held is not held or kept.layout is not layout:
             kept.cards_held, kept.layout, kept.where = held, layout, _where(w, held, cluster, where)
@@ -463,8 +470,9 @@ def _running_works(
         if kept.where is None:
             continue  # its node is not active: reconciliation deals with it
         running.append(_holding_work(kept, epoch, attained[w.pk], now))
-    for pk in _kept.keys() - {w.pk for w in holding}:
-        del _kept[pk]
+    if len(_kept) > visited:  # some kept work is no longer holding (each visited row has its entry)
+        for pk in _kept.keys() - {w.pk for w in holding}:
+            del _kept[pk]
     return running
 
 

@@ -278,33 +278,52 @@ def decide(
         if work.spot and falls_back(work, now):
             work.spot = False
             out.on_demand.append(work.id)
-    run_levels = {}
-    for work in running:
-        run_levels[work.id] = discipline.level(work, now, waiting=False)
-    wait_levels = {w.id: discipline.level(w, now, waiting=True) for w in waiting}
-    for work in [*running, *waiting]:
-        level = run_levels.get(work.id, wait_levels.get(work.id))
-        out.levels[work.id] = level
-        if level > work.level:
-            out.demoted.append(work.id)
-        elif level < work.level:
-            out.promoted.append(work.id)
-
+    # One pass over the running work (5,000 of it in a busy cluster, every tick): its levels, what each user, team
+    # and group holds, the work being evicted (``freeing``) and the elastic work that may shrink or grow.
+    run_levels: dict = {}
     held: dict[str, float] = defaultdict(float)
     team_held: dict[str, float] = defaultdict(float)
     # Members of a group running now, stopping ones too: their containers still run until they stop.
     group_running: dict[object, int] = defaultdict(int)
+    freeing: list[Work] = []
+    elastic: list[Work] = []
+    users: set = set()
+    teams: set = set()
+    level_of_work = discipline.level
     for work in running:
+        level = run_levels[work.id] = out.levels[work.id] = level_of_work(work, now, waiting=False)
+        if level > work.level:
+            out.demoted.append(work.id)
+        elif level < work.level:
+            out.promoted.append(work.id)
+        users.add(work.user)
+        if work.team:
+            teams.add(work.team)
         if work.group is not None:
             group_running[work.group] += 1
-        if not work.stopping:
-            held[work.user] += work.request.gpus
-            team_held[work.team] += work.request.gpus
+        if work.stopping:
+            freeing.append(work)
+            continue
+        gpus = work.request.gpus
+        held[work.user] += gpus
+        team_held[work.team] += gpus
+        if work.elastic_min is not None:
+            elastic.append(work)
+    wait_levels = {}
+    for work in waiting:
+        level = wait_levels[work.id] = out.levels[work.id] = level_of_work(work, now, waiting=True)
+        if level > work.level:
+            out.demoted.append(work.id)
+        elif level < work.level:
+            out.promoted.append(work.id)
+        users.add(work.user)
+        if work.team:
+            teams.add(work.team)
+
     # Fair share, as Slurm's: an equal share of the cluster per active user, and per active team for work
     # that has one; a user or team at or over its share goes after those under it.
-    active = [*running, *waiting]
-    fair = cluster.total_cards / max(len({w.user for w in active}), 1)
-    team_fair = cluster.total_cards / max(len({w.team for w in active if w.team}), 1)
+    fair = cluster.total_cards / max(len(users), 1)
+    team_fair = cluster.total_cards / max(len(teams), 1)
     fair_share = getattr(config, "fair_share", False)
 
     # Projected holdings: a user's (and team's) earlier queued work counts against their later work.
@@ -324,10 +343,8 @@ def decide(
 
     positions: dict[int, int] = defaultdict(int)
     blocked: dict[tuple, str] = {}
-    freeing = [w for w in running if w.stopping]
     victims = _Victims(running, run_levels, discipline)
     ends: dict[int, list] = {}  # per node: (expected end, cards) of its running work, filled on first use
-    elastic = [w for w in running if w.elastic_min is not None and not w.stopping]
     head_blocked = False
     no_victims: set[tuple] = set()  # (shape, level, preemptible) that found no one to evict this tick
     fits_once_freed: dict[tuple, bool] = {}  # shape -> fits once the work being evicted has left

@@ -37,7 +37,7 @@ ACCRUAL_WRITE_S = 60.0
 ACCRUAL_WRITES_PER_TICK = 500
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Accrued:
     """One holding workload's service up to the tick's time, and what a write would set on its row."""
 
