@@ -281,6 +281,7 @@ def decide(
     # One pass over the running work (5,000 of it in a busy cluster, every tick): its levels, what each user, team
     # and group holds, the work being evicted (``freeing``) and the elastic work that may shrink or grow.
     run_levels: dict = {}
+    wait_levels: dict = {}
     held: dict[str, float] = defaultdict(float)
     team_held: dict[str, float] = defaultdict(float)
     # Members of a group running now, stopping ones too: their containers still run until they stop.
@@ -290,35 +291,28 @@ def decide(
     users: set = set()
     teams: set = set()
     level_of_work = discipline.level
-    for work in running:
-        level = run_levels[work.id] = out.levels[work.id] = level_of_work(work, now, waiting=False)
-        if level > work.level:
-            out.demoted.append(work.id)
-        elif level < work.level:
-            out.promoted.append(work.id)
-        users.add(work.user)
-        if work.team:
-            teams.add(work.team)
-        if work.group is not None:
-            group_running[work.group] += 1
-        if work.stopping:
-            freeing.append(work)
-            continue
-        gpus = work.request.gpus
-        held[work.user] += gpus
-        team_held[work.team] += gpus
-        if work.elastic_min is not None:
-            elastic.append(work)
-    wait_levels = {}
-    for work in waiting:
-        level = wait_levels[work.id] = out.levels[work.id] = level_of_work(work, now, waiting=True)
-        if level > work.level:
-            out.demoted.append(work.id)
-        elif level < work.level:
-            out.promoted.append(work.id)
-        users.add(work.user)
-        if work.team:
-            teams.add(work.team)
+    for is_waiting, works, levels in ((False, running, run_levels), (True, waiting, wait_levels)):
+        for work in works:
+            level = levels[work.id] = out.levels[work.id] = level_of_work(work, now, waiting=is_waiting)
+            if level > work.level:
+                out.demoted.append(work.id)
+            elif level < work.level:
+                out.promoted.append(work.id)
+            users.add(work.user)
+            if work.team:
+                teams.add(work.team)
+            if is_waiting:
+                continue
+            if work.group is not None:
+                group_running[work.group] += 1
+            if work.stopping:
+                freeing.append(work)
+                continue
+            gpus = work.request.gpus
+            held[work.user] += gpus
+            team_held[work.team] += gpus
+            if work.elastic_min is not None:
+                elastic.append(work)
 
     # Fair share, as Slurm's: an equal share of the cluster per active user, and per active team for work
     # that has one; a user or team at or over its share goes after those under it.
