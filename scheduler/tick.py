@@ -460,7 +460,9 @@ def _running_works(
     for w in holding:
         if w.no_gpu:
             continue  # holds no card: nothing for the policy to pack around or preempt
-        kept = _kept_for(w, epoch)
+        kept = _kept.get(w.pk)
+        if kept is None or kept.row is not w or kept.epoch != epoch:
+            kept = _kept_for(w, epoch)
         visited += 1
         held = cards_held.get(w.pk, ())
         if kept.cards_held is not held or kept.layout is not layout:

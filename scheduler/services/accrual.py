@@ -58,13 +58,13 @@ def service_accrue(rows, *, now: datetime, idle_util: float, idle_weight: float)
     seconds since 1970)."""
     now_s = now.timestamp()
     accrued = {}
+    running = WorkloadStatus.RUNNING
     for w in rows:
         version = getattr(w, "version", None)
         since = w.accrued_s or w.started_s
-        if w.status == WorkloadStatus.RUNNING and since is not None and not w.no_gpu:  # no cards held: no service
+        if w.status == running and since is not None and not w.no_gpu:  # no cards held: no service
             rate = service_rate(w.gpu_utilization, idle_util=idle_util, idle_weight=idle_weight)
-            seconds = max(now_s - since, 0.0)
-            delta = card_share(w.gpu_count, w.gpu_milli) * seconds * rate
+            delta = card_share(w.gpu_count, w.gpu_milli) * (now_s - since if now_s > since else 0.0) * rate
             accrued[w.pk] = Accrued(w.pk, w.attained_service + delta, delta, now, w.queue_level, since, version)
         else:
             accrued[w.pk] = Accrued(w.pk, w.attained_service, 0.0, None, w.queue_level, None, version)
