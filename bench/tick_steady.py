@@ -189,7 +189,10 @@ def against(args) -> None:
 
     from django.db import connections
 
+    from scheduler import beside
+
     connections.close_all()
+    beside.close()  # the tick's second connection
     name = DATABASE_URL.rsplit("/", 1)[1]
     template, run = f"{DATABASE_URL}_tpl", f"{DATABASE_URL}_run"
     _setup.database_create(template, template=name)

@@ -5,6 +5,8 @@ session, not a transaction). Service accrual, allocations (in batches),
 preemptions, elastic resizes (``services.elastic``) and the waiting reasons are
 each written in short transactions; launches and stops go to node queues after
 their commit. A tick decides while work waits or while elastic work could grow.
+Two steps run beside the rest on a second connection (``scheduler.beside``):
+the read of the holding rows, and the accrual's write.
 """
 
 import contextlib
@@ -22,6 +24,7 @@ from django.utils import timezone
 from core.clients import redis_client
 from core.memory import collector_paused
 from scheduler import policy
+from scheduler.beside import beside
 from scheduler.holding import ACCRUAL_RETURNING, CAPACITY, HOLDING
 from scheduler.models import Quota, Workload, WorkloadEvent, WorkloadKind, WorkloadStatus, card_share
 from scheduler.selectors import disk_reserved_gb, job_history
@@ -341,16 +344,19 @@ def _tick() -> TickResult:
     result = TickResult()
     now = timezone.now()
     config = mlfq_config()
-    holding, cards_held = HOLDING.read()
-    accrued = service_accrue(holding, now=now, idle_util=config.idle_util, idle_weight=config.idle_weight)
+    reading = beside(HOLDING.read)  # on its own connection, while this one reads the queue and the capacity
     queued = list(Workload.objects.filter(status=S.QUEUED).select_related("group"))
+    cluster = CAPACITY.state() if queued else None
+    holding, cards_held = reading.result()
+    accrued = service_accrue(holding, now=now, idle_util=config.idle_util, idle_weight=config.idle_weight)
     if not queued and not any(_may_grow(w) for w in holding):
         HOLDING.rows_written(service_record(accrued, {}, now=now, **HOLDING.write_guard()))
         return result
     # Times are seconds since the oldest work's creation, or an older epoch kept: moving it forward would rebuild
     # every kept running work (``_kept_for``) whenever the oldest work ends; only differences count to the policy.
     epoch = _epoch[0] = min([w.created_at.timestamp() for w in queued] + [w.created_s for w in holding] + _epoch)
-    cluster = CAPACITY.state()
+    if cluster is None:
+        cluster = CAPACITY.state()
     by_id = {w.pk: w for w in queued}
     waiting = [_queued_work(w, epoch) for w in queued]
     if config.predict:
@@ -373,6 +379,11 @@ def _tick() -> TickResult:
         _kept.clear()  # what it changed of the running works before it failed is not known
         raise
     _changed_by(decisions)
+    # The accrual's write (hundreds of running rows, each only at the version read) on its own connection while this
+    # one commits the placements (queued rows, their nodes and cards). A row requeued and placed since the read is
+    # the only one both touch: the write waits for that placement's commit, then skips it (its version changed).
+    # This thread waits for the write only once its own transactions have committed, so neither waits on the other.
+    recording = beside(service_record, accrued, decisions.levels, now=now, **HOLDING.write_guard())
     _record_on_demand(decisions.on_demand, by_id)
     placements = [_placement(place, by_id[place.work_id], cluster, decisions.levels) for place in decisions.place]
     for start in range(0, len(placements), PLACEMENTS_PER_TRANSACTION):
@@ -394,7 +405,7 @@ def _tick() -> TickResult:
         if workload_resize(w, gpu_count=resize.gpu_count, reason=resize.reason, parts=parts):
             result.resized.append(resize.work_id)
     _record_waiting(decisions, by_id, _estimated_starts(decisions.waiting, by_id, holding, cluster))
-    HOLDING.rows_written(service_record(accrued, decisions.levels, now=now, **HOLDING.write_guard()))
+    HOLDING.rows_written(recording.result())
     result.waiting = len(decisions.waiting)
     if result.placed or result.preempted or result.resized:
         log.info(

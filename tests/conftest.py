@@ -46,6 +46,9 @@ def real_services(django_db_setup, django_db_blocker):
     settings.SCHEDULER_QUEUE = f"scheduler-test-{uuid.uuid4().hex[:8]}"
     settings.DEPLOYMENT_ID = f"test-{uuid.uuid4().hex[:8]}"  # never the dev deployment's volumes
     yield
+    from scheduler import beside
+
+    beside.close()  # the tick's second connection, before the test database is dropped
     redis.Redis.from_url(settings.REDIS_URL).delete(settings.SCHEDULER_QUEUE)
     client = docker_client()
     for container in client.containers.list(
