@@ -27,7 +27,7 @@ def beside(fn, *args, **kwargs) -> Future:
         done: Future = Future()
         try:
             done.set_result(fn(*args, **kwargs))
-        except BaseException as error:  # noqa: BLE001 - handed to whoever asks for the result, as the pool does
+        except BaseException as error:  # handed to whoever asks for the result, as the pool's thread does
             done.set_exception(error)
         return done
     return _executor().submit(_on_side_connection, fn, *args, **kwargs)

@@ -198,14 +198,13 @@ _kept: dict[int, _Kept] = {}
 _epoch: list[float] = [float("inf")]  # the last tick's epoch (seconds since 1970): it moves only back
 
 
-def _kept_for(w, epoch: float) -> _Kept:
-    kept = _kept.get(w.pk)
-    if kept is not None and kept.epoch == epoch:
-        if kept.row is w:
-            return kept
-        if _accrued_only(kept.row, w):  # the accrual's own write (hundreds a tick): only the level matters here
-            kept.row, kept.work.level = w, w.queue_level
-            return kept
+def _kept_for(w, kept: _Kept | None, epoch: float) -> _Kept:
+    """The kept work of holding row ``w`` where its entry (``kept``, None for none) is not of this row object and
+    epoch (``_running_works`` takes those as they are): brought to the row where only the accrual wrote it, else
+    built again."""
+    if kept is not None and kept.epoch == epoch and _accrued_only(kept.row, w):
+        kept.row, kept.work.level = w, w.queue_level  # the accrual's own write (hundreds a tick): only the level
+        return kept
     request = _request(w)
     elastic = w.elastic_min is not None
     if elastic and w.master_port is None:
@@ -473,7 +472,7 @@ def _running_works(
             continue  # holds no card: nothing for the policy to pack around or preempt
         kept = _kept.get(w.pk)
         if kept is None or kept.row is not w or kept.epoch != epoch:
-            kept = _kept_for(w, epoch)
+            kept = _kept_for(w, kept, epoch)
         visited += 1
         held = cards_held.get(w.pk, ())
         if kept.cards_held is not held or kept.layout is not layout:

@@ -64,7 +64,7 @@ def service_accrue(rows, *, now: datetime, idle_util: float, idle_weight: float)
         since = w.accrued_s or w.started_s
         if w.status == running and since is not None and not w.no_gpu:  # no cards held: no service
             rate = service_rate(w.gpu_utilization, idle_util=idle_util, idle_weight=idle_weight)
-            delta = card_share(w.gpu_count, w.gpu_milli) * (now_s - since if now_s > since else 0.0) * rate
+            delta = card_share(w.gpu_count, w.gpu_milli) * max(now_s - since, 0.0) * rate
             accrued[w.pk] = Accrued(w.pk, w.attained_service + delta, delta, now, w.queue_level, since, version)
         else:
             accrued[w.pk] = Accrued(w.pk, w.attained_service, 0.0, None, w.queue_level, None, version)
