@@ -103,15 +103,20 @@ class Choice:
 def _eligible_nodes(cluster: ClusterState, request: Request, allowed: np.ndarray | None = None) -> np.ndarray:
     nodes = (cluster.cpu_free >= request.cpu) & (cluster.mem_free >= request.memory_mb)
     nodes &= cluster.disk_free >= request.disk_gb
-    if allowed is not None:
-        nodes &= allowed
-    if request.pinned_node is not None:
-        pinned = np.zeros_like(nodes)
-        index = cluster.node_index.get(request.pinned_node)
-        if index is not None:
-            pinned[index] = True
-        nodes &= pinned
-    return nodes
+    kept = _kept_to(cluster, request, allowed)
+    return nodes if kept is None else nodes & kept
+
+
+def _kept_to(cluster: ClusterState, request: Request, allowed: np.ndarray | None) -> np.ndarray | None:
+    """The nodes the request may go to whatever their room (``allowed``, and its pinned node), None for all: FGD's
+    cached scores already say which nodes have the room (+inf where not), as of the node's version."""
+    if request.pinned_node is None:
+        return allowed
+    pinned = np.zeros(len(cluster.node_ids), dtype=bool)
+    index = cluster.node_index.get(request.pinned_node)
+    if index is not None:
+        pinned[index] = True
+    return pinned if allowed is None else pinned & allowed
 
 
 def _eligible_cards(cluster: ClusterState, request: Request, rows=slice(None), relevant=None) -> np.ndarray:
@@ -152,7 +157,7 @@ def choose(
     ``allowed``: node mask to keep to (others are reserved), None for every node.
     """
     if strategy == "fgd" and mix:
-        return _fgd_choose(cluster, request, _eligible_nodes(cluster, request, allowed), mix)
+        return _fgd_choose(cluster, request, _kept_to(cluster, request, allowed), mix)
     nodes, cards = _eligible(cluster, request, allowed)
     fraction = 0 < request.gpu_milli < WHOLE_CARD
     if fraction:
@@ -265,8 +270,9 @@ class _Scores:
     card: np.ndarray  # best card for a fraction
 
 
-def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarray, mix) -> Choice | None:
-    """FGD over every node, rescoring only nodes whose capacity changed since this shape was last scored."""
+def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarray | None, mix) -> Choice | None:
+    """FGD over every node (``allowed_nodes``: those it may use, None for all), rescoring only nodes whose capacity
+    changed since this shape was last scored."""
     shape = (request.gpu_model, request.gpu_count, request.gpu_milli, request.cpu, request.memory_mb, request.disk_gb)
     scores = cluster.score_cache.get(shape)
     count = len(cluster.node_ids)
@@ -280,7 +286,8 @@ def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarr
     if stale.size:
         _rescore(cluster, request, _cached_mix_arrays(cluster, mix), stale, scores)
         scores.versions[stale] = cluster.version[stale]
-    candidates = np.flatnonzero(allowed_nodes & np.isfinite(scores.delta))
+    fits = np.isfinite(scores.delta)  # where the node has the room, as scored at its version (``_rescore``)
+    candidates = np.flatnonzero(fits if allowed_nodes is None else fits & allowed_nodes)
     if candidates.size == 0:
         return None
     delta = scores.delta[candidates]

@@ -112,6 +112,21 @@ def test_pinned_work_only_goes_back_to_its_node():
     assert choose(c, Request(2, "A100", pinned_node="n2"), "bestfit").node == 1
 
 
+def test_fgd_keeps_to_the_pinned_node_and_the_allowed_ones_and_to_room_taken_since_it_scored():
+    mix = [TaskType(1, 1000, 0, 0, 1.0), TaskType(1, 500, 0, 0, 1.0)]
+    c = cluster(node("n1", 1000, 1000), node("n2", 600, 0), node("n3", 1000, 1000, cpu=8))
+    assert choose(c, Request(1, "A100", 1, 500), "fgd", mix=mix).node == 1  # FGD's own pick, scored for the shape
+    assert choose(c, Request(1, "A100", 1, 500, pinned_node="n1"), "fgd", mix=mix).node == 0
+    assert choose(c, Request(1, "A100", 1, 500, pinned_node="gone"), "fgd", mix=mix) is None
+    assert choose(c, Request(1, "A100", 1, 500), "fgd", mix=mix, allowed=np.array([1, 0, 1], bool)).node == 0
+    only_n3 = np.array([0, 0, 1], bool)
+    assert choose(c, Request(1, "A100", 1, 500, cpu=4), "fgd", mix=mix, allowed=only_n3).node == 2
+    c.take(2, [], 0, 8, 0)  # n3's cores taken since the shape was scored with them free
+    assert choose(c, Request(1, "A100", 1, 500, cpu=4), "fgd", mix=mix, allowed=only_n3) is None
+    assert choose(c, Request(1, "A100", 1, 500, cpu=4, pinned_node="n3"), "fgd", mix=mix) is None
+    assert choose(c, Request(1, "A100", 1, 500, pinned_node="n3"), "fgd", mix=mix).node == 2  # no cores asked
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     frees=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=1, max_size=4),
