@@ -59,12 +59,14 @@ def rescore(cluster: ClusterState, request, mix: MixRows, stale, delta, tiebreak
             and mem_free[i][column] >= mem_total[i][column] * milli // WHOLE_CARD
             and (not fraction or not rule or share_class in (NO_CLASS, milli))
         ]
+        if len(eligible) < (1 if fraction else request.gpu_count):
+            continue  # no card (or not enough) for it: +inf, as set above
         before = (*_stats(mix, cards, rule), cpu[i], mem[i])
         if fraction:
             best = _best_card(mix, request, before, eligible, rule)
             if best is not None:
                 delta[row], tiebreak[row], card[row] = best
-        elif len(eligible) >= request.gpu_count:
+        else:
             delta[row] = _growth(mix, before, _whole_after(mix, request, before))
             tiebreak[row] = len(eligible) - request.gpu_count
 
