@@ -4,7 +4,21 @@ from collections import Counter, defaultdict
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Avg, BooleanField, Case, Count, F, FloatField, Func, Prefetch, Q, Sum, When
+from django.db.models import (
+    Avg,
+    BooleanField,
+    Case,
+    Count,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    Prefetch,
+    Q,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
@@ -104,45 +118,45 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
     where it must return. A placed gang's other members hold theirs on their nodes, an instance
     being moved its copy on the target. A job requeued to run anywhere is not counted where it ran before; what
     it left there is covered by the host's measured free space (NODE_DISK_MIN_FREE_GB). On PostgreSQL the
-    workloads' own part is kept per node by a trigger (``_workloads_disk``), not summed over their rows."""
+    workloads' own part is kept per node by a trigger (``_workloads_disk``), not summed over their rows. The three
+    parts are one statement (a union): the tick reads them twice, once under the placements' node locks."""
     held = dict.fromkeys(node_ids or (), 0)
     if node_ids is not None and not node_ids:
         return held
     everywhere = node_ids is None
-
-    def add(node_id, gb: int) -> None:
-        if everywhere or node_id in held:
-            held[node_id] = held.get(node_id, 0) + gb
-
-    for node_id, gb, containers in _workloads_disk(node_ids):
-        add(node_id, gb + containers * disk_reserved_gb(0))
+    container = Value(1, output_field=IntegerField())  # as (node, data disk GB, containers): one container each
     members = WorkloadMember.objects.filter(rank__gt=0, workload__status__in=WorkloadStatus.holding_resources())
     moving = Move.objects.filter(status=MoveStatus.COPYING)  # the copy being made on the target
     if not everywhere:
         members = members.filter(id_in("scheduler_workloadmember.node_id", node_ids))
         moving = moving.filter(id_in("scheduler_move.target_id", node_ids))
-    for node_id, disk_gb in members.values_list("node_id", "workload__disk_gb"):
-        add(node_id, disk_reserved_gb(disk_gb))
-    for node_id, disk_gb in moving.values_list("target_id", "workload__disk_gb"):
-        add(node_id, disk_reserved_gb(disk_gb))
+    parts = _workloads_disk(node_ids).union(
+        members.order_by().values_list("node_id", "workload__disk_gb", container),
+        moving.order_by().values_list("target_id", "workload__disk_gb", container),
+        all=True,
+    )
+    for node_id, gb, containers in parts:
+        if everywhere or node_id in held:
+            held[node_id] = held.get(node_id, 0) + gb + containers * disk_reserved_gb(0)
     return held
 
 
-def _workloads_disk(node_ids: list[int] | None) -> list[tuple[int, int, int]]:
+def _workloads_disk(node_ids: list[int] | None):
     """(node, data disks' GB, containers) the workloads themselves hold on each of these nodes (None: on every
-    node): on PostgreSQL the sums of ``DiskDelta`` (kept by a trigger, migration 0030), elsewhere of the rows."""
+    node), a query: on PostgreSQL the sums of ``DiskDelta`` (kept by a trigger, migration 0030), elsewhere of the
+    rows."""
     return _disk_deltas(node_ids) if connection.vendor == "postgresql" else _disk_summed(node_ids)
 
 
-def _disk_deltas(node_ids: list[int] | None) -> list[tuple[int, int, int]]:
+def _disk_deltas(node_ids: list[int] | None):
     deltas = DiskDelta.objects.order_by()
     if node_ids is not None:
         deltas = deltas.filter(id_in("scheduler_diskdelta.node_id", node_ids))
     sums = deltas.values("node_id").annotate(gb=Sum("gb"), containers=Sum("containers"))
-    return list(sums.values_list("node_id", "gb", "containers"))
+    return sums.values_list("node_id", "gb", "containers")
 
 
-def _disk_summed(node_ids: list[int] | None) -> list[tuple[int, int, int]]:
+def _disk_summed(node_ids: list[int] | None):
     """The workloads' disks summed from their rows: each counts on its ``home`` (queued work only where it must
     return), a container's system disk unless it is an ended job. The trigger spells the same rule out."""
     home = Case(
@@ -153,7 +167,7 @@ def _disk_summed(node_ids: list[int] | None) -> list[tuple[int, int, int]]:
         counted = counted.filter(home__in=node_ids)
     container = Case(When(ENDED_JOB, then=0), default=1)
     sums = counted.order_by().values("home").annotate(gb=Sum("disk_gb"), containers=Sum(container))
-    return list(sums.values_list("home", "gb", "containers"))
+    return sums.values_list("home", "gb", "containers")
 
 
 def disk_room(node: Node) -> int | None:
