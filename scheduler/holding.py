@@ -23,6 +23,7 @@ service re-checks every placement under its row locks, so a stale view makes a p
 over-allocates.
 """
 
+import functools
 import time
 from collections import defaultdict
 
@@ -124,7 +125,16 @@ class HoldingCache:
         for pk, *values in written:
             row = self.rows.get(pk)
             if row is not None:
-                self.rows[pk] = row._replace(**dict(zip(ACCRUAL_RETURNING, values, strict=True)))
+                columns = list(row)  # set by place: a third of ``_replace``'s time, for hundreds of rows a tick
+                for at, value in zip(_returning_at(row._fields), values, strict=True):
+                    columns[at] = value
+                self.rows[pk] = row._make(columns)
+
+
+@functools.cache
+def _returning_at(fields: tuple[str, ...]) -> tuple[int, ...]:
+    """Where the columns the accrual's write returns (``ACCRUAL_RETURNING``) are in a holding row of these fields."""
+    return tuple(fields.index(name) for name in ACCRUAL_RETURNING)
 
 
 class CapacityCache:
