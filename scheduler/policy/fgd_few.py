@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from scheduler.policy.cluster import NO_CLASS, WHOLE_CARD, ClusterState
 
-FEW_NODES = 8  # up to this many stale nodes are scored here; more go to the arrays
+FEW_NODES = 12  # up to this many stale nodes are scored here, more over the arrays (about even at 12-16 nodes)
 
 
 class MixRows(NamedTuple):

@@ -28,9 +28,9 @@ def random_card(rng: random.Random, pk: int) -> CardSpec:
     return CardSpec(pk, model, memory, WHOLE_CARD - held, memory - memory * held // WHOLE_CARD, share_class)
 
 
-def random_cluster(rng: random.Random, rule: bool) -> ClusterState:
+def random_cluster(rng: random.Random, rule: bool, count: int = 12) -> ClusterState:
     nodes = []
-    for node in range(12):
+    for node in range(count):
         cards = [random_card(rng, node * 10 + c) for c in range(rng.choice([2, 4, 8, 8]))]
         disk = rng.choice([None, 50, 500])
         nodes.append(
@@ -87,7 +87,7 @@ def test_a_few_nodes_score_in_plain_python_exactly_as_over_the_arrays(rule):
 
 
 def test_the_few_path_runs_where_the_weights_are_counts_and_only_there(monkeypatch):
-    cluster = random_cluster(random.Random(3), True)
+    cluster = random_cluster(random.Random(3), True, count=fgd_few.FEW_NODES + 1)
     calls = []
     monkeypatch.setattr(fgd_few, "rescore", lambda *args: calls.append(args[3].tolist()))
     request = Request(1, None, 1, WHOLE_CARD)
