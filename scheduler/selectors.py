@@ -135,9 +135,10 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
         moving.order_by().values_list("target_id", "workload__disk_gb", container),
         all=True,
     )
+    system_disk = disk_reserved_gb(0)  # a container's
     for node_id, gb, containers in parts:
         if everywhere or node_id in held:
-            held[node_id] = held.get(node_id, 0) + gb + containers * disk_reserved_gb(0)
+            held[node_id] = held.get(node_id, 0) + gb + containers * system_disk
     return held
 
 

@@ -63,9 +63,7 @@ def rescore(cluster: ClusterState, request, mix: MixRows, stale, delta, tiebreak
             continue  # no card (or not enough) for it: +inf, as set above
         before = (*_stats(mix, cards, rule), cpu[i], mem[i])
         if fraction:
-            best = _best_card(mix, request, before, eligible, rule)
-            if best is not None:
-                delta[row], tiebreak[row], card[row] = best
+            delta[row], tiebreak[row], card[row] = _best_card(mix, request, before, eligible, rule)
         else:
             delta[row] = _growth(mix, before, _whole_after(mix, request, before))
             tiebreak[row] = len(eligible) - request.gpu_count
@@ -122,9 +120,9 @@ def _whole_after(mix: MixRows, request, before: tuple) -> tuple:
     )
 
 
-def _best_card(mix: MixRows, request, before: tuple, eligible: list, rule: bool) -> tuple | None:
-    """(score, share left over, column) of the node's best card for a fraction: the least score, then the least
-    left over, then the lowest column (``placement._rescore``'s order)."""
+def _best_card(mix: MixRows, request, before: tuple, eligible: list, rule: bool) -> tuple:
+    """(score, share left over, column) of the node's best card (``eligible``: one at least) for a fraction: the
+    least score, then the least left over, then the lowest column (``placement._rescore``'s order)."""
     total, lost, whole, fits, cpu, mem = before
     milli = request.gpu_milli
     best = None
