@@ -8,6 +8,7 @@ published by the cluster's own processes, on the cluster's own Redis.
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -208,15 +209,38 @@ class Cluster:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test shows the end of each of its cluster's process logs: what the scheduler, the agent and
-    the web server were doing when the wait ran out (CI keeps no files)."""
+    the web server were doing when the wait ran out (CI keeps no files). The scheduler worker is first asked
+    where each of its threads is (Celery's SIGUSR1 handler writes their stacks to its log): a worker that stopped
+    consuming says where it stopped. Its embedded beat's lines (a few a second) are left out of its last lines."""
     report = yield
     c = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and isinstance(c, Cluster):
         for role in c.processes:
             path = f"{c.logs}/{c.node_name}-{role}.log"
             with contextlib.suppress(OSError), open(path, errors="replace") as f:
-                report.sections.append((f"{role} log (last 60 lines)", "".join(f.readlines()[-60:])))
+                lines = f.readlines()
+            if role == "scheduler":
+                lines = [line for line in lines if "/Beat]" not in line]
+            report.sections.append((f"{role} log (last 80 lines)", "".join(lines[-80:])))
+        report.sections.append(("the scheduler worker's threads", _threads(c)))
     return report
+
+
+def _threads(c: Cluster) -> str:
+    """Where the scheduler worker's threads are: the stacks Celery's SIGUSR1 handler (``install_cry_handler``)
+    writes to its log, without their local variables."""
+    process = c.processes.get("scheduler")
+    if process is None or process.poll() is not None:
+        return f"the worker is gone: {None if process is None else process.returncode}"
+    path = f"{c.logs}/{c.node_name}-scheduler.log"
+    start = os.path.getsize(path)
+    os.kill(process.pid, signal.SIGUSR1)  # the worker's own process: its beat child has no handler for it
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: os.path.getsize(path) > start, timeout=5, what="the worker's stacks")
+    with open(path, errors="replace") as f:
+        f.seek(start)
+        text = f.read()
+    return re.sub(r"LOCAL VARIABLES\n=+\n.*?\n\n\n", "", text, flags=re.DOTALL)
 
 
 @pytest.fixture
