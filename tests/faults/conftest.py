@@ -209,9 +209,10 @@ class Cluster:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test shows the end of each of its cluster's process logs: what the scheduler, the agent and
-    the web server were doing when the wait ran out (CI keeps no files). The scheduler worker is first asked
-    where each of its threads is (Celery's SIGUSR1 handler writes their stacks to its log): a worker that stopped
-    consuming says where it stopped. Its embedded beat's lines (a few a second) are left out of its last lines."""
+    the web server were doing when the wait ran out (CI keeps no files); the scheduler worker's without its
+    embedded beat's lines (a few a second). Then, where the test itself failed, the scheduler worker is asked where
+    each of its threads is (Celery's SIGUSR1 handler writes their stacks to its log): a worker that stopped
+    consuming says where it stopped, and one that is gone says how it ended."""
     report = yield
     c = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and isinstance(c, Cluster):
@@ -222,7 +223,8 @@ def pytest_runtest_makereport(item, call):
             if role == "scheduler":
                 lines = [line for line in lines if "/Beat]" not in line]
             report.sections.append((f"{role} log (last 80 lines)", "".join(lines[-80:])))
-        report.sections.append(("the scheduler worker's threads", _threads(c)))
+        if report.when == "call":  # the cluster still runs (its teardown stops it)
+            report.sections.append(("the scheduler worker's threads", _threads(c)))
     return report
 
 
