@@ -58,6 +58,10 @@ class Cluster:
     wrap: dict = field(default_factory=dict)  # per-role command prefix, e.g. faketime for a skewed clock
 
     # --- processes -------------------------------------------------------------------------
+    def log_path(self, role: str) -> str:
+        """Where the process of ``role`` writes its output."""
+        return f"{self.logs}/{self.node_name}-{role}.log"
+
     def start(self, role: str) -> subprocess.Popen:
         python = sys.executable
         commands = {
@@ -98,7 +102,7 @@ class Cluster:
             ],
             "agent": [python, "manage.py", "node_agent", "--name", self.node_name],
         }
-        log = open(f"{self.logs}/{self.node_name}-{role}.log", "a")  # noqa: SIM115  (kept for the process)
+        log = open(self.log_path(role), "a")  # noqa: SIM115  (kept for the process)
         process = subprocess.Popen(
             [*self.wrap.get(role, []), *commands[role]],
             env=self.env | self.env_for.get(role, {}),
@@ -217,7 +221,7 @@ def pytest_runtest_makereport(item, call):
     c = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and isinstance(c, Cluster):
         for role in c.processes:
-            path = f"{c.logs}/{c.node_name}-{role}.log"
+            path = c.log_path(role)
             with contextlib.suppress(OSError), open(path, errors="replace") as f:
                 lines = f.readlines()
             if role == "scheduler":
@@ -234,7 +238,7 @@ def _threads(c: Cluster) -> str:
     process = c.processes.get("scheduler")
     if process is None or process.poll() is not None:
         return f"the worker is gone: {None if process is None else process.returncode}"
-    path = f"{c.logs}/{c.node_name}-scheduler.log"
+    path = c.log_path("scheduler")
     start = os.path.getsize(path)
     os.kill(process.pid, signal.SIGUSR1)  # the worker's own process: its beat child has no handler for it
     with contextlib.suppress(AssertionError):

@@ -364,5 +364,5 @@ def test_a_node_agent_runs_its_whole_lifecycle_on_its_least_privilege_database_r
         started = workload.events.get(to_status="running").created_at
         assert list(MeterSegment.objects.filter(workload=workload).values_list("started_at", flat=True)) == [started]
         assert MeterSegment.objects.get(workload=workload).ended_at is not None
-    agent_log = open(f"{cluster.logs}/{cluster.node_name}-agent.log").read()
+    agent_log = open(cluster.log_path("agent")).read()
     assert "row-level security" not in agent_log, agent_log[-3000:]
