@@ -38,15 +38,11 @@ import time
 
 import _setup
 
+from tests.ports import free_port
+
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud_bench")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 INSTANCE_BODY = {"image": 0, "gpu_type": 0, "gpus": "0.1", "cpu_cores": 1, "memory_gb": 1, "disk_gb": 10}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_env(port: int) -> dict:

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,16 +31,12 @@ import uuid
 
 import _setup
 
+from tests.ports import free_port
+
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud_relay_bench")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 NODE = "bench-relay"
 ERRORS: list[str] = []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str):

@@ -49,18 +49,14 @@ import time
 
 import _setup
 
+from tests.ports import free_port
+
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud_ws_bench")
 os.environ.setdefault("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 NODE = "bench-ws"
 CARDS, TENANTS = "sim:8xA100-80GB", 16
 ORIGIN = "http://127.0.0.1"
 CONNECT_S = 180  # a viewer that has not connected by then (retrying as the page does) is an error
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -25,6 +25,7 @@ from agent.launcher import LABEL, docker_client
 from portal.models import GpuType
 from portal.services.demo import STANDIN_IMAGE, catalog_load, stand_in_load
 from scheduler.services.nodes import node_register
+from tests.ports import free_port
 
 TEST_IMAGE = STANDIN_IMAGE  # tests that need a container but no framework: the tiny BusyBox stand-in
 NO_DOCKER = "unix:///nonexistent/docker.sock"  # the web tier's Docker engine: none
@@ -352,9 +353,7 @@ def web_server(transactional_db):
 
     As in production, it has no Docker engine to talk to: terminals go through the node's relay.
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),

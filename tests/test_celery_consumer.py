@@ -17,7 +17,8 @@ from celery import Celery
 from django.conf import settings
 
 from tests.conftest import wait_for
-from tests.faults.conftest import _listening, free_port
+from tests.faults.conftest import _listening
+from tests.ports import free_port
 
 OURS = "config.celery_consumer:Consumer"
 CELERYS = "celery.worker.consumer:Consumer"

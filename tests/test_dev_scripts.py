@@ -7,6 +7,7 @@ fails with ``SerializerNotInstalled: auth`` tracebacks, as ``make cluster`` prin
 import json
 import os
 import re
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -115,6 +116,29 @@ def test_a_command_typed_in_a_make_run_checkout_runs_as_make_run_does(tmp_path):
     }
     # Tests and production set SECRET_KEY: the file is not theirs to read.
     assert _settings_seen(typed | {"SECRET_KEY": "k" * 40})["DEBUG"] is False
+
+
+@pytest.mark.parametrize("which", ["web", "websocket"])
+def test_make_run_stops_with_one_sentence_where_its_port_is_in_use(tmp_path, which):
+    """run.sh for real, with something listening on its web port or on the WebSocket port after it: it says which
+    port and what to do before it starts anything (not daphne's "Address already in use" traceback in a log)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        port = taken if which == "web" else taken - 1
+        started = subprocess.run(
+            ["bash", "config/dev/run.sh"],
+            cwd=settings.BASE_DIR,
+            env={"PATH": os.environ["PATH"], "PORT": str(port), "RUN_DIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert started.returncode == 1, started.stderr[-2000:]
+    assert f"port {taken} is in use" in started.stderr
+    assert "PORT=<another port> make run" in started.stderr
+    assert not (tmp_path / "run.env").exists()  # nothing further ran
 
 
 def _pg_paths(cluster_dir: Path, prefix: str) -> tuple[str, str]:

@@ -1,8 +1,7 @@
-"""The rules config/dev/run_smoke.py checks `make run`'s stack by: the charge it expects, the token it signs in
-with, and the ports it may take beside a running stack."""
+"""The rules config/dev/run_smoke.py checks `make run`'s stack by: the charge it expects and the token it signs in
+with. The ports it takes are tests/ports.py's (tests/test_ports.py)."""
 
 import importlib.util
-import socket
 from decimal import Decimal
 from pathlib import Path
 
@@ -34,18 +33,3 @@ def test_it_signs_in_with_the_token_load_demo_printed_for_demo_not_the_admins():
     assert run_smoke.demo_token(printed) == "demo-key"
     with pytest.raises(run_smoke.StepFailed):
         run_smoke.demo_token("user admin / admin-pass-123  API token admin-key\n")
-
-
-def test_a_port_daphne_shares_with_so_reuseport_is_not_free():
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    try:
-        taken = listener.getsockname()[1]
-        assert not run_smoke._bindable(taken)
-        port = run_smoke.free_port(pair=True)
-        assert taken not in (port, port + 1)
-        assert run_smoke._bindable(port) and run_smoke._bindable(port + 1)
-    finally:
-        listener.close()

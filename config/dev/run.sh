@@ -20,6 +20,15 @@ export GPU_BACKEND=${GPU_BACKEND:-auto} DEBUG=${DEBUG:-true}
 export NODE_OVERCOMMIT_SIMULATED=${NODE_OVERCOMMIT_SIMULATED:-true}
 mkdir -p "$LOG_DIR"
 
+# A port something already listens on (a make run still going?) would stop the stack seconds after it started.
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for port in "$PORT" "$WS_PORT"; do
+  if listening "$port"; then
+    echo "make run: port $port is in use (another make run?): stop what listens there, or start with PORT=<another port> make run (WebSockets take the next port)" >&2
+    exit 1
+  fi
+done
+
 # Commands typed in this checkout (manage.py shell, node drain, ...) run as this stack does: settings.py reads
 # var/run.env where a command sets neither SECRET_KEY nor DEBUG. Written once the settings below are known.
 write_run_env() {

@@ -24,7 +24,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.ports import free_port  # noqa: E402  (the rule for a free port, shared with the tests and benches)
+
 MINIMUM_S = 60  # billing.rating.MINIMUM_S: a run shorter than a minute is charged a minute
 CENT = Decimal("0.01")
 READY_BANNER = "GPU cloud is running:"
@@ -73,29 +75,6 @@ def demo_token(text: str, username: str = "demo") -> str:
     if not match:
         raise StepFailed(f"no API token for {username!r} in what load_demo printed")
     return match.group(1)
-
-
-def free_port(*, pair: bool = False) -> int:
-    """A port nothing listens on (and the next one, with ``pair``). Checked by binding without SO_REUSEPORT:
-    daphne's processes share their port that way, so a port in their use would look free to them."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port >= 65535 - 1:
-            continue
-        if all(_bindable(p) for p in ([port, port + 1] if pair else [port])):
-            return port
-    raise StepFailed("no free port found")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def results(page):

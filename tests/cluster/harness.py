@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ import docker
 import psycopg
 import redis
 import requests
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "config" / "dev" / "cluster.sh"
@@ -45,12 +46,6 @@ def uploaded(path: Path, then: str) -> str:
     folder) and runs ``then`` there."""
     code = base64.b64encode(path.read_bytes()).decode()
     return f"mkdir -p /tmp/job && cd /tmp/job && echo {code} | base64 -d > {path.name} && {then}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, *, timeout: float, what: str, every: float = 0.2):

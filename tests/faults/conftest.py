@@ -29,6 +29,7 @@ from portal.services.tokens import token_create
 from scheduler.models import Allocation, Gpu, Node, Workload, WorkloadStatus
 from tests.agent.test_sharedfs import volume  # noqa: F401  (a JuiceFS volume, for test_host_services)
 from tests.conftest import NO_DOCKER, database_url, remove_node_containers, wait_for
+from tests.ports import free_port
 
 RECONCILE_S = 1  # beat: scheduler tick and cluster reconciliation every second
 DEADLINE_S = 8  # transitional states (past an agent's start-up on a loaded 2-core machine)
@@ -36,12 +37,6 @@ LOST_AFTER_S = 8  # silent node (its agent fences its own jobs after 8 - 1 - 2 *
 # "Converged within two reconciliation periods" of whatever the fault needs first (a deadline,
 # a node declared lost), with slack for process start-up on a loaded 2-core machine.
 CONVERGE_S = 2 * RECONCILE_S + DEADLINE_S + 10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -8,7 +8,6 @@ nothing pins the work to the node that saved the image, and that the launch pull
 
 import io
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -25,17 +24,12 @@ from scheduler.registry import MANIFEST_TYPES, image_name, manifest_digest, regi
 from tests.conftest import TEST_IMAGE, make_node, remove_node_containers, wait_for, wait_status, worker_for
 from tests.portal.test_instance_api import container, create
 from tests.portal.test_saved_images import image_status
+from tests.ports import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "config" / "dev" / "registry.sh"
 USERNAME, PASSWORD = "gpucloud", "registry-test-pass"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RegistryServer:

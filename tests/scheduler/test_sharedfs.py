@@ -1,6 +1,5 @@
 """Reading what juicefs prints: sizes, the quota table, its log lines; URLs without passwords."""
 
-import socket
 import subprocess
 import time
 from urllib.parse import quote
@@ -10,6 +9,7 @@ import redis
 
 from scheduler import sharedfs
 from scheduler.sharedfs import GIB, Quota, SharedFsError, last_words, parse_quota_table, parse_size, redact
+from tests.ports import free_port
 
 TABLE = """\
 +-----------+---------+--------+------+-----------+-------+-------+
@@ -63,9 +63,7 @@ def test_passwords_never_reach_a_message():
 def redis_with_password():
     """A Redis of its own on a free loopback port that asks for a password (given on its standard input)."""
     password = "s3c:r@t/%pw"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(["redis-server", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     server.stdin.write(f'port {port}\nbind 127.0.0.1\nsave ""\nrequirepass "{password}"\n')
     server.stdin.close()
