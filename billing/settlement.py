@@ -44,6 +44,10 @@ BATCH = 10000  # per transaction; 10,000 overlapped rating and writing best (ben
 SETTLEMENT_LOCK = 0x6770_5345_544C  # advisory lock key: one settler at a time
 
 
+class SettlerBusy(Exception):
+    """Another settler holds the lock, and this one was asked not to wait (``settle(wait=False)``)."""
+
+
 @dataclass
 class Settled:
     segments: int = 0
@@ -72,22 +76,24 @@ def segment_assign(workload_id: int) -> int:
     return unassigned.update(account=account, rate_card_id=rate_id)
 
 
-def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH) -> Settled:
+def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH, wait: bool = True) -> Settled:
     """Settle what is pending (or those of ``segment_ids`` that are), ``batch`` segments per transaction.
 
-    One settler at a time (``_one_settler``). The batches go through a pipeline of two threads: while
-    this one writes batch k, a second reads batch k+1 on its own connection (``_pending_batches``: one
-    query for the whole run, read batch by batch; payers not yet recorded filled in) and rates it
-    (``_rate_batch``: pure Python), so reading, pricing and writing overlap instead of taking turns (the
-    database waits release the GIL). Inside a caller's transaction the batches are read here instead, on
-    the one connection that sees the caller's rows. Python's garbage collector is paused for the run
-    (``collector_paused``): its full collections over the piling lines held the GIL the writing thread
-    waits for. (Measured and left out: smaller first and last batches; two batches written at once on
-    two connections: within the noise, the database and the rating share two cores.)
+    One settler at a time (``_one_settler``): a second waits for the first, or with ``wait=False`` raises
+    ``SettlerBusy`` at once (the scheduler worker's tasks: a thread waiting there is one the tick lacks).
+
+    The batches go through a pipeline of two threads: while this one writes batch k, a second reads batch k+1 on its
+    own connection (``_pending_batches``: one query for the whole run, read batch by batch; payers not yet recorded
+    filled in) and rates it (``_rate_batch``: pure Python), so reading, pricing and writing overlap instead of
+    taking turns (the database waits release the GIL). Inside a caller's transaction the batches are read here
+    instead, on the one connection that sees the caller's rows. Python's garbage collector is paused for the run
+    (``collector_paused``): its full collections over the piling lines held the GIL the writing thread waits for.
+    (Measured and left out: smaller first and last batches; two batches written at once on two connections: within
+    the noise, the database and the rating share two cores.)
     """
     now = now or timezone.now()
     total = Settled()
-    with _one_settler(), collector_paused():
+    with _one_settler(wait=wait), collector_paused():
         segments = pending_segments()
         if segment_ids is not None:
             segments = segments.filter(pk__in=segment_ids)
@@ -129,8 +135,9 @@ def settle(*, now=None, segment_ids: list[int] | None = None, batch: int = BATCH
 
 
 @contextlib.contextmanager
-def _one_settler():
-    """One settler at a time on PostgreSQL: a second waits, then reads what the first wrote.
+def _one_settler(*, wait: bool = True):
+    """One settler at a time on PostgreSQL: a second waits, then reads what the first wrote (or, not to wait,
+    raises ``SettlerBusy``).
 
     An advisory lock instead of locking every segment row (row locks on 100,000 segments cost more
     than the settling): inside a caller's transaction a transaction lock, held to its end; else a
@@ -140,8 +147,11 @@ def _one_settler():
         yield
         return
     session = not connection.in_atomic_block  # else a transaction lock, released with the caller's transaction
+    function = f"pg_{'' if wait else 'try_'}advisory{'' if session else '_xact'}_lock"
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT pg_advisory{'' if session else '_xact'}_lock(%s)", [SETTLEMENT_LOCK])
+        cursor.execute(f"SELECT {function}(%s)", [SETTLEMENT_LOCK])
+        if not wait and not cursor.fetchone()[0]:
+            raise SettlerBusy("another settlement holds the settlers' lock")
     try:
         yield
     finally:

@@ -14,6 +14,7 @@ from core.messages import ToScheduler
 log = logging.getLogger(__name__)
 # Work whose events are older than this is settled: the live receivers and earlier runs covered it.
 RECONCILE_WINDOW = timedelta(days=1)
+SETTLER_BUSY_RETRY_S = 5  # a settlement that found another running comes back after this
 
 
 @shared_task(name=ToScheduler.METER_RECONCILE, ignore_result=True)
@@ -21,13 +22,25 @@ def meter_reconcile():
     reconcile(since=timezone.now() - RECONCILE_WINDOW)
 
 
-@shared_task(name=ToScheduler.SETTLE_USAGE, ignore_result=True)
-def settle_usage(workload_id: int | None = None):
-    """Hourly for everything pending; at each stop for that workload's segments."""
+@shared_task(name=ToScheduler.SETTLE_USAGE, ignore_result=True, bind=True, max_retries=None)
+def settle_usage(self, workload_id: int | None = None):
+    """Hourly for everything pending; at each stop for that workload's segments.
+
+    Where another settlement is running (the hourly one can take minutes), this one comes back in a few seconds
+    instead of waiting for it: the scheduler worker has two threads, and one waiting on the settlers' lock is one
+    the tick does not get (two stops settling during the hourly run would stop the scheduling until it ended).
+    """
     segments = None
     if workload_id is not None:
         segments = list(selectors.pending_segments().filter(workload_id=workload_id).values_list("pk", flat=True))
-    done = settlement.settle(segment_ids=segments)
+    try:
+        done = settlement.settle(segment_ids=segments, wait=False)
+    except settlement.SettlerBusy as busy:
+        # Its own arguments only: the request's may carry the name of the host that signed it (core.signing),
+        # which a message the control plane signs must not repeat.
+        raise self.retry(
+            args=(), kwargs={"workload_id": workload_id}, exc=busy, countdown=SETTLER_BUSY_RETRY_S
+        ) from busy
     if done.postings:
         log.info("settled %s segments: %s postings, %s", done.segments, done.postings, done.amount)
 

@@ -1,18 +1,22 @@
 """Settlement: segments become postings exactly once; balances stay the sum of their postings."""
 
 import threading
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import psycopg
 import pytest
+from celery.exceptions import Retry
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from billing import settlement
+from billing import settlement, tasks
 from billing.ledger import ledger_check, user_account, wallet_credit
 from billing.models import MeterSegment, Posting, PostingKind, RateCard
 from billing.settlement import settle
 from scheduler.models import Workload, WorkloadStatus
+from tests.conftest import database_url
 from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db
@@ -186,6 +190,75 @@ def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_o
     charged = Posting.objects.filter(kind=PostingKind.USAGE)
     assert sorted(charged.values_list("segment", flat=True)) == sorted(s.pk for s in segments)
     assert ledger_check().ok
+
+
+@contextmanager
+def settlers_lock_held_elsewhere():
+    """The settlers' lock held by another backend, as a running settlement holds it. A settler here that waited
+    for it would fail after 10 s (``lock_timeout``) instead of hanging the test."""
+    with psycopg.connect(database_url(), autocommit=True) as other, connection.cursor() as cursor:
+        other.execute("SELECT pg_advisory_lock(%s)", [settlement.SETTLEMENT_LOCK])
+        cursor.execute("SET lock_timeout = '10s'")
+        try:
+            yield
+        finally:
+            cursor.execute("RESET lock_timeout")
+            other.execute("SELECT pg_advisory_unlock(%s)", [settlement.SETTLEMENT_LOCK])
+
+
+def _lock_held_here() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+            "AND ((classid::bigint << 32) | objid::bigint) = %s",
+            [settlement.SETTLEMENT_LOCK],
+        )
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settler_that_may_not_wait_says_the_lock_is_taken_and_settles_nothing_until_it_is_free(user, rates):
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    seg = segment(user, seconds=600)
+    with settlers_lock_held_elsewhere():
+        with pytest.raises(settlement.SettlerBusy):
+            settle(now=START + timedelta(days=1), segment_ids=[seg.pk], wait=False)
+        assert not Posting.objects.filter(kind=PostingKind.USAGE).exists()
+        assert not _lock_held_here()
+    assert settle(now=START + timedelta(days=1), segment_ids=[seg.pk], wait=False).postings == 1
+    assert not _lock_held_here()  # released at the end, as the waiting settler's is
+    assert ledger_check().ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_settlement_task_comes_back_later_instead_of_holding_a_scheduler_thread_while_another_settles(
+    user, rates, monkeypatch
+):
+    """At a stop the task settles that work's segments; during the hourly run (minutes on a large ledger) it would
+    wait on the lock with one of the scheduler worker's two threads. It asks to be run again instead, with its own
+    arguments only (not the request's, which may name the host that signed it: core.signing)."""
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    seg = segment(user, seconds=600)
+    asked = []
+
+    def retry(**kwargs):
+        asked.append(kwargs)
+        return Retry("again later")
+
+    monkeypatch.setattr(tasks.settle_usage, "retry", retry)
+    with settlers_lock_held_elsewhere():
+        with pytest.raises(Retry):
+            tasks.settle_usage(seg.workload_id)
+    [again] = asked
+    assert isinstance(again.pop("exc"), settlement.SettlerBusy)
+    assert again == {"args": (), "kwargs": {"workload_id": seg.workload_id}, "countdown": tasks.SETTLER_BUSY_RETRY_S}
+    assert not Posting.objects.filter(kind=PostingKind.USAGE).exists()
+
+    tasks.settle_usage(seg.workload_id)  # the lock is free: it settles
+    assert Posting.objects.filter(kind=PostingKind.USAGE, segment=seg).count() == 1
+    assert len(asked) == 1
 
 
 def test_settling_runs_with_the_garbage_collector_paused_and_turns_it_back_on(user, rates, monkeypatch):
