@@ -15,8 +15,9 @@ from billing import settlement, tasks
 from billing.ledger import ledger_check, user_account, wallet_credit
 from billing.models import MeterSegment, Posting, PostingKind, RateCard
 from billing.settlement import settle
+from core.messages import ToScheduler, send
 from scheduler.models import Workload, WorkloadStatus
-from tests.conftest import database_url
+from tests.conftest import database_url, wait_for, worker_for
 from tests.scheduler.factories import workload
 
 pytestmark = pytest.mark.django_db
@@ -259,6 +260,45 @@ def test_the_settlement_task_comes_back_later_instead_of_holding_a_scheduler_thr
     tasks.settle_usage(seg.workload_id)  # the lock is free: it settles
     assert Posting.objects.filter(kind=PostingKind.USAGE, segment=seg).count() == 1
     assert len(asked) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_keeps_its_threads_while_the_settlers_lock_is_taken_and_settles_once_it_is_free(
+    user, rates, monkeypatch
+):
+    """Three stops' settlements sent to a real scheduler worker (two threads) while another settlement holds the
+    lock: all three come back later (a thread waiting on the lock would run no other task, the tick's included),
+    and each settles once the lock is free — through Celery's retry, signed as any message the worker sends."""
+    from celery.signals import task_retry
+
+    if connection.vendor != "postgresql":
+        pytest.fail("run on PostgreSQL (make test does)")
+    segments = [segment(user, start=START + timedelta(minutes=i), seconds=600) for i in range(3)]
+    retried: dict[str, str] = {}
+    monkeypatch.setattr(tasks, "SETTLER_BUSY_RETRY_S", 1)
+
+    def seen(request, reason, **kwargs):
+        retried[request.id] = type(reason.exc).__name__  # reason: the Retry, for the exception it was given
+
+    task_retry.connect(seen, weak=False)
+    try:
+        with worker_for():
+            with settlers_lock_held_elsewhere():
+                for seg in segments:
+                    send(ToScheduler.SETTLE_USAGE, seg.workload_id)
+                wait_for(lambda: len(retried) == 3, timeout=30, what="each settlement to come back later")
+                assert set(retried.values()) == {"SettlerBusy"}
+                assert not Posting.objects.filter(kind=PostingKind.USAGE).exists()
+            wait_for(
+                lambda: Posting.objects.filter(kind=PostingKind.USAGE).count() == 3,
+                timeout=30,
+                what="the three settlements once the lock is free",
+            )
+    finally:
+        task_retry.disconnect(seen)
+    charged = Posting.objects.filter(kind=PostingKind.USAGE).values_list("segment", flat=True)
+    assert sorted(charged) == sorted(s.pk for s in segments)
+    assert ledger_check().ok
 
 
 def test_settling_runs_with_the_garbage_collector_paused_and_turns_it_back_on(user, rates, monkeypatch):
