@@ -1,10 +1,10 @@
 """Settlement: metered segments become usage postings — hourly while work runs, and at each stop.
 
-One settler at a time (an advisory lock on PostgreSQL; a second settler waits, then reads what the
-first wrote — or, as the worker's tasks ask, comes back later). Segments are settled in batches, one transaction each: their charge lines computed from
-``settled_until`` (``rating.lines_between``), the postings inserted (unique per segment and period),
-balances moved and ``settled_until`` advanced. Killed half way, the batch's transaction is rolled
-back and the next run computes exactly the same lines: never a double charge, never a lost one.
+One settler at a time (an advisory lock on PostgreSQL; a second settler waits, then reads what the first wrote —
+or, as the worker's tasks ask, comes back later). Segments are settled in batches, one transaction each: their
+charge lines computed from ``settled_until`` (``rating.lines_between``), the postings inserted (unique per
+segment and period), balances moved and ``settled_until`` advanced. Killed half way, the batch's transaction is
+rolled back and the next run computes exactly the same lines: never a double charge, never a lost one.
 Rating (pure Python) runs in a second thread, a batch ahead of the writing.
 
 Open segments are settled only for whole hours and only while their work is
