@@ -17,6 +17,7 @@ from pathlib import Path
 
 _draw = random.SystemRandom()  # not the seeded module functions: pytest-randomly gives every xdist worker one seed
 LOWEST = 20000  # above the usual services' ports (PostgreSQL 5432, Redis 6379, run.sh's 8000 and 8001)
+HIGHEST = 29499  # the highest port of a pair: below the gangs' rendezvous ports (GANG_PORT_MIN 29500, torchrun's)
 RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -39,9 +40,10 @@ def bindable(port: int) -> bool:
 
 
 def free_port(*, pair: bool = False) -> int:
-    """A port nothing is bound to, below the ephemeral range (and the next one free too, with ``pair``)."""
+    """A port nothing is bound to, below the ephemeral range and the gangs' ports (and the next one free too,
+    with ``pair``)."""
     low, high = ephemeral_range()
-    below = range(LOWEST, low - 1) if low - 1 > LOWEST else range(0)
+    below = range(LOWEST, min(HIGHEST, low - 1))  # a pair's second port at most HIGHEST, below the range
     above = range(high + 1, 65535 - 1)
     candidates = below or above
     for _ in range(200):
