@@ -14,7 +14,14 @@ from core.messages import ToScheduler
 log = logging.getLogger(__name__)
 # Work whose events are older than this is settled: the live receivers and earlier runs covered it.
 RECONCILE_WINDOW = timedelta(days=1)
-SETTLER_BUSY_RETRY_S = 5  # a settlement that found another running comes back after this
+SETTLER_BUSY_RETRY_S = 5  # a settlement that found another running comes back after this, then twice as late
+SETTLER_BUSY_RETRY_MAX_S = 60  # ... up to this: a stop's bill at most a minute after the hourly run ends
+
+
+def busy_retry_in(retries: int) -> int:
+    """Seconds until a settlement that found the lock taken ``retries`` times before tries again: 5, 10, 20, 40, then
+    every 60 (a hundred stops during a three-minute hourly run ask a few hundred times, not thousands)."""
+    return min(SETTLER_BUSY_RETRY_MAX_S, SETTLER_BUSY_RETRY_S * 2 ** min(retries, 10))
 
 
 @shared_task(name=ToScheduler.METER_RECONCILE, ignore_result=True)
@@ -26,9 +33,10 @@ def meter_reconcile():
 def settle_usage(self, workload_id: int | None = None):
     """Hourly for everything pending; at each stop for that workload's segments.
 
-    Where another settlement is running (the hourly one can take minutes), this one comes back in a few seconds
-    instead of waiting for it: the scheduler worker has two threads, and one waiting on the settlers' lock is one
-    the tick does not get (two stops settling during the hourly run would stop the scheduling until it ended).
+    Where another settlement is running (the hourly one can take minutes), this one comes back later
+    (``busy_retry_in``) instead of waiting for it: the scheduler worker has two threads, and one waiting on the
+    settlers' lock is one the tick does not get (two stops settling during the hourly run would stop the scheduling
+    until it ended).
     """
     segments = None
     if workload_id is not None:
@@ -39,7 +47,7 @@ def settle_usage(self, workload_id: int | None = None):
         # Its own arguments only: the request's may carry the name of the host that signed it (core.signing),
         # which a message the control plane signs must not repeat.
         raise self.retry(
-            args=(), kwargs={"workload_id": workload_id}, exc=busy, countdown=SETTLER_BUSY_RETRY_S
+            args=(), kwargs={"workload_id": workload_id}, exc=busy, countdown=busy_retry_in(self.request.retries)
         ) from busy
     if done.postings:
         log.info("settled %s segments: %s postings, %s", done.segments, done.postings, done.amount)

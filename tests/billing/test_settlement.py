@@ -254,12 +254,17 @@ def test_the_settlement_task_comes_back_later_instead_of_holding_a_scheduler_thr
             tasks.settle_usage(seg.workload_id)
     [again] = asked
     assert isinstance(again.pop("exc"), settlement.SettlerBusy)
-    assert again == {"args": (), "kwargs": {"workload_id": seg.workload_id}, "countdown": tasks.SETTLER_BUSY_RETRY_S}
+    assert again == {"args": (), "kwargs": {"workload_id": seg.workload_id}, "countdown": 5}
     assert not Posting.objects.filter(kind=PostingKind.USAGE).exists()
 
     tasks.settle_usage(seg.workload_id)  # the lock is free: it settles
     assert Posting.objects.filter(kind=PostingKind.USAGE, segment=seg).count() == 1
     assert len(asked) == 1
+
+
+def test_a_settlement_that_keeps_finding_the_lock_taken_comes_back_less_often_up_to_a_minute():
+    assert [tasks.busy_retry_in(n) for n in range(7)] == [5, 10, 20, 40, 60, 60, 60]
+    assert tasks.busy_retry_in(10_000) == 60
 
 
 @pytest.mark.django_db(transaction=True)
@@ -276,6 +281,7 @@ def test_a_real_worker_keeps_its_threads_while_the_settlers_lock_is_taken_and_se
     segments = [segment(user, start=START + timedelta(minutes=i), seconds=600) for i in range(3)]
     retried: dict[str, str] = {}
     monkeypatch.setattr(tasks, "SETTLER_BUSY_RETRY_S", 1)
+    monkeypatch.setattr(tasks, "SETTLER_BUSY_RETRY_MAX_S", 1)
 
     def seen(request, reason, **kwargs):
         retried[request.id] = type(reason.exc).__name__  # reason: the Retry, for the exception it was given
