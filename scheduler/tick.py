@@ -104,14 +104,14 @@ def schedule_tick() -> TickResult:
     for attempt in range(MAX_RERUNS + 1):
         with tick_lock() as held:
             if held:
-                with collector_paused():
+                with collector_paused(freeze=True):
                     result = _tick()
         if not held:
             redis_client().set(_wakeup_key(), 1)
             with tick_lock() as held:
                 if not held:
                     return result  # the holder will see the flag once it lets go
-                with collector_paused():
+                with collector_paused(freeze=True):
                     result = _tick()
         if not redis_client().getdel(_wakeup_key()):
             return result

@@ -1,7 +1,9 @@
 """The live tick: one at a time, short row locks, and no wake-up lost while another tick runs."""
 
 import contextlib
+import gc
 import threading
+import weakref
 
 import pytest
 from django.db import connection
@@ -156,6 +158,69 @@ def test_a_tick_runs_with_the_garbage_collector_paused_and_turns_it_back_on(monk
     tick.schedule_tick()
 
     assert seen == [False] and gc.isenabled()
+
+
+class _Held:
+    """An object the collector tracks, that a weak reference can watch."""
+
+
+@pytest.fixture
+def nothing_frozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def _frozen(obj) -> bool:
+    return not any(o is obj for o in gc.get_objects())  # the collector's generations leave frozen objects out
+
+
+def test_a_tick_freezes_what_it_keeps_and_collects_what_it_dropped_in_cycles(monkeypatch, nothing_frozen):
+    """The tick's kept state (~200,000 objects with Django's) was scanned by every full collection: 110-130 ms,
+    landing on one tick in ten. At the tick's end its cyclic garbage is collected and the survivors frozen."""
+    kept, dropped = [], []
+
+    def a_tick():
+        kept.append(_Held())
+        cycle = _Held()
+        cycle.itself = cycle
+        dropped.append(weakref.ref(cycle))
+        return tick.TickResult()
+
+    monkeypatch.setattr(tick, "_tick", a_tick)
+    tick.schedule_tick()
+
+    assert _frozen(kept[0])
+    assert dropped[0]() is None  # collected before the freeze, not kept out of reach with the survivors
+    assert gc.isenabled()
+
+
+def test_what_was_frozen_goes_back_to_the_collector_after_a_while(monkeypatch, nothing_frozen):
+    from core import memory
+
+    with collector_paused(freeze=True):
+        old = _Held()
+        old.itself = old
+    watch = weakref.ref(old)
+    del old  # cyclic garbage now, out of the collector's reach while frozen
+    with collector_paused(freeze=True):
+        pass
+    assert watch() is not None
+
+    monkeypatch.setattr(memory, "UNFREEZE_S", 0.0)
+    with collector_paused(freeze=True):
+        pass
+    assert watch() is None
+
+
+def test_nothing_is_frozen_where_someone_else_paused_the_collector(nothing_frozen):
+    gc.disable()  # as a settlement running on the worker's other thread does
+    try:
+        with collector_paused(freeze=True):
+            made = _Held()
+        assert not _frozen(made) and gc.get_freeze_count() == 0 and not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_collector_that_was_off_stays_off():
