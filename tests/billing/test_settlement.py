@@ -167,6 +167,17 @@ def _second_write_fails(monkeypatch) -> None:
     monkeypatch.setattr(settlement, "_write_batch", second_write_fails)
 
 
+def _settlers_locks(*, here_only: bool = False) -> int:
+    """How many sessions hold the settlers' advisory lock (or whether this test's connection does)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND ((classid::bigint << 32) | objid::bigint) = %s" + (" AND pid = pg_backend_pid()" if here_only else ""),
+            [settlement.SETTLEMENT_LOCK],
+        )
+        return cursor.fetchone()[0]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_one_charges_the_rest(
     user, rates, monkeypatch
@@ -177,13 +188,7 @@ def test_a_settlement_that_fails_half_way_frees_the_settlers_lock_and_the_next_o
     _second_write_fails(monkeypatch)
     with pytest.raises(DatabaseError):
         settle(now=START + timedelta(days=1), batch=1)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-            "AND ((classid::bigint << 32) | objid::bigint) = %s",
-            [settlement.SETTLEMENT_LOCK],
-        )
-        assert cursor.fetchone()[0] == 0, "a failed settlement left the lock held: every later settler would wait"
+    assert _settlers_locks() == 0, "a failed settlement left the lock held: every later settler would wait"
     assert Posting.objects.filter(kind=PostingKind.USAGE).count() == 1, "the first batch was committed"
 
     monkeypatch.undo()
@@ -207,16 +212,6 @@ def settlers_lock_held_elsewhere():
             other.execute("SELECT pg_advisory_unlock(%s)", [settlement.SETTLEMENT_LOCK])
 
 
-def _lock_held_here() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
-            "AND ((classid::bigint << 32) | objid::bigint) = %s",
-            [settlement.SETTLEMENT_LOCK],
-        )
-        return cursor.fetchone()[0] > 0
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_settler_that_may_not_wait_says_the_lock_is_taken_and_settles_nothing_until_it_is_free(user, rates):
     if connection.vendor != "postgresql":
@@ -226,9 +221,9 @@ def test_a_settler_that_may_not_wait_says_the_lock_is_taken_and_settles_nothing_
         with pytest.raises(settlement.SettlerBusy):
             settle(now=START + timedelta(days=1), segment_ids=[seg.pk], wait=False)
         assert not Posting.objects.filter(kind=PostingKind.USAGE).exists()
-        assert not _lock_held_here()
+        assert not _settlers_locks(here_only=True)
     assert settle(now=START + timedelta(days=1), segment_ids=[seg.pk], wait=False).postings == 1
-    assert not _lock_held_here()  # released at the end, as the waiting settler's is
+    assert not _settlers_locks(here_only=True)  # released at the end, as the waiting settler's is
     assert ledger_check().ok
 
 

@@ -149,8 +149,6 @@ def test_the_nodes_launches_in_one_body_are_split_so_a_message_stays_small(user,
 
 
 def test_a_tick_runs_with_the_garbage_collector_paused_and_turns_it_back_on(monkeypatch):
-    import gc
-
     seen = []
     monkeypatch.setattr(tick, "_tick", lambda: seen.append(gc.isenabled()) or tick.TickResult())
     assert gc.isenabled()
@@ -224,8 +222,6 @@ def test_nothing_is_frozen_where_someone_else_paused_the_collector(nothing_froze
 
 
 def test_a_collector_that_was_off_stays_off():
-    import gc
-
     gc.disable()
     try:
         with collector_paused():
