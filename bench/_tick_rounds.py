@@ -30,6 +30,7 @@ def main():
     import django
 
     django.setup()
+    import tick_steady
     from django.contrib.auth import get_user_model
     from django.db import connection
     from tick_latency import queue_add
@@ -42,7 +43,10 @@ def main():
     users = list(get_user_model().objects.order_by("pk"))
     submitted = Workload.objects.count()
     ticks, placed = [], 0
+    reconcile_beat = getattr(tick_steady, "reconcile_beat", None)  # a tree that has nothing to fold has none
     for number in range(args.ticks + 2):
+        if reconcile_beat is not None:
+            reconcile_beat(number)
         departures(args.churn, rng)
         queue_add(args.churn, users, rng, SHAPES, first=submitted)
         submitted += args.churn

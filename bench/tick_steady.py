@@ -4,7 +4,8 @@ a queue of ~200, and work leaving and arriving between ticks.
 bench/tick_latency.py measures one cold fill of an empty cluster; this measures the tick a busy
 cluster runs all day. Set up (not timed): the nodes, then ``--running`` + ``--queue`` jobs (one to
 four whole cards or a fraction, the mix filling the cards to ~95 %) placed by a first tick and
-marked running, as their agents would. Then ``--ticks`` rounds of: ``--churn`` running jobs end
+marked running, as their agents would. Then ``--ticks`` rounds of: every other round, what the
+reconciliation beat does to the tick's reads (``reconcile_beat``, not timed); ``--churn`` running jobs end
 (each through ``workload_transition`` to succeeded, as the agent reports an exit: the CAS, the
 event, its shares given back), ``--churn`` new jobs are queued, and ``scheduler.tick.schedule_tick``
 runs — timed — with the production settings: it reads the running and queued work, accrues
@@ -76,6 +77,21 @@ def departures(count: int, rng: random.Random) -> None:
         )
 
 
+def reconcile_beat(number: int) -> None:
+    """What the control plane's reconciliation beat does to what the tick reads, before tick ``number``: the beat
+    runs every RECONCILE_S (10 s), the tick every SCHEDULER_TICK_S (5 s), so every other tick it folds the
+    workloads' disk deltas (``disk_delta_fold``: one row per node once there are over two a node; without it the
+    table grows by a row per placement and per end, which no running control plane lets happen)."""
+    from django.conf import settings
+
+    from scheduler.services.cluster import disk_delta_fold
+
+    beat = settings.CELERY_BEAT_SCHEDULE
+    every = beat["cluster-reconcile"]["schedule"] / beat["scheduler-tick"]["schedule"]
+    if number % max(1, round(every)) == 0:
+        disk_delta_fold()
+
+
 ACCOUNTING_ERRORS = """
 SELECT (SELECT count(*) FROM scheduler_gpu g
         WHERE g.allocated_milli <> COALESCE((SELECT sum(a.milli) FROM scheduler_allocation a WHERE a.gpu_id = g.id), 0))
@@ -118,7 +134,8 @@ def main():
         import cProfile
 
         profiler = cProfile.Profile()
-    for _ in range(args.ticks):
+    for number in range(args.ticks):
+        reconcile_beat(number)
         departures(args.churn, rng)
         queue_add(args.churn, users, rng, SHAPES, first=submitted)
         submitted += args.churn
