@@ -35,6 +35,7 @@ from scheduler.services.lifecycle import transitions_recorded
 S = WorkloadStatus
 # What placing reads and writes of a locked node (``_rows_locked``), and what the work placed there is sent with.
 NODE_FIELDS = ("name", "status", "cpu_cores", "allocated_cpu", "memory_mb", "allocated_memory_mb", "disk_gb")
+CARD_FIELDS = ("node_id", "model", "memory_mb", "allocated_milli", "allocated_memory_mb")  # and of a locked card
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ def allocations_create(placements: list[Placement]) -> list[Placement]:
 
 def _rows_locked(parts: list[Part]) -> tuple[dict, dict]:
     """The parts' active nodes and their cards by id, locked in the lock order (nodes, then cards, each by id),
-    with the share sizes each card serves and each node's disk room. A node as what placing reads and writes of it
-    (``NODE_FIELDS``): its timestamps and addresses are a third of reading the rows, and no one needs them here."""
+    with the share sizes each card serves and each node's disk room. A node and a card as what placing reads and
+    writes of them (``NODE_FIELDS``, ``CARD_FIELDS``): a node's timestamps and addresses are a third of reading its
+    row, a card's UUID and health as much, and no one needs them here."""
     node_ids = sorted({part.node_id for part in parts})
     nodes = {
         n.pk: n
@@ -129,6 +131,7 @@ def _rows_locked(parts: list[Part]) -> tuple[dict, dict]:
         c.pk: c
         for c in Gpu.objects.select_for_update()
         .filter(id_in("scheduler_gpu.id", sorted({s.gpu_id for part in parts for s in part.shares})))
+        .only(*CARD_FIELDS)
         .order_by("id")
     }
     _share_sizes_held(cards)
