@@ -118,7 +118,7 @@ def _rows_locked(parts: list[Part]) -> tuple[dict, dict]:
     """The parts' active nodes and their cards by id, locked in the lock order (nodes, then cards, each by id),
     with the share sizes each card serves and each node's disk room. A node and a card as what placing reads and
     writes of them (``NODE_FIELDS``, ``CARD_FIELDS``): a node's timestamps and addresses are a third of reading its
-    row, a card's UUID and health as much, and no one needs them here."""
+    row, and no one needs them, nor a card's UUID and index, here."""
     node_ids = sorted({part.node_id for part in parts})
     nodes = {
         n.pk: n
