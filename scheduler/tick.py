@@ -195,6 +195,7 @@ class _Kept:
 
 
 _kept: dict[int, _Kept] = {}
+_accrued: dict = {}  # the accrual's kept entries (``service_accrue``'s ``kept``)
 _epoch: list[float] = [float("inf")]  # the last tick's epoch (seconds since 1970): it moves only back
 
 
@@ -347,7 +348,9 @@ def _tick() -> TickResult:
     queued = list(Workload.objects.filter(status=S.QUEUED).select_related("group"))
     cluster = CAPACITY.state() if queued else None
     holding, cards_held = reading.result()
-    accrued = service_accrue(holding, now=now, idle_util=config.idle_util, idle_weight=config.idle_weight)
+    accrued = service_accrue(
+        holding, now=now, idle_util=config.idle_util, idle_weight=config.idle_weight, kept=_accrued
+    )
     if not queued and not any(_may_grow(w) for w in holding):
         HOLDING.rows_written(service_record(accrued, {}, now=now, **HOLDING.write_guard()))
         return result

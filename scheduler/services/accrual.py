@@ -50,24 +50,47 @@ class Accrued:
     version: str | None = None  # the row's version as read (``scheduler.holding``), where it has one
 
 
-def service_accrue(rows, *, now: datetime, idle_util: float, idle_weight: float) -> dict[int, Accrued]:
+def service_accrue(
+    rows, *, now: datetime, idle_util: float, idle_weight: float, kept: dict | None = None
+) -> dict[int, Accrued]:
     """Each holding row's service up to ``now``, by id; nothing is written.
 
     ``rows``: ``selectors.holding_rows``: ``pk``, ``status``, ``no_gpu``, ``gpu_count``, ``gpu_milli``,
     ``gpu_utilization``, ``attained_service``, ``queue_level``, and ``accrued_s`` and ``started_s`` (times in
-    seconds since 1970)."""
+    seconds since 1970). ``kept``: a dict the caller keeps from one call to the next (the tick's; for the same
+    ``idle_util`` and ``idle_weight``): the ``Accrued`` of a row that is the same object as at the last call
+    (``scheduler.holding`` keeps the objects of unchanged rows: thousands a tick) is brought to ``now`` in place,
+    not built again, with the rate it had; entries of rows no longer given are dropped."""
     now_s = now.timestamp()
     accrued = {}
     running = WorkloadStatus.RUNNING
+    kept_get = {}.get if kept is None else kept.get
     for w in rows:
+        entry = kept_get(w.pk)
+        if entry is not None and entry[0] is w:
+            _, a, rate = entry
+            a.queue_level = w.queue_level  # ``service_record`` sets the level it writes; the row keeps its own
+            if rate:
+                a.attained_service = delta = rate * max(now_s - a.since, 0.0)
+                a.attained, a.accrued_at = w.attained_service + delta, now
+            accrued[w.pk] = a
+            continue
         version = getattr(w, "version", None)
         since = w.accrued_s or w.started_s
         if w.status == running and since is not None and not w.no_gpu:  # no cards held: no service
-            rate = service_rate(w.gpu_utilization, idle_util=idle_util, idle_weight=idle_weight)
-            delta = card_share(w.gpu_count, w.gpu_milli) * max(now_s - since, 0.0) * rate
-            accrued[w.pk] = Accrued(w.pk, w.attained_service + delta, delta, now, w.queue_level, since, version)
+            rate = card_share(w.gpu_count, w.gpu_milli) * service_rate(
+                w.gpu_utilization, idle_util=idle_util, idle_weight=idle_weight
+            )
+            delta = rate * max(now_s - since, 0.0)
+            a = accrued[w.pk] = Accrued(w.pk, w.attained_service + delta, delta, now, w.queue_level, since, version)
         else:
-            accrued[w.pk] = Accrued(w.pk, w.attained_service, 0.0, None, w.queue_level, None, version)
+            rate = 0.0
+            a = accrued[w.pk] = Accrued(w.pk, w.attained_service, 0.0, None, w.queue_level, None, version)
+        if kept is not None:
+            kept[w.pk] = (w, a, rate)
+    if kept is not None and len(kept) > len(accrued):
+        for pk in kept.keys() - accrued.keys():
+            del kept[pk]
     return accrued
 
 

@@ -59,6 +59,27 @@ def test_idle_work_accrues_at_its_weight_and_work_not_running_or_without_cards_n
     assert [accrued[pk].accrued_at for pk in (2, 3, 4)] == [None, None, None]  # its next run counts from its start
 
 
+def test_a_kept_row_accrues_as_a_fresh_one_a_row_read_again_is_rated_again_and_a_departed_one_is_forgotten():
+    kept: dict = {}
+    busy, idle, gone = row(1, ago=10.0, utilization=0.9), row(2, ago=10.0, utilization=0.1), row(3, ago=10.0)
+    first = service_accrue([busy, idle, gone], now=NOW, idle_util=0.3, idle_weight=0.25, kept=kept)
+    first[1].queue_level = 1  # as service_record sets the level it writes (a write the row was too new for)
+    later = NOW + timedelta(seconds=5)
+    idle_now_busy = row(2, ago=10.0, utilization=0.9)  # the row read again: another object
+
+    second = service_accrue([busy, idle_now_busy], now=later, idle_util=0.3, idle_weight=0.25, kept=kept)
+
+    assert second[1] is first[1]  # brought to the tick's time in place, not built again
+    assert (second[1].attained, second[1].attained_service) == (pytest.approx(50.0 + 2 * 15.0), pytest.approx(30.0))
+    assert (second[1].accrued_at, second[1].queue_level) == (later, 0)  # the row's own level, not the one set
+    assert second[2].attained == pytest.approx(50.0 + 2 * 15.0)  # rated as now read: busy
+    assert kept.keys() == {1, 2}
+    fresh = service_accrue([busy, idle_now_busy], now=later, idle_util=0.3, idle_weight=0.25)
+    assert [(a.attained, a.attained_service, a.since) for a in fresh.values()] == [
+        (pytest.approx(a.attained), pytest.approx(a.attained_service), a.since) for a in second.values()
+    ]
+
+
 @pytest.mark.django_db
 def test_a_row_last_written_a_minute_ago_is_written_a_fresh_one_only_where_its_level_changed(user):
     stale, fresh, moved = (workload(user, status=WorkloadStatus.RUNNING) for _ in range(3))
