@@ -358,12 +358,51 @@ host_images() { # the catalog pushed to the registry once, through the first hos
   # The stand-in and the PyTorch image (built once on this machine and cached: agent/framework_images.py); the
   # catalog's other images stay "building" here. Progress in $DIR/images.log.
   # CLUSTER_IMAGES: which (a bench that runs only the stand-in skips the PyTorch image's import and push).
-  local -a only=()
-  for ref in ${CLUSTER_IMAGES:-gpucloud/busybox-standin:latest gpucloud/pytorch:2.13.0-cpu}; do only+=(--only "$ref"); done
-  say "images: ${CLUSTER_IMAGES:-the stand-in and gpucloud/pytorch:2.13.0-cpu} into the registry (the first time: minutes)"
-  DATABASE_URL=$(owner_url) DOCKER_BASE_URL="unix://$(host_sock "$1")" "$PY" manage.py build_images \
-    "${only[@]}" >"$DIR/images.log" 2>&1 ||
+  local ref seed="" pytorch=""
+  local -a rest=()
+  for ref in ${CLUSTER_IMAGES:-gpucloud/busybox-standin:latest $PYTORCH_IMAGE}; do
+    if [ "$ref" = "$PYTORCH_IMAGE" ]; then pytorch=1; else rest+=(--only "$ref"); fi
+  done
+  say "images: ${CLUSTER_IMAGES:-the stand-in and $PYTORCH_IMAGE} into the registry (the first time: minutes)"
+  : >"$DIR/images.log"
+  if [ -n "$pytorch" ]; then
+    # The PyTorch image as an earlier cluster's registry stored it, where one was kept for this very recipe:
+    # build_images then finds it there and neither imports it on this engine (a minute) nor pushes it (more).
+    seed=$(registry_seed)
+    if [ -d "$seed" ]; then
+      cp -a "$seed/." "$DIR/registry/storage/" || die "could not copy the kept registry storage $seed (remove it)"
+      echo "$PYTORCH_IMAGE: registry storage from $seed" >>"$DIR/images.log"
+    fi
+    build_images "$1" --only "$PYTORCH_IMAGE" || return 1
+    [ -d "$seed" ] || registry_seed_keep "$seed"
+  fi
+  [ ${#rest[@]} -eq 0 ] || build_images "$1" "${rest[@]}"
+}
+
+build_images() { # build_images <host> --only REF ...: through host <host>'s engine, appending to $DIR/images.log
+  local host=$1
+  shift
+  DATABASE_URL=$(owner_url) DOCKER_BASE_URL="unix://$(host_sock "$host")" "$PY" manage.py build_images "$@" \
+    >>"$DIR/images.log" 2>&1 ||
     { tail -40 "$DIR/images.log" >&2; return 1; }  # a traceback's calling frames too (CI keeps no files)
+}
+
+PYTORCH_IMAGE=gpucloud/pytorch:2.13.0-cpu
+registry_seed() { # the folder that keeps the registry's storage of $PYTORCH_IMAGE built from its recipe of now: in
+  # the image build cache (IMAGE_BUILD_CACHE, as agent/framework_images.py keys its root filesystems by recipe)
+  "$PY" -c "from agent import framework_images as f
+print(f.cache_dir() / 'registry' / f.recipe_key(f.RECIPES['$PYTORCH_IMAGE']))"
+}
+
+registry_seed_keep() { # registry_seed_keep <folder>: the storage as it is now (the PyTorch image alone), whole or not at all
+  local seed=$1 part
+  mkdir -p "$(dirname "$seed")"
+  part=$(mktemp -d "$seed.part.XXXXXX")
+  if cp -a "$DIR/registry/storage/." "$part/" && mv -T "$part" "$seed" 2>/dev/null; then
+    echo "$PYTORCH_IMAGE: registry storage kept in $seed" >>"$DIR/images.log"
+  else
+    rm -rf "$part" # another cluster kept it first
+  fi
 }
 
 host_keys() { # host i's own keys folder: its own Celery pair (the control plane's store gets its certificate), the
