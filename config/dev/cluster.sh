@@ -374,7 +374,7 @@ host_images() { # the catalog pushed to the registry once, through the first hos
       echo "$PYTORCH_IMAGE: registry storage from $seed" >>"$DIR/images.log"
     fi
     build_images "$1" --only "$PYTORCH_IMAGE" || return 1
-    [ -d "$seed" ] || registry_seed_keep "$seed"
+    [ -d "$seed" ] || registry_seed_keep "$seed" || say "could not keep the registry storage in $seed (the next cluster pushes it again)"
   fi
   [ ${#rest[@]} -eq 0 ] || build_images "$1" "${rest[@]}"
 }
@@ -396,8 +396,7 @@ print(f.cache_dir() / 'registry' / f.recipe_key(f.RECIPES['$PYTORCH_IMAGE']))"
 
 registry_seed_keep() { # registry_seed_keep <folder>: the storage as it is now (the PyTorch image alone), whole or not at all
   local seed=$1 part
-  mkdir -p "$(dirname "$seed")"
-  part=$(mktemp -d "$seed.part.XXXXXX")
+  mkdir -p "$(dirname "$seed")" && part=$(mktemp -d "$seed.part.XXXXXX") || return 1
   if cp -a "$DIR/registry/storage/." "$part/" && mv -T "$part" "$seed" 2>/dev/null; then
     echo "$PYTORCH_IMAGE: registry storage kept in $seed" >>"$DIR/images.log"
   else
