@@ -28,12 +28,10 @@ def browser_type_launch_args():
 
 from tests.faults.conftest import cluster  # noqa: E402, F401  (a fixture: the real-process cluster)
 
+
 # The browser tests run beside the several-host tests (make test's last stage): there a container's launch on this
 # machine's engine once took past the fault tests' 8 s (8 Dec, the monitor's test: "its launch did not finish
 # within 8 s"). These tests are of pages, not of deadlines: a launch counts as failed after 30 s.
-CLUSTER_ENV = {"TRANSITION_DEADLINE_S": "30"}
-
-
 @pytest.fixture
 def cluster_env() -> dict:
-    return dict(CLUSTER_ENV)
+    return {"TRANSITION_DEADLINE_S": "30"}
