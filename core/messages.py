@@ -179,28 +179,41 @@ def send_to_nodes(task: ToNode, *args, nodes: list[str], producer=None) -> None:
     came on, ``request.delivery_info["routing_key"]``, is ``node_queue(its node)``). A signature costs
     a third of a millisecond and Celery's ``send_task`` as much again (with declaring the queue at every
     send): the tick's launches to ~200 nodes took ~120 ms of every tick one message at a time, ~18 ms so.
+
+    The headers are made once too, and each copy is handed to kombu's ``Producer.publish`` as Celery's
+    ``send_task_message`` would hand it (the anonymous exchange, the queue's name as routing key, no
+    declaring), with only its id changed: Celery's layer and its headers made again took a third of those
+    ~18 ms. Each is published with Celery's retry policy, as ``send_task`` would.
     """
     from kombu.serialization import dumps
     from kombu.utils.uuid import uuid
 
     from config.celery import app
 
-    amqp = app.amqp
+    conf = app.conf
     described = dict(argsrepr=f"<{task.name.lower()} for {len(nodes)} nodes>", kwargsrepr="{}")
-    body = amqp.as_task_v2(uuid(), task, args=list(args), **described).body
-    content_type, content_encoding, signed = dumps(body, serializer=app.conf.task_serializer)
+    headers, properties, body, _ = app.amqp.as_task_v2(uuid(), task, args=list(args), **described)
+    content_type, content_encoding, signed = dumps(body, serializer=conf.task_serializer)
+    retry, retry_policy = conf.task_publish_retry, conf.task_publish_retry_policy
     with app.producer_or_acquire(producer) as producer:
         for node in nodes:
-            message = amqp.as_task_v2(uuid(), task, args=list(args), **described)._replace(body=signed)
-            amqp.send_task_message(
-                producer,
-                task,
-                message,
-                queue=node_queue(node),
+            task_id = uuid()
+            producer.publish(
+                signed,
+                exchange="",
+                routing_key=node_queue(node),
+                headers={**headers, "id": task_id, "root_id": task_id},
                 content_type=content_type,
                 content_encoding=content_encoding,
+                delivery_mode=PERSISTENT,
                 declare=[],  # Redis: a queue is a list, pushed to by name (no binding), made by its first push
+                retry=retry,
+                retry_policy=retry_policy,
+                **{**properties, "correlation_id": task_id},
             )
+
+
+PERSISTENT = 2  # Celery's default delivery mode (``task_default_delivery_mode``: "persistent")
 
 
 def queue_node(queue: str) -> str:

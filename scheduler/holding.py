@@ -32,7 +32,7 @@ from django.db.models.expressions import RawSQL
 
 from scheduler.models import Allocation, Workload, WorkloadStatus
 from scheduler.policy import CardSpec, ClusterState, NodeSpec
-from scheduler.selectors import EpochSeconds, capacity_nodes, card_specs, holding_rows, id_in
+from scheduler.selectors import EpochSeconds, capacity_nodes, card_specs, driver_rows, holding_rows, id_in
 
 WHOLE_READ_S = 300.0
 
@@ -89,9 +89,8 @@ class HoldingCache:
             changed = list(self.rows)
         else:
             holding = Workload.objects.filter(status__in=WorkloadStatus.holding_resources())
-            now = dict(
-                holding.annotate(version=RawSQL(WORKLOAD_VERSION, ())).order_by("pk").values_list("pk", "version")
-            )
+            versions = holding.annotate(version=RawSQL(WORKLOAD_VERSION, ())).order_by("pk")
+            now = dict(driver_rows(versions.values_list("pk", "version")))
             changed = _changed(now, self.rows, lambda row: row.version)
             fresh = {row.pk: row for row in holding_rows(ids=changed, version=WORKLOAD_VERSION)}
             self.rows = _merged(self.rows, now, changed, fresh)

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import (
     Avg,
+    BigIntegerField,
     BooleanField,
     Case,
     Count,
@@ -20,7 +21,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Cast, Coalesce
 
 from core.pg_arrays import int_array
 from scheduler.models import (
@@ -136,10 +137,20 @@ def disk_held(node_ids: list[int] | None = None) -> dict[int, int]:
         all=True,
     )
     system_disk = disk_reserved_gb(0)  # a container's
-    for node_id, gb, containers in parts:
+    for node_id, gb, containers in driver_rows(parts):
         if everywhere or node_id in held:
             held[node_id] = held.get(node_id, 0) + gb + containers * system_disk
     return held
+
+
+def driver_rows(query) -> list[tuple]:
+    """The rows of a ``values_list`` query as the database driver gives them, for columns Django would not convert
+    (integers, text): its converters, run on each value, took ~1 ms of every tick for the ~1,000 rows of the disk
+    held (``disk_held``), and its row iteration ~1 ms for the 5,000 holding rows' versions (``scheduler.holding``)."""
+    sql, params = query.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def _workloads_disk(node_ids: list[int] | None):
@@ -153,7 +164,10 @@ def _disk_deltas(node_ids: list[int] | None):
     deltas = DiskDelta.objects.order_by()
     if node_ids is not None:
         deltas = deltas.filter(id_in("scheduler_diskdelta.node_id", node_ids))
-    sums = deltas.values("node_id").annotate(gb=Sum("gb"), containers=Sum("containers"))
+    # Sums of bigint columns are numeric in PostgreSQL: cast back, so the driver gives ints (``driver_rows``).
+    sums = deltas.values("node_id").annotate(
+        gb=Cast(Sum("gb"), BigIntegerField()), containers=Cast(Sum("containers"), BigIntegerField())
+    )
     return sums.values_list("node_id", "gb", "containers")
 
 
