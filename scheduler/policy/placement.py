@@ -286,12 +286,12 @@ def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarr
     if stale.size:
         _rescore(cluster, request, _cached_mix_arrays(cluster, mix), stale, scores)
         scores.versions[stale] = cluster.version[stale]
-    fits = np.isfinite(scores.delta)  # where the node has the room, as scored at its version (``_rescore``)
-    candidates = np.flatnonzero(fits if allowed_nodes is None else fits & allowed_nodes)
-    if candidates.size == 0:
+    # +inf where the node has no room (as scored at its version: ``_rescore``) or may not be used.
+    delta = scores.delta if allowed_nodes is None else np.where(allowed_nodes, scores.delta, np.inf)
+    least = delta.min()
+    if not np.isfinite(least):
         return None
-    delta = scores.delta[candidates]
-    candidates = candidates[delta <= delta.min() + FGD_TOLERANCE]
+    candidates = np.flatnonzero(delta <= least + FGD_TOLERANCE)
     node = candidates[np.argmin(scores.tiebreak[candidates])]  # the first (lowest index) of the best fits
     if 0 < request.gpu_milli < WHOLE_CARD:
         return _fraction_choice(node, scores.card[node])

@@ -4,6 +4,7 @@ import contextlib
 import gc
 import threading
 import weakref
+from unittest.mock import ANY
 
 import pytest
 from django.db import connection
@@ -108,7 +109,7 @@ def test_each_node_gets_one_launch_message_naming_the_work_placed_on_it_all_sign
     import redis
     from django.conf import settings
 
-    from core.messages import ToNode, node_queue
+    from core.messages import ToNode, node_queue, send
 
     nodes = [make_node("sim:1xRTX3090", cpu_cores=8) for _ in range(3)]
     works = [workload(user, name=f"w{i}") for i in range(3)]
@@ -129,6 +130,18 @@ def test_each_node_gets_one_launch_message_naming_the_work_placed_on_it_all_sign
     messages = [json.loads(item) for [item] in raw]
     assert len({m["body"] for m in messages}) == 1
     assert len({m["headers"]["id"] for m in messages}) == 3
+    # Each copy is the message Celery's own send_task makes (the same headers and properties), with its own id.
+    send(ToNode.LAUNCH_MANY, {}, node=nodes[0].name)
+    made_by_celery = json.loads(client.lpop(node_queue(nodes[0].name)))
+    for m in messages:
+        assert m["headers"]["id"] == m["headers"]["root_id"] == m["properties"]["correlation_id"]
+        assert m["headers"].keys() == made_by_celery["headers"].keys()
+        assert m["properties"].keys() == made_by_celery["properties"].keys()
+        assert m["properties"]["delivery_mode"] == made_by_celery["properties"]["delivery_mode"]
+        assert m["properties"]["delivery_info"] == {**made_by_celery["properties"]["delivery_info"], "routing_key": ANY}
+        assert {k: m[k] for k in m if k not in ("body", "headers", "properties")} == {
+            k: made_by_celery[k] for k in made_by_celery if k not in ("body", "headers", "properties")
+        }
 
 
 def test_the_nodes_launches_in_one_body_are_split_so_a_message_stays_small(user, monkeypatch):
