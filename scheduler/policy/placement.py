@@ -288,7 +288,7 @@ def _fgd_choose(cluster: ClusterState, request: Request, allowed_nodes: np.ndarr
         scores.versions[stale] = cluster.version[stale]
     # +inf where the node has no room (as scored at its version: ``_rescore``) or may not be used.
     delta = scores.delta if allowed_nodes is None else np.where(allowed_nodes, scores.delta, np.inf)
-    least = delta.min()
+    least = delta.min(initial=np.inf)  # no node at all: +inf too
     if not np.isfinite(least):
         return None
     candidates = np.flatnonzero(delta <= least + FGD_TOLERANCE)
