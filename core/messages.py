@@ -195,6 +195,7 @@ def send_to_nodes(task: ToNode, *args, nodes: list[str], producer=None) -> None:
     headers, properties, body, _ = app.amqp.as_task_v2(uuid(), task, args=list(args), **described)
     content_type, content_encoding, signed = dumps(body, serializer=conf.task_serializer)
     retry, retry_policy = conf.task_publish_retry, conf.task_publish_retry_policy
+    delivery_mode = conf.task_default_delivery_mode  # kombu takes its name ("persistent") as Celery passes it
     with app.producer_or_acquire(producer) as producer:
         for node in nodes:
             task_id = uuid()
@@ -205,15 +206,12 @@ def send_to_nodes(task: ToNode, *args, nodes: list[str], producer=None) -> None:
                 headers={**headers, "id": task_id, "root_id": task_id},
                 content_type=content_type,
                 content_encoding=content_encoding,
-                delivery_mode=PERSISTENT,
+                delivery_mode=delivery_mode,
                 declare=[],  # Redis: a queue is a list, pushed to by name (no binding), made by its first push
                 retry=retry,
                 retry_policy=retry_policy,
                 **{**properties, "correlation_id": task_id},
             )
-
-
-PERSISTENT = 2  # Celery's default delivery mode (``task_default_delivery_mode``: "persistent")
 
 
 def queue_node(queue: str) -> str:
